@@ -1,0 +1,208 @@
+"""Configuration of the deep Transformer translation backbone and its named paper presets.
+
+This file ships verbatim inside every Hub repository of the package: it imports only the standard library and
+transformers.
+"""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+from transformers.activations import ACT2CLS
+
+LAYER_AGGREGATIONS = ("residual", "dlcl")
+DLCL_WEIGHTS = ("learned", "average", "one")
+ACTIVATIONS = tuple(sorted(ACT2CLS))
+
+
+def _check_choice(field: str, value: object, choices: tuple) -> None:
+    if value not in choices:
+        raise ValueError(f"`{field}` must be one of {choices}, got {value!r}.")
+
+
+def _check_positive_int(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
+
+
+def _check_probability(field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"`{field}` must be a number in [0, 1), got {value!r}.")
+
+
+def _check_bool(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ValueError(f"`{field}` must be True or False, got {value!r}.")
+
+
+class DeepNMTConfig(PreTrainedConfig):
+    r"""
+    Configuration of a deep Transformer encoder-decoder for translation. Every method of the package is a setting of
+    these fields; the named configs ([`DlclConfig`], ...) only change defaults.
+
+    Args:
+        vocab_size (`int`, *optional*, defaults to 32000):
+            Source vocabulary size (also the target vocabulary when `share_embeddings=True`).
+        decoder_vocab_size (`int`, *optional*):
+            Target vocabulary size. Defaults to `vocab_size`; must equal it when `share_embeddings=True`.
+        d_model (`int`, *optional*, defaults to 512):
+            Width of every layer.
+        encoder_layers / decoder_layers (`int`, *optional*, defaults to 6):
+            Number of layers in each stack.
+        encoder_attention_heads / decoder_attention_heads (`int`, *optional*, defaults to 8):
+            Attention heads; must divide `d_model`.
+        encoder_ffn_dim / decoder_ffn_dim (`int`, *optional*, defaults to 2048):
+            Inner width of the feed-forward sublayers.
+        activation_function (`str`, *optional*, defaults to `"relu"`):
+            Activation of the feed-forward sublayers (a key of `transformers.activations.ACT2CLS`).
+        dropout (`float`, *optional*, defaults to 0.1):
+            Residual dropout (on the embeddings and on every sublayer output before the residual sum).
+        attention_dropout (`float`, *optional*, defaults to 0.0):
+            Dropout on attention probabilities.
+        activation_dropout (`float`, *optional*, defaults to 0.0):
+            Dropout after the feed-forward activation.
+        scale_embedding (`bool`, *optional*, defaults to `True`):
+            Multiply token embeddings by sqrt(d_model) before adding the sinusoidal positions.
+        share_embeddings (`bool`, *optional*, defaults to `True`):
+            One embedding matrix for source and target (joint vocabulary).
+        tie_word_embeddings (`bool`, *optional*, defaults to `True`):
+            Use the target embedding matrix as the output projection.
+        pre_norm (`bool`, *optional*, defaults to `True`):
+            LayerNorm before each sublayer (DLCL paper Eq. 4, with a final LayerNorm on each stack) instead of after
+            the residual sum (Eq. 3).
+        layer_aggregation (`str`, *optional*, defaults to `"residual"`):
+            How a layer's input is built from the outputs below it, for both stacks: `"residual"` (the previous
+            layer's output) or `"dlcl"` (a learned linear combination of the embedding and all earlier layer
+            outputs, DLCL paper Eq. 7-9). `encoder_layer_aggregation` / `decoder_layer_aggregation` override it
+            per stack.
+        dlcl_weights (`str`, *optional*, defaults to `"learned"`):
+            DLCL combination weights: `"learned"` (scalars initialised to the uniform average 1/(r+1)), or the
+            constant ablations of the paper, `"average"` (fixed 1/(r+1)) and `"one"` (fixed 1).
+        dlcl_history_norm (`bool`, *optional*, defaults to `True`):
+            Keep the DLCL LayerNorms (one per stored layer output in pre-norm, one per combination row in post-norm);
+            `False` is the paper's "- layer norm" ablation.
+        layer_norm_eps (`float`, *optional*, defaults to 1e-5):
+            Epsilon of every LayerNorm.
+        pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
+            Special token ids, defaults 1 / 0 / 2 / 0 (the tokenizer of the package puts `<s>`, `<pad>`, `</s>`,
+            `<unk>` at ids 0-3).
+    """
+
+    model_type = "deep_nmt"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 32000
+    decoder_vocab_size: int | None = None
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    scale_embedding: bool = True
+    share_embeddings: bool = True
+    tie_word_embeddings: bool = True
+    pre_norm: bool = True
+    layer_aggregation: str = "residual"
+    encoder_layer_aggregation: str | None = None
+    decoder_layer_aggregation: str | None = None
+    dlcl_weights: str = "learned"
+    dlcl_history_norm: bool = True
+    layer_norm_eps: float = 1e-5
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    pad_token_id: int | None = 1
+    bos_token_id: int | None = 0
+    eos_token_id: int | list[int] | None = 2
+    decoder_start_token_id: int | None = 0
+
+    def __post_init__(self, **kwargs):
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
+        if self.encoder_layer_aggregation is None:
+            self.encoder_layer_aggregation = self.layer_aggregation
+        if self.decoder_layer_aggregation is None:
+            self.decoder_layer_aggregation = self.layer_aggregation
+        self.validate_settings()
+        super().__post_init__(**kwargs)
+
+    def validate_settings(self) -> None:
+        """Raise `ValueError` naming the field and the value for every bad setting or combination."""
+        for field in (
+            "vocab_size",
+            "decoder_vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+        ):
+            _check_positive_int(field, getattr(self, field))
+        for field in ("dropout", "attention_dropout", "activation_dropout"):
+            _check_probability(field, getattr(self, field))
+        for field in ("scale_embedding", "share_embeddings", "tie_word_embeddings", "pre_norm", "dlcl_history_norm"):
+            _check_bool(field, getattr(self, field))
+        _check_choice("activation_function", self.activation_function, ACTIVATIONS)
+        _check_choice("layer_aggregation", self.layer_aggregation, LAYER_AGGREGATIONS)
+        _check_choice("encoder_layer_aggregation", self.encoder_layer_aggregation, LAYER_AGGREGATIONS)
+        _check_choice("decoder_layer_aggregation", self.decoder_layer_aggregation, LAYER_AGGREGATIONS)
+        _check_choice("dlcl_weights", self.dlcl_weights, DLCL_WEIGHTS)
+        for side in ("encoder", "decoder"):
+            heads = getattr(self, f"{side}_attention_heads")
+            if self.d_model % heads:
+                raise ValueError(
+                    f"`d_model` ({self.d_model}) must be divisible by `{side}_attention_heads`, got {heads}."
+                )
+        if self.share_embeddings and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"`decoder_vocab_size` ({self.decoder_vocab_size}) must equal `vocab_size` ({self.vocab_size}) when "
+                "`share_embeddings=True`; set `share_embeddings=False` for separate vocabularies."
+            )
+        if not isinstance(self.layer_norm_eps, (int, float)) or isinstance(self.layer_norm_eps, bool) or (
+            self.layer_norm_eps <= 0
+        ):
+            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
+        uses_dlcl = "dlcl" in (self.encoder_layer_aggregation, self.decoder_layer_aggregation)
+        if not uses_dlcl and (self.dlcl_weights != "learned" or not self.dlcl_history_norm):
+            raise ValueError(
+                f"`dlcl_weights={self.dlcl_weights!r}` / `dlcl_history_norm={self.dlcl_history_norm!r}` only apply "
+                "to DLCL; set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
+                "to 'dlcl' or leave them at their defaults ('learned', True)."
+            )
+        for field in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
+            token_id = getattr(self, field)
+            if token_id is not None and (
+                isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size
+            ):
+                raise ValueError(f"`{field}` must be an id in [0, {self.vocab_size}), got {token_id!r}.")
+
+
+class DlclConfig(DeepNMTConfig):
+    r"""
+    DLCL, "Learning Deep Transformer Models for Machine Translation" (Wang et al., ACL 2019): the paper's main
+    system as defaults — pre-norm, 30-layer encoder, 6-layer decoder, base width, dynamic linear combination of
+    layers in both stacks, attention and ReLU dropout 0.1.
+    """
+
+    model_type = "deep_nmt_dlcl"
+
+    encoder_layers: int = 30
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    layer_aggregation: str = "dlcl"
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.1
+
+
+__all__ = ["DeepNMTConfig", "DlclConfig", "LAYER_AGGREGATIONS", "DLCL_WEIGHTS"]

@@ -1,0 +1,593 @@
+"""Deep Transformer encoder-decoder for translation: one configurable backbone for the deep-NMT methods.
+
+Pre-norm / post-norm sublayers and the dynamic linear combination of layers (DLCL, Wang et al. 2019) are settings of
+[`DeepNMTConfig`]; the named classes at the bottom only pick defaults. This file ships verbatim inside every Hub
+repository of the package: it imports only the standard library, torch and transformers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation import GenerationMixin
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.modeling_utils import PreTrainedModel
+from transformers.utils import logging
+
+from .configuration_deep_nmt import DeepNMTConfig, DlclConfig
+
+logger = logging.get_logger(__name__)
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: `[start, y_1, ..., y_{n-1}]`, with label padding (-100) turned into `pad`."""
+    shifted = labels.new_zeros(labels.shape)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def padding_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """`(batch, key_len)` 1/0 mask -> `(batch, 1, 1, key_len)` additive mask, or None when nothing is masked."""
+    if mask is None or bool(mask.all()):
+        return None
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
+        ~mask.bool(), torch.finfo(dtype).min
+    )[:, None, None, :]
+
+
+class DeepNMTSinusoidalPositions(nn.Module):
+    """Sinusoidal positions (sin in the first half, cos in the second), computed for any position on the fly."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.d_model = d_model
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        half = self.d_model // 2
+        scale = math.log(10000.0) / max(half - 1, 1)
+        inv_freq = torch.exp(torch.arange(half, device=positions.device, dtype=torch.float32) * -scale)
+        angles = positions.float()[:, None] * inv_freq[None, :]  # (seq_len, half)
+        table = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+        if self.d_model % 2:
+            table = F.pad(table, (0, 1))
+        return table  # (seq_len, d_model)
+
+
+class DeepNMTAttention(nn.Module):
+    """Multi-head scaled dot-product attention (SDPA). Decoding state goes to the `EncoderDecoderCache` only."""
+
+    def __init__(self, config: DeepNMTConfig, num_heads: int, is_cross_attention: bool, layer_idx: int | None):
+        super().__init__()
+        self.embed_dim = config.d_model
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.dropout = config.attention_dropout
+        self.is_cross_attention = is_cross_attention
+        self.is_causal = False  # causality comes from the explicit mask built by the decoder
+        self.layer_idx = layer_idx
+        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+
+    def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
+        batch, length, _ = states.shape
+        return states.view(batch, length, self.num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, len, d_h)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        batch, length, _ = hidden_states.shape
+        query = self._split_heads(self.q_proj(hidden_states))
+        if self.is_cross_attention:
+            cache = past_key_values.cross_attention_cache if past_key_values is not None else None
+            if cache is not None and past_key_values.is_updated.get(self.layer_idx, False):
+                key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            else:
+                key = self._split_heads(self.k_proj(key_value_states))
+                value = self._split_heads(self.v_proj(key_value_states))
+                if cache is not None:
+                    key, value = cache.update(key, value, self.layer_idx)
+                    past_key_values.is_updated[self.layer_idx] = True
+        else:
+            key = self._split_heads(self.k_proj(hidden_states))
+            value = self._split_heads(self.v_proj(hidden_states))
+            if past_key_values is not None:
+                cache = (
+                    past_key_values.self_attention_cache
+                    if isinstance(past_key_values, EncoderDecoderCache)
+                    else past_key_values
+                )
+                key, value = cache.update(key, value, self.layer_idx)
+        output = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attention_mask, dropout_p=self.dropout if self.training else 0.0
+        )
+        output = output.transpose(1, 2).reshape(batch, length, self.embed_dim)
+        return self.out_proj(output)
+
+
+class DeepNMTFeedForward(nn.Module):
+    """`fc2(dropout(act(fc1(x))))`."""
+
+    def __init__(self, config: DeepNMTConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation_fn(self.fc1(hidden_states))
+        hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)
+
+
+class DeepNMTSublayer:
+    """Mixin with the residual wrapper shared by encoder and decoder layers (DLCL paper Eq. 3 / Eq. 4)."""
+
+    pre_norm: bool
+    dropout: float
+
+    def _residual(self, hidden_states: torch.Tensor, layer_norm: nn.LayerNorm, sublayer, *args, **kwargs):
+        # post-norm: x <- LN(x + Drop(F(x)));  pre-norm: x <- x + Drop(F(LN(x)))
+        inputs = layer_norm(hidden_states) if self.pre_norm else hidden_states
+        outputs = hidden_states + F.dropout(sublayer(inputs, *args, **kwargs), p=self.dropout, training=self.training)
+        return outputs if self.pre_norm else layer_norm(outputs)
+
+
+class DeepNMTEncoderLayer(DeepNMTSublayer, GradientCheckpointingLayer):
+    def __init__(self, config: DeepNMTConfig, layer_idx: int):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.dropout = config.dropout
+        self.layer_idx = layer_idx
+        self.self_attn = DeepNMTAttention(config, config.encoder_attention_heads, False, layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = DeepNMTFeedForward(config, config.encoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        hidden_states = self._residual(
+            hidden_states, self.self_attn_layer_norm, self.self_attn, attention_mask=attention_mask
+        )
+        return self._residual(hidden_states, self.final_layer_norm, self.ffn)
+
+
+class DeepNMTDecoderLayer(DeepNMTSublayer, GradientCheckpointingLayer):
+    def __init__(self, config: DeepNMTConfig, layer_idx: int):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.dropout = config.dropout
+        self.layer_idx = layer_idx
+        self.self_attn = DeepNMTAttention(config, config.decoder_attention_heads, False, layer_idx)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.encoder_attn = DeepNMTAttention(config, config.decoder_attention_heads, True, layer_idx)
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.ffn = DeepNMTFeedForward(config, config.decoder_ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        self_attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        hidden_states = self._residual(
+            hidden_states,
+            self.self_attn_layer_norm,
+            self.self_attn,
+            attention_mask=self_attention_mask,
+            past_key_values=past_key_values,
+        )
+        hidden_states = self._residual(
+            hidden_states,
+            self.encoder_attn_layer_norm,
+            self.encoder_attn,
+            key_value_states=encoder_hidden_states,
+            attention_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+        )
+        return self._residual(hidden_states, self.final_layer_norm, self.ffn)
+
+
+class DeepNMTResidualHistory(nn.Module):
+    """Plain stack: a layer reads the output of the layer below; the stack output is the top layer's output."""
+
+    def __init__(self, config: DeepNMTConfig, num_layers: int):
+        super().__init__()
+
+    def push(self, history: list[torch.Tensor], output: torch.Tensor) -> None:
+        history[:] = [output]
+
+    def layer_input(self, history: list[torch.Tensor]) -> torch.Tensor:
+        return history[-1]
+
+    def stack_output(self, history: list[torch.Tensor]) -> torch.Tensor:
+        return history[-1]
+
+
+class DeepNMTDenseHistory(nn.Module):
+    r"""
+    Dynamic linear combination of layers (DLCL, Wang et al. 2019, Eq. 7-9, SPEC §1).
+
+    `weight[r, k]` (lower triangle of an `(L+1) x (L+1)` matrix) weighs output `y_k` (`y_0` = embedding) in the input
+    of layer `r+1`; row `L` builds the stack output. Pre-norm (Eq. 8): each stored `y_k`, k >= 1, passes its own
+    LayerNorm `layer_norms[k-1]` once, `y_0` none. Post-norm (Eq. 9): row r >= 1 of the weighted sum passes
+    `layer_norms[r-1]`. The list of outputs lives in the caller's `forward`; this module owns only the weights.
+    """
+
+    def __init__(self, config: DeepNMTConfig, num_layers: int):
+        super().__init__()
+        self.pre_norm = config.pre_norm
+        self.num_layers = num_layers
+        self.weight = nn.Parameter(torch.empty(num_layers + 1, num_layers + 1))
+        self.weight.requires_grad_(config.dlcl_weights == "learned")
+        if config.dlcl_history_norm:
+            self.layer_norms = nn.ModuleList(
+                nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) for _ in range(num_layers)
+            )
+        else:
+            self.layer_norms = nn.ModuleList(nn.Identity() for _ in range(num_layers))
+
+    def initial_weight(self, mode: str) -> torch.Tensor:
+        """`"learned"`/`"average"`: W[r, k] = 1/(r+1) for k <= r; `"one"`: W[r, k] = 1 for k <= r."""
+        size = self.num_layers + 1
+        weight = torch.ones(size, size).tril()
+        return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True)
+
+    def push(self, history: list[torch.Tensor], output: torch.Tensor) -> None:
+        if self.pre_norm and history:
+            output = self.layer_norms[len(history) - 1](output)
+        history.append(output)
+
+    def _combine(self, history: list[torch.Tensor]) -> torch.Tensor:
+        row = len(history) - 1
+        weights = self.weight[row, : row + 1].to(history[0].dtype)
+        combined = torch.tensordot(weights, torch.stack(history, dim=0), dims=1)
+        if not self.pre_norm and row >= 1:
+            combined = self.layer_norms[row - 1](combined)
+        return combined
+
+    def layer_input(self, history: list[torch.Tensor]) -> torch.Tensor:
+        return self._combine(history)
+
+    def stack_output(self, history: list[torch.Tensor]) -> torch.Tensor:
+        return self._combine(history)
+
+
+LAYER_AGGREGATION_CLASSES = {"residual": DeepNMTResidualHistory, "dlcl": DeepNMTDenseHistory}
+
+
+class DeepNMTPreTrainedModel(PreTrainedModel):
+    config_class = DeepNMTConfig
+    config: DeepNMTConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["DeepNMTEncoderLayer", "DeepNMTDecoderLayer"]
+    # The loss is a token mean; the Trainer must not rescale it by `num_items_in_batch`.
+    accepts_loss_kwargs = False
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """Fairseq-style initialisation: Glorot-uniform matrices with the bound of packed Q/K/V (SPEC P2)."""
+        d_model = self.config.d_model
+        if isinstance(module, DeepNMTAttention):
+            packed_bound = math.sqrt(6.0 / (d_model + 3 * d_model))
+            for proj in (module.q_proj, module.k_proj, module.v_proj):
+                init.uniform_(proj.weight, -packed_bound, packed_bound)
+            init.xavier_uniform_(module.out_proj.weight)
+            for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
+                init.zeros_(proj.bias)
+        elif isinstance(module, DeepNMTFeedForward):
+            for proj in (module.fc1, module.fc2):
+                init.xavier_uniform_(proj.weight)
+                init.zeros_(proj.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, DeepNMTDenseHistory):
+            init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights))
+        elif isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+
+
+class DeepNMTStack(DeepNMTPreTrainedModel):
+    """What the encoder and the decoder share: token + position embedding, the layer history, the final LayerNorm."""
+
+    def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding, num_layers: int, aggregation: str):
+        super().__init__(config)
+        self.dropout = config.dropout
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = embed_tokens
+        self.embed_positions = DeepNMTSinusoidalPositions(config.d_model)
+        self.history = LAYER_AGGREGATION_CLASSES[aggregation](config, num_layers)
+        # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
+        # post-norm output row.
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_norm else None
+        self.gradient_checkpointing = False
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def embed(self, input_ids: torch.Tensor, past_length: int = 0) -> torch.Tensor:
+        """`y_0 = Drop(sqrt(d) * E[x] + PE)`, positions counted from `past_length`."""
+        vocab = self.embed_tokens.num_embeddings
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+            bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0].item()
+            raise ValueError(f"Token id {bad} is out of range for a vocabulary of {vocab} ids (valid: 0..{vocab - 1}).")
+        positions = torch.arange(past_length, past_length + input_ids.shape[1], device=input_ids.device)
+        hidden_states = self.embed_tokens(input_ids) * self.embed_scale
+        hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
+        return F.dropout(hidden_states, p=self.dropout, training=self.training)
+
+    def finish(self, history: list[torch.Tensor]) -> torch.Tensor:
+        output = self.history.stack_output(history)
+        return self.layer_norm(output) if self.layer_norm is not None else output
+
+
+class DeepNMTEncoder(DeepNMTStack):
+    def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens, config.encoder_layers, config.encoder_layer_aggregation)
+        self.layers = nn.ModuleList(DeepNMTEncoderLayer(config, i) for i in range(config.encoder_layers))
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        if input_ids is None:
+            raise ValueError("The encoder needs `input_ids` (batch, source_length).")
+        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+            raise ValueError(f"`input_ids` must have shape (batch, source_length >= 1), got {tuple(input_ids.shape)}.")
+        hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
+        mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
+        history: list[torch.Tensor] = []
+        self.history.push(history, hidden_states)
+        for layer in self.layers:
+            self.history.push(history, layer(self.history.layer_input(history), mask))
+        return BaseModelOutput(last_hidden_state=self.finish(history))
+
+
+class DeepNMTDecoder(DeepNMTStack):
+    def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
+        super().__init__(config, embed_tokens, config.decoder_layers, config.decoder_layer_aggregation)
+        self.layers = nn.ModuleList(DeepNMTDecoderLayer(config, i) for i in range(config.decoder_layers))
+        self.post_init()
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        encoder_hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool = False,
+    ) -> tuple[torch.Tensor, Cache | None]:
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
+        self_mask = self._self_attention_mask(attention_mask, input_ids.shape[1], past_length, hidden_states.dtype)
+        cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
+        history: list[torch.Tensor] = []
+        self.history.push(history, hidden_states)
+        for layer in self.layers:
+            output = layer(
+                self.history.layer_input(history),
+                encoder_hidden_states,
+                self_mask,
+                cross_mask,
+                past_key_values=past_key_values if use_cache else None,
+            )
+            self.history.push(history, output)
+        return self.finish(history), (past_key_values if use_cache else None)
+
+    @staticmethod
+    def _self_attention_mask(
+        padding_mask: torch.Tensor | None, length: int, past_length: int, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """Causal mask over `past_length + length` keys, plus target padding when given (batch, total_len)."""
+        total = past_length + length
+        device = padding_mask.device if padding_mask is not None else None
+        allowed = None
+        if length > 1:
+            query_pos = torch.arange(past_length, total, device=device)[:, None]
+            allowed = (torch.arange(total, device=device)[None, :] <= query_pos)[None, None]  # (1, 1, len, total)
+        if padding_mask is not None and padding_mask.shape[-1] == total and not bool(padding_mask.all()):
+            keys = padding_mask.bool()[:, None, None, :]
+            allowed = keys if allowed is None else allowed & keys
+        if allowed is None:
+            return None
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
+            ~allowed, torch.finfo(dtype).min
+        )
+
+
+class DeepNMTModel(DeepNMTPreTrainedModel):
+    def __init__(self, config: DeepNMTConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        if config.share_embeddings:
+            decoder_embed = self.shared
+            self._tied_weights_keys = {
+                "encoder.embed_tokens.weight": "shared.weight",
+                "decoder.embed_tokens.weight": "shared.weight",
+            }
+        else:
+            decoder_embed = nn.Embedding(config.decoder_vocab_size, config.d_model, config.pad_token_id)
+            self._tied_weights_keys = {"encoder.embed_tokens.weight": "shared.weight"}
+        self.encoder = DeepNMTEncoder(config, self.shared)
+        self.decoder = DeepNMTDecoder(config, decoder_embed)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        if self.config.share_embeddings:
+            self.decoder.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        if decoder_input_ids is None:
+            raise ValueError("`decoder_input_ids` (or `labels`) are required to run the decoder.")
+        use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
+        decoder_states, cache = self.decoder(
+            input_ids=decoder_input_ids,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            attention_mask=decoder_attention_mask,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_states,
+            past_key_values=cache,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+        )
+
+
+class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
+    r"""
+    Deep Transformer translation model with a language-modelling head. Use with `generate()` (greedy, beam search,
+    sampling; cached decoding) and `Seq2SeqTrainer`.
+
+    Example:
+
+    ```python
+    >>> from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+    >>> model = DeepNMTForConditionalGeneration(DeepNMTConfig(encoder_layers=12, layer_aggregation="dlcl"))
+    ```
+    """
+
+    _keys_to_ignore_on_load_unexpected = []
+
+    def __init__(self, config: DeepNMTConfig):
+        super().__init__(config)
+        self.model = DeepNMTModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
+        source = "model.shared.weight" if config.share_embeddings else "model.decoder.embed_tokens.weight"
+        self._tied_weights_keys = {"lm_head.weight": source}
+        if config.share_embeddings:
+            self._tied_weights_keys.update(
+                {
+                    "model.encoder.embed_tokens.weight": "model.shared.weight",
+                    "model.decoder.embed_tokens.weight": "model.shared.weight",
+                }
+            )
+        else:
+            self._tied_weights_keys["model.encoder.embed_tokens.weight"] = "model.shared.weight"
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        r"""
+        labels (`torch.LongTensor` of shape `(batch, target_length)`, *optional*):
+            Target ids; -100 marks positions ignored by the loss. When `decoder_input_ids` is not given it is
+            `labels` shifted right behind `decoder_start_token_id`.
+        """
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None:
+                decoder_input_ids = shift_tokens_right(
+                    labels, self.config.pad_token_id, self.config.decoder_start_token_id
+                )
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
+            )
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class DlclForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """DLCL (Wang et al., 2019). Same network as [`DeepNMTForConditionalGeneration`] with [`DlclConfig`] defaults."""
+
+    config_class = DlclConfig
+
+
+__all__ = [
+    "DeepNMTPreTrainedModel",
+    "DeepNMTModel",
+    "DeepNMTForConditionalGeneration",
+    "DlclForConditionalGeneration",
+    "LAYER_AGGREGATION_CLASSES",
+]
