@@ -1,0 +1,173 @@
+"""Parallel text -> `datasets` objects: local TSV / JSONL / two-file corpora and `datasets.load_dataset` names.
+
+Malformed input stops with the file and line at fault; nothing is dropped silently (length filtering logs a count).
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+
+import datasets
+from transformers import PreTrainedTokenizerBase
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+SOURCE, TARGET = "source", "target"
+
+
+def sample_corpus_dir() -> Path:
+    """Folder of the bundled Spanish-English sample corpus (`train.tsv`, `valid.tsv`)."""
+    return Path(str(resources.files("hf_deep_nmt") / "sample_data"))
+
+
+def _lines(path: Path):
+    if not path.is_file():
+        raise FileNotFoundError(f"Parallel text file not found: {path}")
+    with path.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as error:
+                raise ValueError(f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start}).") from None
+
+
+def _check_pair(path: Path, number: int, source: str, target: str) -> None:
+    if not source.strip() or not target.strip():
+        side = "source" if not source.strip() else "target"
+        raise ValueError(f"{path}:{number}: empty {side} side.")
+
+
+def read_tsv(path: str | Path) -> dict[str, list[str]]:
+    """`source<TAB>target` per line; a blank final line is allowed, a line without exactly one tab is not."""
+    path = Path(path)
+    pairs: dict[str, list[str]] = {SOURCE: [], TARGET: []}
+    for number, line in _lines(path):
+        if not line:
+            continue
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise ValueError(f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)}.")
+        _check_pair(path, number, *fields)
+        pairs[SOURCE].append(fields[0])
+        pairs[TARGET].append(fields[1])
+    return pairs
+
+
+def read_jsonl(path: str | Path, source_key: str, target_key: str) -> dict[str, list[str]]:
+    """One JSON object per line with `source_key` and `target_key` string fields (or a `translation` dict)."""
+    path = Path(path)
+    pairs: dict[str, list[str]] = {SOURCE: [], TARGET: []}
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: invalid JSON ({error.msg}).") from None
+        record = record.get("translation", record) if isinstance(record, dict) else record
+        if not isinstance(record, dict) or not isinstance(record.get(source_key), str) or not isinstance(
+            record.get(target_key), str
+        ):
+            raise ValueError(f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}.")
+        _check_pair(path, number, record[source_key], record[target_key])
+        pairs[SOURCE].append(record[source_key])
+        pairs[TARGET].append(record[target_key])
+    return pairs
+
+
+def read_two_files(source_path: str | Path, target_path: str | Path) -> dict[str, list[str]]:
+    """Line-aligned source and target files; their line counts must match."""
+    source_path, target_path = Path(source_path), Path(target_path)
+    sources = [line for _, line in _lines(source_path)]
+    targets = [line for _, line in _lines(target_path)]
+    if len(sources) != len(targets):
+        raise ValueError(
+            f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}; parallel files must align."
+        )
+    for number, (source, target) in enumerate(zip(sources, targets), start=1):
+        if not source.strip() or not target.strip():
+            bad = source_path if not source.strip() else target_path
+            raise ValueError(f"{bad}:{number}: empty line in a parallel file.")
+    return {SOURCE: sources, TARGET: targets}
+
+
+def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> dict[str, list[str]]:
+    """Dispatch on the file name: `.tsv`, `.jsonl`, or a `prefix` with `prefix.{source_lang}` / `prefix.{target_lang}`."""
+    path = Path(path)
+    if path.suffix == ".tsv":
+        return read_tsv(path)
+    if path.suffix in (".jsonl", ".json"):
+        return read_jsonl(path, source_lang, target_lang)
+    source, target = Path(f"{path}.{source_lang}"), Path(f"{path}.{target_lang}")
+    if source.is_file() or target.is_file():
+        return read_two_files(source, target)
+    raise ValueError(
+        f"Cannot read parallel text from {str(path)!r}: expected a .tsv or .jsonl file, or a prefix with "
+        f"{source.name!r} and {target.name!r} beside it."
+    )
+
+
+def load_parallel_dataset(
+    train_file: str | Path | None = None,
+    validation_file: str | Path | None = None,
+    dataset_name: str | None = None,
+    dataset_config: str | None = None,
+    source_lang: str = "src",
+    target_lang: str = "tgt",
+    validation_split: str = "validation",
+) -> datasets.DatasetDict:
+    """A `DatasetDict` with `source`/`target` string columns, from local files or a `datasets` name."""
+    if dataset_name:
+        raw = datasets.load_dataset(dataset_name, dataset_config)
+        splits = {}
+        for split, name in (("train", "train"), ("validation", validation_split)):
+            if name not in raw:
+                continue
+            column = raw[name]["translation"]
+            splits[split] = datasets.Dataset.from_dict(
+                {SOURCE: [pair[source_lang] for pair in column], TARGET: [pair[target_lang] for pair in column]}
+            )
+        return datasets.DatasetDict(splits)
+    if train_file is None:
+        raise ValueError("Give `train_file` (a local corpus) or `dataset_name` (a `datasets.load_dataset` name).")
+    splits = {"train": datasets.Dataset.from_dict(read_parallel_file(train_file, source_lang, target_lang))}
+    if validation_file is not None:
+        splits["validation"] = datasets.Dataset.from_dict(read_parallel_file(validation_file, source_lang, target_lang))
+    return datasets.DatasetDict(splits)
+
+
+def tokenize_parallel(
+    dataset: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_source_length: int = 128,
+    max_target_length: int = 128,
+    drop_long: bool = True,
+) -> datasets.Dataset:
+    """Tokenize both sides (`input_ids`, `attention_mask`, `labels`); pairs over the length limits are dropped
+    (and counted in the log) when `drop_long`, otherwise truncated."""
+
+    def encode(batch):
+        truncate = not drop_long
+        inputs = tokenizer(batch[SOURCE], truncation=truncate, max_length=max_source_length if truncate else None)
+        targets = tokenizer(
+            text_target=batch[TARGET], truncation=truncate, max_length=max_target_length if truncate else None
+        )
+        inputs["labels"] = targets["input_ids"]
+        return inputs
+
+    encoded = dataset.map(encode, batched=True, remove_columns=dataset.column_names, desc="Tokenizing")
+    if drop_long:
+        before = len(encoded)
+        encoded = encoded.filter(
+            lambda row: len(row["input_ids"]) <= max_source_length and len(row["labels"]) <= max_target_length,
+            desc="Length filter",
+        )
+        if len(encoded) < before:
+            logger.warning(
+                f"Dropped {before - len(encoded)} of {before} pairs longer than {max_source_length} source / "
+                f"{max_target_length} target tokens."
+            )
+    return encoded

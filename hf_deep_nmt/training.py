@@ -1,0 +1,280 @@
+"""Training wiring over `Seq2SeqTrainer`: arguments, model construction from named presets, the main job.
+
+What the libraries do is left to them: argument parsing (`HfArgumentParser`), the training loop, mixed precision and
+multi-process training (`Seq2SeqTrainer` / `accelerate`), batching and padding (`DataCollatorForSeq2Seq`), scoring
+(`sacrebleu`). Written here: model presets, the config-file + overrides front end, the run summary and export.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    HfArgumentParser,
+    PreTrainedTokenizerBase,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+from transformers.utils import logging
+
+from hf_deep_nmt import MODEL_CLASSES
+from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
+from hf_deep_nmt.hub import export_hub_folder
+from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
+from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.translate import translate
+
+logger = logging.get_logger(__name__)
+
+PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
+
+
+@dataclass
+class ModelArguments:
+    model_type: str = field(
+        default="deep_nmt_dlcl", metadata={"help": f"Named preset to start from, one of {tuple(PRESETS)}."}
+    )
+    model_overrides: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Config fields that replace the preset's defaults (JSON object)."}
+    )
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Start from a saved model folder or Hub id instead of a fresh preset."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Saved tokenizer; default: train a joint one on the training data."}
+    )
+    tokenizer_vocab_size: int = field(default=8000, metadata={"help": "Size of a newly trained joint vocabulary."})
+    tokenizer_model: str = field(default="bpe", metadata={"help": "Subword model of a new tokenizer: bpe or unigram."})
+
+
+@dataclass
+class DataArguments:
+    train_file: str | None = field(
+        default=None, metadata={"help": "Training corpus (.tsv, .jsonl or a two-file prefix); default: bundled sample."}
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Validation corpus; default: sample."})
+    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets.load_dataset` name instead."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
+    source_lang: str = field(default="es", metadata={"help": "Source language code."})
+    target_lang: str = field(default="en", metadata={"help": "Target language code."})
+    max_source_length: int = field(default=128, metadata={"help": "Longer source sentences are dropped (counted)."})
+    max_target_length: int = field(default=128, metadata={"help": "Longer target sentences are dropped (counted)."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N pairs only."})
+
+
+@dataclass
+class EvalExportArguments:
+    num_beams: int = field(default=4, metadata={"help": "Beam size for evaluation and export."})
+    length_penalty: float = field(default=1.0, metadata={"help": "Length penalty (score / length**alpha)."})
+    max_length_a: float = field(default=1.5, metadata={"help": "Output may be a * source_length + b tokens long."})
+    max_length_b: int = field(default=10, metadata={"help": "See max_length_a."})
+    translate_examples: int = field(default=5, metadata={"help": "Validation sentences to translate and show."})
+    export_dir: str | None = field(default=None, metadata={"help": "Write a Hub-ready folder here after training."})
+    overwrite_export: bool = field(default=False, metadata={"help": "Replace a non-empty export_dir."})
+    repo_id: str | None = field(default=None, metadata={"help": "Hub repository id named in the model card."})
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, EvalExportArguments, Seq2SeqTrainingArguments)
+
+
+def parse_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
+    """`CONFIG.json|yaml [--field value ...]`: the file gives values, the command line overrides them.
+
+    Unknown keys in the file are an error naming them (a misspelt field must not be ignored).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    if argv and argv[0].endswith((".json", ".yaml", ".yml")):
+        path = Path(argv.pop(0))
+        if not path.is_file():
+            raise FileNotFoundError(f"Config file not found: {path}")
+        text = path.read_text(encoding="utf-8")
+        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}.")
+        known = {f.name for cls in ARGUMENT_CLASSES for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {unknown}; see `hf-deep-nmt train --help` for valid ones.")
+        if not argv:
+            return parser.parse_dict(values)
+        # Values from the file become defaults of the command line parser, so flags given after it win.
+        parser.set_defaults(**{key: value for key, value in values.items() if key != "model_overrides"})
+        outputs = parser.parse_args_into_dataclasses(args=argv)
+        if "model_overrides" in values:
+            outputs[0].model_overrides = {**values["model_overrides"], **outputs[0].model_overrides}
+        return outputs
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
+    """A fresh model from a named preset plus overrides, sized to the tokenizer; or a saved model."""
+    if model_args.model_name_or_path:
+        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+    if model_args.model_type not in PRESETS:
+        raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
+    config_class = PRESETS[model_args.model_type]
+    settings = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.bos_token_id,
+    }
+    for key, value in model_args.model_overrides.items():
+        if key in settings and settings[key] != value:
+            raise ValueError(f"`model_overrides.{key}={value!r}` disagrees with the tokenizer ({settings[key]!r}).")
+    config = config_class(**{**model_args.model_overrides, **settings})
+    return MODEL_CLASSES[config_class](config)
+
+
+def check_export_dir(export_args: EvalExportArguments) -> None:
+    """Fail before hours of training, not after, when the export folder would be refused."""
+    if export_args.export_dir and not export_args.overwrite_export:
+        folder = Path(export_args.export_dir)
+        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+            raise FileExistsError(
+                f"Export folder {str(folder)!r} exists and is not empty; choose another `export_dir` or pass "
+                "`--overwrite_export true` to replace it."
+            )
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train, evaluate (sacreBLEU), translate a few sentences and export a Hub-ready folder. Returns the summary."""
+    model_args, data_args, export_args, training_args = parse_arguments(argv)
+    check_export_dir(export_args)
+    set_seed(training_args.seed)
+    if not data_args.train_file and not data_args.dataset_name:
+        data_args.train_file = str(sample_corpus_dir() / "train.tsv")
+        data_args.validation_file = data_args.validation_file or str(sample_corpus_dir() / "valid.tsv")
+    raw = load_parallel_dataset(
+        train_file=data_args.train_file,
+        validation_file=data_args.validation_file,
+        dataset_name=data_args.dataset_name,
+        dataset_config=data_args.dataset_config,
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+    )
+    if "validation" in raw and data_args.max_eval_samples:
+        raw["validation"] = raw["validation"].select(range(min(data_args.max_eval_samples, len(raw["validation"]))))
+
+    if model_args.tokenizer_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
+    elif model_args.model_name_or_path:
+        tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    else:
+        tokenizer = train_joint_tokenizer(
+            zip(raw["train"][SOURCE], raw["train"][TARGET]),
+            vocab_size=model_args.tokenizer_vocab_size,
+            model=model_args.tokenizer_model,
+        )
+    model = build_model(model_args, tokenizer)
+    if model.config.vocab_size < len(tokenizer):
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {model.config.vocab_size}."
+        )
+    model.generation_config.num_beams = export_args.num_beams
+    model.generation_config.length_penalty = export_args.length_penalty
+    model.generation_config.max_new_tokens = int(
+        export_args.max_length_a * data_args.max_source_length + export_args.max_length_b
+    )
+    model.generation_config.max_length = None
+    logger.warning(
+        f"Model {type(model).__name__}: {model.num_parameters() / 1e6:.2f}M parameters, "
+        f"{model.config.encoder_layers} encoder / {model.config.decoder_layers} decoder layers."
+    )
+
+    train_dataset = tokenize_parallel(
+        raw["train"], tokenizer, data_args.max_source_length, data_args.max_target_length
+    )
+    references = raw["validation"][TARGET] if "validation" in raw else []
+    eval_dataset = None
+    if "validation" in raw:
+        # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
+        eval_dataset = tokenize_parallel(
+            raw["validation"], tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
+        )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        compute_metrics=make_compute_metrics(tokenizer, references) if eval_dataset is not None else None,
+    )
+    started = time.perf_counter()
+    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    summary: dict[str, Any] = {
+        "train_loss": round(train_result.training_loss, 4),
+        "train_seconds": round(time.perf_counter() - started, 1),
+        "train_steps": train_result.global_step,
+    }
+
+    if eval_dataset is not None:
+        sources = raw["validation"][SOURCE]
+        evaluation_started = time.perf_counter()
+        hypotheses = translate(
+            trainer.model,
+            tokenizer,
+            sources,
+            batch_size=training_args.per_device_eval_batch_size,
+            num_beams=export_args.num_beams,
+            length_penalty=export_args.length_penalty,
+            max_length_a=export_args.max_length_a,
+            max_length_b=export_args.max_length_b,
+        )
+        scores = corpus_scores(hypotheses, references)
+        summary.update(scores)
+        summary["eval_seconds"] = round(time.perf_counter() - evaluation_started, 1)
+        summary["eval_pairs"] = len(references)
+        summary["examples"] = [
+            {"source": s, "translation": h, "reference": r}
+            for s, h, r in list(zip(sources, hypotheses, references))[: export_args.translate_examples]
+        ]
+        logger.warning(f"sacreBLEU {scores['bleu']} chrF {scores['chrf']} ({scores['bleu_signature']})")
+        for example in summary["examples"]:
+            logger.warning(f"SRC {example['source']}\nHYP {example['translation']}\nREF {example['reference']}")
+
+    if training_args.should_save:
+        if export_args.export_dir:
+            export_hub_folder(
+                trainer.model,
+                tokenizer,
+                export_args.export_dir,
+                overwrite=export_args.overwrite_export,
+                repo_id=export_args.repo_id,
+                languages=(data_args.source_lang, data_args.target_lang),
+                metrics=summary,
+                dataset_name=data_args.dataset_name or Path(data_args.train_file).parent.name,
+                training_data=_describe_data(data_args, len(raw["train"]), summary),
+                examples=summary.get("examples"),
+            )
+            summary["export_dir"] = export_args.export_dir
+        output_dir = Path(training_args.output_dir)
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    return summary
+
+
+def _describe_data(data_args: DataArguments, num_pairs: int, summary: dict[str, Any]) -> str:
+    corpus = data_args.dataset_name or data_args.train_file
+    steps = summary.get("train_steps")
+    return (
+        f"{num_pairs} sentence pairs ({data_args.source_lang}-{data_args.target_lang}) from `{corpus}`, "
+        f"{steps} optimizer steps in {summary.get('train_seconds')} s."
+        + (" The bundled sample is public-domain Bible text." if "sample_data" in str(corpus) else "")
+    )
+
