@@ -3,6 +3,7 @@ model card rendered from `model_cards/`. An existing non-empty folder is never w
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from importlib import resources
@@ -81,6 +82,7 @@ def render_model_card(
         )
     }
     generation = model.generation_config
+    example_source = json.dumps(examples[0]["source"] if examples else "Hola.", ensure_ascii=False)
     examples = [{key: _cell(value) for key, value in example.items()} for example in (examples or [])]
     return ModelCard.from_template(
         card_data,
@@ -92,14 +94,14 @@ def render_model_card(
         method_section=method_text.strip(),
         citation=citation.strip(),
         architecture=architecture,
-        num_parameters=f"{model.num_parameters() / 1e6:.1f}M",
-        example_source=examples[0]["source"] if examples else "Hola.",
+        num_parameters=f"{model.num_parameters():,}",
+        example_source=example_source,
         training_data=training_data or "Not recorded.",
         results=results,
         eval_set=f"{dataset_name} ({eval_set})",
         bleu_signature=metrics.get("bleu_signature"),
-        num_beams=generation.num_beams,
-        length_penalty=generation.length_penalty,
+        num_beams=generation.num_beams or 1,
+        length_penalty=generation.length_penalty if generation.length_penalty is not None else 1.0,
         examples=examples,
     )
 

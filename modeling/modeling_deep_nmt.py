@@ -77,6 +77,10 @@ class DeepNMTAttention(nn.Module):
         self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
+        # Glorot bound of the reference packing: Q/K/V stored as one d x 3d matrix (SPEC P2).
+        for proj in (self.q_proj, self.k_proj, self.v_proj):
+            proj.glorot_fan = 4 * self.embed_dim
+        self.out_proj.glorot_fan = 2 * self.embed_dim
 
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         batch, length, _ = states.shape
@@ -118,27 +122,26 @@ class DeepNMTAttention(nn.Module):
         return self.out_proj(output)
 
 
-class DeepNMTFeedForward(nn.Module):
-    """`fc2(dropout(act(fc1(x))))`."""
+class DeepNMTSublayer(GradientCheckpointingLayer):
+    """What encoder and decoder layers share: the residual wrapper (DLCL paper Eq. 3 / Eq. 4) and the FFN
+    `fc2(Drop(act(fc1(x))))`, with Marian/BART parameter names."""
 
-    def __init__(self, config: DeepNMTConfig, ffn_dim: int):
+    def __init__(self, config: DeepNMTConfig, layer_idx: int, ffn_dim: int):
         super().__init__()
+        self.pre_norm = config.pre_norm
+        self.dropout = config.dropout
+        self.activation_dropout = config.activation_dropout
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.layer_idx = layer_idx
         self.fc1 = nn.Linear(config.d_model, ffn_dim)
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
-        self.activation_fn = ACT2FN[config.activation_function]
-        self.activation_dropout = config.activation_dropout
+        self.fc1.glorot_fan = self.fc2.glorot_fan = config.d_model + ffn_dim
+        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation_fn(self.fc1(hidden_states))
         hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
         return self.fc2(hidden_states)
-
-
-class DeepNMTSublayer:
-    """Mixin with the residual wrapper shared by encoder and decoder layers (DLCL paper Eq. 3 / Eq. 4)."""
-
-    pre_norm: bool
-    dropout: float
 
     def _residual(self, hidden_states: torch.Tensor, layer_norm: nn.LayerNorm, sublayer, *args, **kwargs):
         # post-norm: x <- LN(x + Drop(F(x)));  pre-norm: x <- x + Drop(F(LN(x)))
@@ -147,36 +150,26 @@ class DeepNMTSublayer:
         return outputs if self.pre_norm else layer_norm(outputs)
 
 
-class DeepNMTEncoderLayer(DeepNMTSublayer, GradientCheckpointingLayer):
+class DeepNMTEncoderLayer(DeepNMTSublayer):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
-        super().__init__()
-        self.pre_norm = config.pre_norm
-        self.dropout = config.dropout
-        self.layer_idx = layer_idx
+        super().__init__(config, layer_idx, config.encoder_ffn_dim)
         self.self_attn = DeepNMTAttention(config, config.encoder_attention_heads, False, layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.ffn = DeepNMTFeedForward(config, config.encoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         hidden_states = self._residual(
             hidden_states, self.self_attn_layer_norm, self.self_attn, attention_mask=attention_mask
         )
-        return self._residual(hidden_states, self.final_layer_norm, self.ffn)
+        return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
 
 
-class DeepNMTDecoderLayer(DeepNMTSublayer, GradientCheckpointingLayer):
+class DeepNMTDecoderLayer(DeepNMTSublayer):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
-        super().__init__()
-        self.pre_norm = config.pre_norm
-        self.dropout = config.dropout
-        self.layer_idx = layer_idx
+        super().__init__(config, layer_idx, config.decoder_ffn_dim)
         self.self_attn = DeepNMTAttention(config, config.decoder_attention_heads, False, layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
         self.encoder_attn = DeepNMTAttention(config, config.decoder_attention_heads, True, layer_idx)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.ffn = DeepNMTFeedForward(config, config.decoder_ffn_dim)
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def forward(
         self,
@@ -201,7 +194,7 @@ class DeepNMTDecoderLayer(DeepNMTSublayer, GradientCheckpointingLayer):
             attention_mask=encoder_attention_mask,
             past_key_values=past_key_values,
         )
-        return self._residual(hidden_states, self.final_layer_norm, self.ffn)
+        return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
 
 
 class DeepNMTResidualHistory(nn.Module):
@@ -284,19 +277,20 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """Fairseq-style initialisation: Glorot-uniform matrices with the bound of packed Q/K/V (SPEC P2)."""
+        """Fairseq-style initialisation: Glorot-uniform matrices, zero biases, N(0, 1/d) embeddings.
+
+        Decisions are taken on the leaf modules that own the parameters: with remote code, transformers skips
+        modules without parameters of their own.
+        """
         d_model = self.config.d_model
-        if isinstance(module, DeepNMTAttention):
-            packed_bound = math.sqrt(6.0 / (d_model + 3 * d_model))
-            for proj in (module.q_proj, module.k_proj, module.v_proj):
-                init.uniform_(proj.weight, -packed_bound, packed_bound)
-            init.xavier_uniform_(module.out_proj.weight)
-            for proj in (module.q_proj, module.k_proj, module.v_proj, module.out_proj):
-                init.zeros_(proj.bias)
-        elif isinstance(module, DeepNMTFeedForward):
-            for proj in (module.fc1, module.fc2):
-                init.xavier_uniform_(proj.weight)
-                init.zeros_(proj.bias)
+        if isinstance(module, nn.Linear):
+            if hasattr(module, "glorot_fan"):
+                bound = math.sqrt(6.0 / module.glorot_fan)
+                init.uniform_(module.weight, -bound, bound)
+            else:
+                init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
+            if module.bias is not None:
+                init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
             if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
@@ -306,10 +300,6 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, DeepNMTDenseHistory):
             init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights))
-        elif isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
-            if module.bias is not None:
-                init.zeros_(module.bias)
 
 
 class DeepNMTStack(DeepNMTPreTrainedModel):
@@ -503,9 +493,15 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
     ```
     """
 
-    _keys_to_ignore_on_load_unexpected = []
-
     def __init__(self, config: DeepNMTConfig):
+        # A saved model's auto_map pairs its config class with its model class: a mismatch would save a folder that
+        # AutoModelForSeq2SeqLM cannot load. Compared by model_type, as remote code loads classes in separate modules.
+        if config.model_type != self.config_class.model_type:
+            raise ValueError(
+                f"{type(self).__name__} takes a {self.config_class.__name__} (model_type "
+                f"{self.config_class.model_type!r}), got a {type(config).__name__} (model_type {config.model_type!r}); "
+                "use the model class of that config, e.g. through AutoModelForSeq2SeqLM.from_config(config)."
+            )
         super().__init__(config)
         self.model = DeepNMTModel(config)
         self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)

@@ -1,0 +1,119 @@
+"""The Hub-ready folder: its files, the rendered model card, refusal to overwrite, and loading it back."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.hub import export_hub_folder
+from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
+PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is not full"), ("hola mundo", "hello world")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_joint_tokenizer(PAIRS * 20, vocab_size=120, min_frequency=1)
+
+
+@pytest.fixture
+def model(tokenizer):
+    torch.manual_seed(0)
+    config = DlclConfig(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=3,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=20,
+    )
+    model = DlclForConditionalGeneration(config)
+    model.generation_config.num_beams = 3
+    model.config.use_cache = False  # what the Trainer leaves behind; the export must turn it back on
+    return model
+
+
+METRICS = {"bleu": 12.34, "chrf": 40.5, "bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:x"}
+
+
+def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
+    folder = export_hub_folder(model, tokenizer, tmp_path / "repo", metrics=METRICS, repo_id="org/dlcl-tiny")
+    names = {path.name for path in folder.iterdir()}
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "configuration_deep_nmt.py",
+        "modeling_deep_nmt.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+    } <= names
+    assert not any(name.endswith((".bin", ".pt", ".pth")) for name in names)
+    config = json.loads((folder / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_deep_nmt.DlclConfig",
+        "AutoModelForSeq2SeqLM": "modeling_deep_nmt.DlclForConditionalGeneration",
+    }
+    assert config["use_cache"] is True
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert generation["num_beams"] == 3 and generation["decoder_start_token_id"] == 0
+    for name in ("configuration_deep_nmt.py", "modeling_deep_nmt.py"):
+        assert (folder / name).read_bytes() == (MODELING_DIR / name).read_bytes()
+    assert not [path for path in tmp_path.iterdir() if path.name.startswith(".")]  # no staging folder left behind
+
+
+def test_model_card_carries_metadata_and_results(model, tokenizer, tmp_path):
+    folder = export_hub_folder(
+        model, tokenizer, tmp_path / "repo", metrics=METRICS, repo_id="org/dlcl-tiny", languages=("es", "en")
+    )
+    card = ModelCard.load(folder / "README.md")
+    assert card.data.language == ["es", "en"]
+    assert card.data.pipeline_tag == "translation"
+    assert "deep_nmt_dlcl" in card.data.tags
+    results = {result.metric_type: result.metric_value for result in card.data.eval_results}
+    assert results == {"bleu": 12.34, "chrf": 40.5}
+    assert 'AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True)' in card.text
+    assert 'repo = "org/dlcl-tiny"' in card.text
+    assert "Learning Deep Transformer Models for Machine Translation" in card.text  # the DLCL method section
+    assert METRICS["bleu_signature"] in card.text
+
+
+def test_export_refuses_a_non_empty_folder_and_leaves_it_untouched(model, tokenizer, tmp_path):
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("my notes")
+    with pytest.raises(FileExistsError, match=r"repo' exists and is not empty.*overwrite"):
+        export_hub_folder(model, tokenizer, folder)
+    assert [path.name for path in folder.iterdir()] == ["notes.txt"]
+    assert (folder / "notes.txt").read_text() == "my notes"
+
+
+def test_export_into_an_empty_folder_and_overwrite_on_request(model, tokenizer, tmp_path):
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    export_hub_folder(model, tokenizer, folder)  # an existing empty folder is fine
+    (folder / "stale.txt").write_text("old")
+    export_hub_folder(model, tokenizer, folder, overwrite=True)
+    assert not (folder / "stale.txt").exists() and (folder / "model.safetensors").is_file()
+
+
+def test_exported_folder_loads_and_translates_identically(model, tokenizer, tmp_path):
+    folder = export_hub_folder(model, tokenizer, tmp_path / "repo")
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    loaded_tokenizer = AutoTokenizer.from_pretrained(folder)
+    model.eval()
+    batch = tokenizer(["el sol sale", "hola mundo"], return_tensors="pt", padding=True)
+    assert loaded_tokenizer(["el sol sale"])["input_ids"] == tokenizer(["el sol sale"])["input_ids"]
+    with torch.no_grad():
+        expected = model.generate(**batch, max_new_tokens=6)
+        actual = loaded.generate(**batch, max_new_tokens=6)
+    assert torch.equal(expected, actual)
+    assert loaded.generation_config.num_beams == 3
