@@ -180,12 +180,20 @@ class DeepNMTConfig(PreTrainedConfig):
                 "to DLCL; set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
                 "to 'dlcl' or leave them at their defaults ('learned', True)."
             )
-        for field in ("pad_token_id", "bos_token_id", "decoder_start_token_id"):
-            token_id = getattr(self, field)
-            if token_id is not None and (
-                isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < self.vocab_size
-            ):
-                raise ValueError(f"`{field}` must be an id in [0, {self.vocab_size}), got {token_id!r}.")
+        # pad/bos/eos are used on both sides; decoding starts in the target vocabulary.
+        shared_ids = min(self.vocab_size, self.decoder_vocab_size)
+        for field, limit in (
+            ("pad_token_id", shared_ids),
+            ("bos_token_id", shared_ids),
+            ("eos_token_id", shared_ids),
+            ("decoder_start_token_id", self.decoder_vocab_size),
+        ):
+            value = getattr(self, field)
+            for token_id in value if isinstance(value, list) else [value]:
+                if token_id is not None and (
+                    isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < limit
+                ):
+                    raise ValueError(f"`{field}` must be an id in [0, {limit}), got {value!r}.")
 
 
 class DlclConfig(DeepNMTConfig):

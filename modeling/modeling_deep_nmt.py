@@ -227,8 +227,11 @@ class DeepNMTDenseHistory(nn.Module):
         super().__init__()
         self.pre_norm = config.pre_norm
         self.num_layers = num_layers
-        self.weight = nn.Parameter(torch.empty(num_layers + 1, num_layers + 1))
-        self.weight.requires_grad_(config.dlcl_weights == "learned")
+        if config.dlcl_weights == "learned":
+            self.weight = nn.Parameter(torch.empty(num_layers + 1, num_layers + 1))
+        else:
+            # Constant ablation weights: a buffer, since loading re-creates parameters as trainable.
+            self.register_buffer("weight", torch.empty(num_layers + 1, num_layers + 1))
         if config.dlcl_history_norm:
             self.layer_norms = nn.ModuleList(
                 nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) for _ in range(num_layers)
@@ -250,7 +253,11 @@ class DeepNMTDenseHistory(nn.Module):
     def _combine(self, history: list[torch.Tensor]) -> torch.Tensor:
         row = len(history) - 1
         weights = self.weight[row, : row + 1].to(history[0].dtype)
-        combined = torch.tensordot(weights, torch.stack(history, dim=0), dims=1)
+        # A running weighted sum, not a stacked tensor: autograd then keeps only references to the stored outputs,
+        # where a stack would save an O(row) copy per layer, O(L^2) memory over the stack.
+        combined = weights[0] * history[0]
+        for weight, output in zip(weights[1:], history[1:]):
+            combined = combined + weight * output
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
         return combined
@@ -520,6 +527,17 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, *args, **kwargs) -> nn.Embedding:
+        """Resize the shared vocabulary (source, target and tied output layer together)."""
+        if not self.config.share_embeddings:
+            raise ValueError(
+                "`resize_token_embeddings` resizes the shared vocabulary, but this model has separate source and "
+                "target vocabularies (`share_embeddings=False`)."
+            )
+        embeddings = super().resize_token_embeddings(new_num_tokens, *args, **kwargs)
+        self.config.decoder_vocab_size = self.config.vocab_size
+        return embeddings
 
     def set_output_embeddings(self, new_embeddings: nn.Linear) -> None:
         self.lm_head = new_embeddings

@@ -13,7 +13,11 @@ from hf_deep_nmt.hub import export_hub_folder
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
-PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is not full"), ("hola mundo", "hello world")]
+PAIRS = [
+    ("el sol sale", "the sun rises"),
+    ("la mar no se llena", "the sea is not full"),
+    ("hola mundo", "hello world"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +84,7 @@ def test_model_card_carries_metadata_and_results(model, tokenizer, tmp_path):
     assert "deep_nmt_dlcl" in card.data.tags
     results = {result.metric_type: result.metric_value for result in card.data.eval_results}
     assert results == {"bleu": 12.34, "chrf": 40.5}
-    assert 'AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True)' in card.text
+    assert "AutoModelForSeq2SeqLM.from_pretrained(repo, trust_remote_code=True)" in card.text
     assert 'repo = "org/dlcl-tiny"' in card.text
     assert "Learning Deep Transformer Models for Machine Translation" in card.text  # the DLCL method section
     assert METRICS["bleu_signature"] in card.text

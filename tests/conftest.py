@@ -1,0 +1,111 @@
+"""Shared fixtures: tiny configs with characteristic sizes, an isolated offline Hugging Face home, seeding."""
+
+import os
+import shutil
+import tempfile
+
+# Set before anything imports transformers / huggingface_hub, which read these paths once at import time.
+_SESSION_HF_HOME = tempfile.mkdtemp(prefix="hf-deep-nmt-tests-")
+os.environ["HF_HOME"] = _SESSION_HF_HOME
+os.environ["HF_MODULES_CACHE"] = os.path.join(_SESSION_HF_HOME, "modules")
+os.environ["HF_HUB_OFFLINE"] = "1"
+for _variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE"):
+    os.environ.pop(_variable, None)
+
+import pytest
+import torch
+
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig
+
+# Every size differs from every other one, so that a swapped axis or a transposed weight fails loudly.
+TINY_SIZES = dict(
+    vocab_size=37,
+    d_model=16,
+    encoder_layers=3,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=24,
+    decoder_ffn_dim=20,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+)
+
+PAD = 1
+
+# Every combination of pre/post-norm and layer aggregation per stack, plus the named DLCL config.
+ARCHITECTURES = [
+    pytest.param(
+        (DeepNMTConfig, dict(encoder_layer_aggregation=enc, decoder_layer_aggregation=dec, pre_norm=pre_norm)),
+        id=f"enc_{enc}-dec_{dec}-{'prenorm' if pre_norm else 'postnorm'}",
+    )
+    for enc in ("residual", "dlcl")
+    for dec in ("residual", "dlcl")
+    for pre_norm in (True, False)
+] + [pytest.param((DlclConfig, {}), id="DlclConfig")]
+
+
+# Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow them down many times over when the
+# cores are busy with another job.
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_hf_home():
+    yield _SESSION_HF_HOME
+    shutil.rmtree(_SESSION_HF_HOME, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    """`tiny_config(config_class=DeepNMTConfig, **overrides)` -> a config with the tiny characteristic sizes."""
+
+    def make(config_class=DeepNMTConfig, **overrides):
+        return config_class(**{**TINY_SIZES, **overrides})
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def random_model():
+    """`random_model(config, scale=0.3)` -> the config's model class in eval mode, with noise added to every parameter
+    (LayerNorms, DLCL weights and padding rows included), so that none keeps a value that re-initialisation, a missing
+    LayerNorm or an identity combination would reproduce."""
+
+    def make(config, scale: float = 0.3):
+        model = MODEL_CLASSES[type(config)](config)
+        generator = torch.Generator().manual_seed(1234)
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                if tensor.is_floating_point():
+                    tensor.add_(torch.randn(tensor.shape, generator=generator) * scale)
+        return model.eval()
+
+    return make
+
+
+@pytest.fixture(params=ARCHITECTURES)
+def architecture_config(request, tiny_config):
+    config_class, overrides = request.param
+    return tiny_config(config_class, **overrides)
+
+
+@pytest.fixture
+def padded_batch():
+    """Source right-padded with id 1 (lengths 5 and 3); targets of lengths 4 and 2, labels padded with -100."""
+    source = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, PAD, PAD]])
+    labels = torch.tensor([[6, 8, 12, 2], [13, 2, -100, -100]])
+    return dict(
+        input_ids=source,
+        attention_mask=source.ne(PAD).long(),
+        labels=labels,
+        decoder_attention_mask=labels.ne(-100).long(),
+        source_lengths=[5, 3],
+        target_lengths=[4, 2],
+    )

@@ -1,0 +1,182 @@
+"""The modeling files are self-contained Hub remote code: they load, with the package unimportable, from a saved folder
+and from a Hub cache by repo id, and give the same logits as the package."""
+
+import ast
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_deep_nmt.modeling.configuration_deep_nmt
+import hf_deep_nmt.modeling.modeling_deep_nmt
+from hf_deep_nmt import DlclConfig
+
+MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
+CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py")
+ALLOWED_PACKAGES = {"torch", "transformers", "__future__"}
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+LOAD_SCRIPT = """
+import json
+import sys
+
+sys.modules["hf_deep_nmt"] = None  # an installed, registered package would win over the repository's code
+
+import torch
+from transformers import AutoModelForSeq2SeqLM
+
+source, modes = sys.argv[1], sys.argv[2:]
+inputs = torch.load("inputs.pt", weights_only=True)
+results = {}
+for mode in modes:
+    kwargs = {} if mode == "default" else {"trust_remote_code": mode == "true"}
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(source, **kwargs)
+    except ValueError as error:
+        results[mode] = {"error": str(error)}
+        continue
+    with torch.no_grad():
+        torch.save(model.eval()(**inputs).logits, f"logits-{mode}.pt")
+    results[mode] = {"class": type(model).__name__, "module": type(model).__module__}
+with open("results.json", "w") as handle:
+    json.dump(results, handle)
+"""
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory, tiny_config, random_model):
+    """A perturbed tiny DLCL model saved with save_pretrained, the inputs used, and its logits."""
+    model = random_model(tiny_config(DlclConfig))
+    source = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
+    inputs = dict(
+        input_ids=source,
+        attention_mask=source.ne(1).long(),
+        decoder_input_ids=torch.tensor([[0, 6, 8, 12], [0, 13, 4, 4]]),
+    )
+    with torch.no_grad():
+        logits = model(**inputs).logits
+    folder = tmp_path_factory.mktemp("saved")
+    model.save_pretrained(folder)
+    return folder, inputs, logits
+
+
+def load_in_clean_process(tmp_path: Path, source: str, modes: list[str], hf_home: Path, inputs: dict) -> dict:
+    """Load `source` in a subprocess that cannot import hf_deep_nmt (cwd: an empty folder, Hub offline)."""
+    workdir = tmp_path / "workdir"
+    workdir.mkdir()
+    (workdir / "load.py").write_text(LOAD_SCRIPT)
+    torch.save(inputs, workdir / "inputs.pt")
+    env = {
+        key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))
+    }
+    env.pop("PYTHONPATH", None)
+    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(hf_home), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    completed = subprocess.run(
+        [sys.executable, "load.py", source, *modes],
+        check=False,
+        cwd=workdir,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    results = json.loads((workdir / "results.json").read_text())
+    for mode, result in results.items():
+        if "error" not in result:
+            result["logits"] = torch.load(workdir / f"logits-{mode}.pt", weights_only=True)
+    return results
+
+
+def assert_remote_class_with_identical_logits(result: dict, expected_logits: torch.Tensor) -> None:
+    assert "error" not in result, result.get("error")
+    assert result["class"] == "DlclForConditionalGeneration"
+    assert result["module"].startswith("transformers_modules.") and "hf_deep_nmt" not in result["module"]
+    assert torch.equal(result["logits"], expected_logits)
+
+
+@pytest.fixture(scope="module")
+def folder_results(saved_model, tmp_path_factory):
+    folder, inputs, _ = saved_model
+    tmp_path = tmp_path_factory.mktemp("folder-load")
+    return load_in_clean_process(tmp_path, str(folder), ["default", "false", "true"], tmp_path / "hf_home", inputs)
+
+
+def test_saved_folder_loads_as_remote_code_with_identical_logits(saved_model, folder_results):
+    assert_remote_class_with_identical_logits(folder_results["true"], saved_model[2])
+
+
+@pytest.mark.parametrize("mode", ["default", "false"])
+def test_saved_folder_needs_trust_remote_code_without_the_package(folder_results, mode):
+    assert "error" in folder_results[mode]
+    assert "trust_remote_code=True" in folder_results[mode]["error"]
+
+
+def build_hub_cache(folder: Path, hf_home: Path, repo_id: str) -> None:
+    """`$HF_HOME/hub/models--org--name/{blobs,refs/main,snapshots/<commit>}`, snapshot files linked to blobs."""
+    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / COMMIT
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    snapshot.mkdir(parents=True)
+    (repo / "refs" / "main").write_text(COMMIT)
+    for file in sorted(folder.iterdir()):
+        content = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+        blob.write_bytes(content)
+        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+
+
+def test_hub_cache_loads_by_repo_id_offline_with_identical_logits(saved_model, tmp_path):
+    folder, inputs, logits = saved_model
+    hf_home = tmp_path / "hf_home"
+    build_hub_cache(folder, hf_home, "org/name")
+    results = load_in_clean_process(tmp_path, "org/name", ["default", "true"], hf_home, inputs)
+    assert "trust_remote_code=True" in results["default"]["error"]
+    assert_remote_class_with_identical_logits(results["true"], logits)
+
+
+def test_saved_code_files_are_byte_identical_to_modeling(saved_model):
+    folder = saved_model[0]
+    for name in CODE_FILES:
+        assert (folder / name).read_bytes() == (MODELING_DIR / name).read_bytes(), name
+    auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    assert auto_map == {
+        "AutoConfig": "configuration_deep_nmt.DlclConfig",
+        "AutoModelForSeq2SeqLM": "modeling_deep_nmt.DlclForConditionalGeneration",
+    }
+
+
+def test_package_modeling_is_the_repository_modeling_folder():
+    for module in (hf_deep_nmt.modeling.configuration_deep_nmt, hf_deep_nmt.modeling.modeling_deep_nmt):
+        assert Path(module.__file__).resolve().parent == MODELING_DIR
+
+
+@pytest.mark.parametrize("name", CODE_FILES)
+def test_modeling_files_import_only_stdlib_torch_and_transformers(name):
+    tree = ast.parse((MODELING_DIR / name).read_text())
+    relative = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            roots = [node.module.split(".")[0]]
+        elif isinstance(node, ast.ImportFrom):
+            relative.append((node.level, node.module))
+            continue
+        else:
+            continue
+        for root in roots:
+            assert root in ALLOWED_PACKAGES or root in sys.stdlib_module_names, f"{name} imports {root}"
+    expected_relative = [(1, "configuration_deep_nmt")] if name == "modeling_deep_nmt.py" else []
+    assert relative == expected_relative
+
+
+def test_modeling_package_marker_is_empty():
+    assert (MODELING_DIR / "__init__.py").read_text().strip() == ""
