@@ -109,12 +109,7 @@ class DeepNMTAttention(nn.Module):
             key = self._split_heads(self.k_proj(hidden_states))
             value = self._split_heads(self.v_proj(hidden_states))
             if past_key_values is not None:
-                cache = (
-                    past_key_values.self_attention_cache
-                    if isinstance(past_key_values, EncoderDecoderCache)
-                    else past_key_values
-                )
-                key, value = cache.update(key, value, self.layer_idx)
+                key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
         output = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=self.dropout if self.training else 0.0
         )
@@ -389,9 +384,14 @@ class DeepNMTDecoder(DeepNMTStack):
     ) -> tuple[torch.Tensor, Cache | None]:
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+            raise TypeError(
+                f"`past_key_values` must be an EncoderDecoderCache (self- and cross-attention), got "
+                f"{type(past_key_values).__name__}."
+            )
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
-        self_mask = self._self_attention_mask(attention_mask, input_ids.shape[1], past_length, hidden_states.dtype)
+        self_mask = self._self_attention_mask(attention_mask, input_ids.shape[1], past_length, hidden_states)
         cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
         history: list[torch.Tensor] = []
         self.history.push(history, hidden_states)
@@ -408,17 +408,18 @@ class DeepNMTDecoder(DeepNMTStack):
 
     @staticmethod
     def _self_attention_mask(
-        padding_mask: torch.Tensor | None, length: int, past_length: int, dtype: torch.dtype
+        padding_mask: torch.Tensor | None, length: int, past_length: int, like: torch.Tensor
     ) -> torch.Tensor | None:
-        """Causal mask over `past_length + length` keys, plus target padding when given (batch, total_len)."""
+        """Causal mask over `past_length + length` keys, plus target padding when given (batch, total_len);
+        dtype and device of `like`."""
         total = past_length + length
-        device = padding_mask.device if padding_mask is not None else None
+        dtype, device = like.dtype, like.device
         allowed = None
         if length > 1:
             query_pos = torch.arange(past_length, total, device=device)[:, None]
             allowed = (torch.arange(total, device=device)[None, :] <= query_pos)[None, None]  # (1, 1, len, total)
         if padding_mask is not None and padding_mask.shape[-1] == total and not bool(padding_mask.all()):
-            keys = padding_mask.bool()[:, None, None, :]
+            keys = padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
             allowed = keys if allowed is None else allowed & keys
         if allowed is None:
             return None
