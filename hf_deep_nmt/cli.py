@@ -29,9 +29,9 @@ def _translate(argv: list[str]) -> int:
     parser.add_argument("--max-length-b", type=int, default=10)
     args = parser.parse_args(argv)
 
-    import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+    import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
     from hf_deep_nmt.translate import translate
 
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
@@ -49,7 +49,9 @@ def _translate(argv: list[str]) -> int:
         lines,
         batch_size=args.batch_size,
         num_beams=args.num_beams or model.generation_config.num_beams or 1,
-        length_penalty=args.length_penalty if args.length_penalty is not None else model.generation_config.length_penalty,
+        length_penalty=args.length_penalty
+        if args.length_penalty is not None
+        else model.generation_config.length_penalty,
         max_length_a=args.max_length_a,
         max_length_b=args.max_length_b,
     )
@@ -71,7 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hf-deep-nmt: unknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}.", file=sys.stderr)
         print("usage: hf-deep-nmt {train CONFIG [--field value ...] | translate --model DIR [...]}", file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0
-    return COMMANDS[argv[0]](argv[1:])
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:
+        # Mistakes in what the user asked for: one clear line, no traceback.
+        print(f"hf-deep-nmt {argv[0]}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -68,8 +68,10 @@ def read_jsonl(path: str | Path, source_key: str, target_key: str) -> dict[str, 
         except json.JSONDecodeError as error:
             raise ValueError(f"{path}:{number}: invalid JSON ({error.msg}).") from None
         record = record.get("translation", record) if isinstance(record, dict) else record
-        if not isinstance(record, dict) or not isinstance(record.get(source_key), str) or not isinstance(
-            record.get(target_key), str
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get(source_key), str)
+            or not isinstance(record.get(target_key), str)
         ):
             raise ValueError(f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}.")
         _check_pair(path, number, record[source_key], record[target_key])
@@ -95,7 +97,8 @@ def read_two_files(source_path: str | Path, target_path: str | Path) -> dict[str
 
 
 def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> dict[str, list[str]]:
-    """Dispatch on the file name: `.tsv`, `.jsonl`, or a `prefix` with `prefix.{source_lang}` / `prefix.{target_lang}`."""
+    """Dispatch on the file name: `.tsv`, `.jsonl`, or a prefix with `{prefix}.{source_lang}` and
+    `{prefix}.{target_lang}` beside it."""
     path = Path(path)
     if path.suffix == ".tsv":
         return read_tsv(path)
@@ -135,7 +138,9 @@ def load_parallel_dataset(
         raise ValueError("Give `train_file` (a local corpus) or `dataset_name` (a `datasets.load_dataset` name).")
     splits = {"train": datasets.Dataset.from_dict(read_parallel_file(train_file, source_lang, target_lang))}
     if validation_file is not None:
-        splits["validation"] = datasets.Dataset.from_dict(read_parallel_file(validation_file, source_lang, target_lang))
+        splits["validation"] = datasets.Dataset.from_dict(
+            read_parallel_file(validation_file, source_lang, target_lang)
+        )
     return datasets.DatasetDict(splits)
 
 

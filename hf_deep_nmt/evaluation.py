@@ -40,7 +40,9 @@ def make_compute_metrics(
     """
 
     def compute_metrics(prediction: EvalPrediction) -> dict[str, float]:
-        predictions = prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        predictions = (
+            prediction.predictions[0] if isinstance(prediction.predictions, tuple) else prediction.predictions
+        )
         hypotheses = decode_predictions(np.asarray(predictions), tokenizer)[: len(references)]
         if len(hypotheses) < len(references):
             raise ValueError(f"Got {len(hypotheses)} predictions for {len(references)} evaluation references.")

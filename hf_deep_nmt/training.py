@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -62,7 +64,8 @@ class ModelArguments:
 @dataclass
 class DataArguments:
     train_file: str | None = field(
-        default=None, metadata={"help": "Training corpus (.tsv, .jsonl or a two-file prefix); default: bundled sample."}
+        default=None,
+        metadata={"help": "Training corpus (.tsv, .jsonl or a two-file prefix); default: bundled sample."},
     )
     validation_file: str | None = field(default=None, metadata={"help": "Validation corpus; default: sample."})
     dataset_name: str | None = field(default=None, metadata={"help": "A `datasets.load_dataset` name instead."})
@@ -89,13 +92,25 @@ class EvalExportArguments:
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, EvalExportArguments, Seq2SeqTrainingArguments)
 
 
+def multi_process_launch_without_gpu() -> bool:
+    """True under `torchrun`/`accelerate launch` with several processes on a machine with no CUDA device.
+
+    There `Seq2SeqTrainingArguments` must get `use_cpu=True`, or transformers runs every process as an independent,
+    non-distributed rank 0 (each training its own copy and each writing the output).
+    """
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+
+
 def parse_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
     """`CONFIG.json|yaml [--field value ...]`: the file gives values, the command line overrides them.
 
-    Unknown keys in the file are an error naming them (a misspelt field must not be ignored).
+    Unknown keys in the file are an error naming them (a misspelt field must not be ignored). `use_cpu` defaults to
+    true for a multi-process launch on a machine without a GPU (see `multi_process_launch_without_gpu`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser(ARGUMENT_CLASSES)
+    cpu_default = {"use_cpu": True} if multi_process_launch_without_gpu() else {}
+    parser.set_defaults(**cpu_default)
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
         path = Path(argv.pop(0))
         if not path.is_file():
@@ -109,7 +124,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
         if unknown:
             raise ValueError(f"{path}: unknown keys {unknown}; see `hf-deep-nmt train --help` for valid ones.")
         if not argv:
-            return parser.parse_dict(values)
+            return parser.parse_dict({**cpu_default, **values})
         # Values from the file become defaults of the command line parser, so flags given after it win.
         parser.set_defaults(**{key: value for key, value in values.items() if key != "model_overrides"})
         outputs = parser.parse_args_into_dataclasses(args=argv)
@@ -223,7 +238,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "train_steps": train_result.global_step,
     }
 
-    if eval_dataset is not None:
+    # Final evaluation, translations and export happen once, on the main process.
+    is_main_process = trainer.is_world_process_zero()
+    if eval_dataset is not None and is_main_process:
         sources = raw["validation"][SOURCE]
         evaluation_started = time.perf_counter()
         hypotheses = translate(
@@ -248,7 +265,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         for example in summary["examples"]:
             logger.warning(f"SRC {example['source']}\nHYP {example['translation']}\nREF {example['reference']}")
 
-    if training_args.should_save:
+    if is_main_process:
         if export_args.export_dir:
             export_hub_folder(
                 trainer.model,
@@ -258,7 +275,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 repo_id=export_args.repo_id,
                 languages=(data_args.source_lang, data_args.target_lang),
                 metrics=summary,
-                dataset_name=data_args.dataset_name or Path(data_args.train_file).parent.name,
+                dataset_name=data_args.dataset_name or _corpus_name(data_args.train_file),
                 training_data=_describe_data(data_args, len(raw["train"]), summary),
                 examples=summary.get("examples"),
             )
@@ -269,12 +286,20 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     return summary
 
 
+def _corpus_name(train_file: str) -> str:
+    path = Path(train_file)
+    return "bible-es-en-sample" if path.parent == sample_corpus_dir() else path.parent.name or path.stem
+
+
 def _describe_data(data_args: DataArguments, num_pairs: int, summary: dict[str, Any]) -> str:
     corpus = data_args.dataset_name or data_args.train_file
     steps = summary.get("train_steps")
     return (
         f"{num_pairs} sentence pairs ({data_args.source_lang}-{data_args.target_lang}) from `{corpus}`, "
         f"{steps} optimizer steps in {summary.get('train_seconds')} s."
-        + (" The bundled sample is public-domain Bible text." if "sample_data" in str(corpus) else "")
+        + (
+            " The bundled sample is public-domain Bible text."
+            if _corpus_name(str(corpus)) == "bible-es-en-sample"
+            else ""
+        )
     )
-

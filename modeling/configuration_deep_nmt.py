@@ -169,8 +169,10 @@ class DeepNMTConfig(PreTrainedConfig):
                 f"`decoder_vocab_size` ({self.decoder_vocab_size}) must equal `vocab_size` ({self.vocab_size}) when "
                 "`share_embeddings=True`; set `share_embeddings=False` for separate vocabularies."
             )
-        if not isinstance(self.layer_norm_eps, (int, float)) or isinstance(self.layer_norm_eps, bool) or (
-            self.layer_norm_eps <= 0
+        if (
+            not isinstance(self.layer_norm_eps, (int, float))
+            or isinstance(self.layer_norm_eps, bool)
+            or (self.layer_norm_eps <= 0)
         ):
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
         uses_dlcl = "dlcl" in (self.encoder_layer_aggregation, self.decoder_layer_aggregation)

@@ -38,9 +38,9 @@ def padding_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> t
     """`(batch, key_len)` 1/0 mask -> `(batch, 1, 1, key_len)` additive mask, or None when nothing is masked."""
     if mask is None or bool(mask.all()):
         return None
-    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(
-        ~mask.bool(), torch.finfo(dtype).min
-    )[:, None, None, :]
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(), torch.finfo(dtype).min)[
+        :, None, None, :
+    ]
 
 
 class DeepNMTSinusoidalPositions(nn.Module):
@@ -330,7 +330,9 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         vocab = self.embed_tokens.num_embeddings
         if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
             bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0].item()
-            raise ValueError(f"Token id {bad} is out of range for a vocabulary of {vocab} ids (valid: 0..{vocab - 1}).")
+            raise ValueError(
+                f"Token id {bad} is out of range for a vocabulary of {vocab} ids (valid: 0..{vocab - 1})."
+            )
         positions = torch.arange(past_length, past_length + input_ids.shape[1], device=input_ids.device)
         hidden_states = self.embed_tokens(input_ids) * self.embed_scale
         hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
@@ -507,7 +509,8 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         if config.model_type != self.config_class.model_type:
             raise ValueError(
                 f"{type(self).__name__} takes a {self.config_class.__name__} (model_type "
-                f"{self.config_class.model_type!r}), got a {type(config).__name__} (model_type {config.model_type!r}); "
+                f"{self.config_class.model_type!r}), got a {type(config).__name__} "
+                f"(model_type {config.model_type!r}); "
                 "use the model class of that config, e.g. through AutoModelForSeq2SeqLM.from_config(config)."
             )
         super().__init__(config)

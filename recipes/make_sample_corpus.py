@@ -32,7 +32,9 @@ def spread(lines: list[str], count: int) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", type=Path, help="folder with train.tsv, valid.tsv and the COPYRIGHT files")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "hf_deep_nmt" / "sample_data")
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).resolve().parents[1] / "hf_deep_nmt" / "sample_data"
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name, count in (("train", TRAIN_PAIRS), ("valid", VALID_PAIRS)):

@@ -91,7 +91,8 @@ def test_from_pretrained_does_not_reinitialise_loaded_weights(tmp_path):
 
 
 def test_remote_code_initialises_a_fresh_model_with_the_same_bounds(tmp_path):
-    """transformers skips `_init_weights` on remote-code modules that own no parameters; the bounds must hold there too."""
+    """transformers skips `_init_weights` on remote-code modules that own no parameters: the bounds must hold
+    there too."""
     DlclForConditionalGeneration(small_config()).save_pretrained(tmp_path)  # config with auto_map + code files
     script = textwrap.dedent(
         f"""
@@ -122,9 +123,18 @@ def test_remote_code_initialises_a_fresh_model_with_the_same_bounds(tmp_path):
 
 
 def test_plain_config_model_has_no_history_weights():
-    model = DeepNMTForConditionalGeneration(DeepNMTConfig(vocab_size=50, d_model=16, encoder_attention_heads=4,
-                                                          decoder_attention_heads=4, encoder_ffn_dim=8,
-                                                          decoder_ffn_dim=8, encoder_layers=2, decoder_layers=1))
+    model = DeepNMTForConditionalGeneration(
+        DeepNMTConfig(
+            vocab_size=50,
+            d_model=16,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=8,
+            decoder_ffn_dim=8,
+            encoder_layers=2,
+            decoder_layers=1,
+        )
+    )
     assert not [name for name, _ in model.named_parameters() if "history" in name]
 
 

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import sacrebleu
 import torch
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, EvalPrediction, Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import (
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    EvalPrediction,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+)
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
 from hf_deep_nmt.data import (
@@ -128,7 +134,7 @@ def test_tsv_with_an_empty_side_names_file_line_and_side(tmp_path):
 
 def test_invalid_utf8_names_file_and_line(tmp_path):
     path = tmp_path / "latin1.tsv"
-    path.write_bytes("hola\thello\n".encode() + "adiós\tbye\n".encode("latin-1"))
+    path.write_bytes(b"hola\thello\n" + "adiós\tbye\n".encode("latin-1"))
     with pytest.raises(ValueError, match=r"latin1\.tsv:2: not valid UTF-8"):
         read_tsv(path)
 
@@ -330,9 +336,20 @@ def test_the_bundled_sample_recipe_parses(tmp_path):
 def test_build_model_sizes_the_vocabulary_from_the_tokenizer_and_checks_overrides(tokenizer):
     from hf_deep_nmt.training import ModelArguments
 
-    model = build_model(ModelArguments(model_overrides={"d_model": 16, "encoder_layers": 2, "decoder_layers": 1,
-                                                        "encoder_attention_heads": 2, "decoder_attention_heads": 2,
-                                                        "encoder_ffn_dim": 8, "decoder_ffn_dim": 8}), tokenizer)
+    model = build_model(
+        ModelArguments(
+            model_overrides={
+                "d_model": 16,
+                "encoder_layers": 2,
+                "decoder_layers": 1,
+                "encoder_attention_heads": 2,
+                "decoder_attention_heads": 2,
+                "encoder_ffn_dim": 8,
+                "decoder_ffn_dim": 8,
+            }
+        ),
+        tokenizer,
+    )
     assert model.config.vocab_size == len(tokenizer) and model.config.model_type == "deep_nmt_dlcl"
     with pytest.raises(ValueError, match=r"model_overrides.vocab_size=99.*disagrees"):
         build_model(ModelArguments(model_overrides={"vocab_size": 99}), tokenizer)
@@ -348,3 +365,31 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path):
         check_export_dir(EvalExportArguments(export_dir=str(tmp_path)))
     check_export_dir(EvalExportArguments(export_dir=str(tmp_path), overwrite_export=True))
     check_export_dir(EvalExportArguments(export_dir=str(tmp_path / "new")))
+
+
+def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys):
+    from hf_deep_nmt.cli import main
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "weights.safetensors").write_text("user data")
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"output_dir": str(tmp_path / "run"), "export_dir": str(export)}))
+    assert main(["train", str(config)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("hf-deep-nmt train: error: Export folder") and "--overwrite_export true" in error
+    assert (export / "weights.safetensors").read_text() == "user data"
+    assert main(["translate-all"]) == 2
+
+
+def test_multi_process_launch_without_gpu_defaults_to_use_cpu(monkeypatch):
+    from hf_deep_nmt import training
+
+    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert training.multi_process_launch_without_gpu()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not training.multi_process_launch_without_gpu()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: True)
+    assert not training.multi_process_launch_without_gpu()
