@@ -106,6 +106,16 @@ def render_model_card(
     )
 
 
+def check_export_folder(folder: str | Path, overwrite: bool = False) -> None:
+    """Raise `FileExistsError` when `folder` exists and is not empty, unless `overwrite`."""
+    folder = Path(folder)
+    if not overwrite and folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise FileExistsError(
+            f"Export folder {str(folder)!r} exists and is not empty; choose another folder, or ask to replace it "
+            "(`overwrite=True`, or `--overwrite_export true` on the command line)."
+        )
+
+
 def export_hub_folder(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -121,11 +131,7 @@ def export_hub_folder(
     beside its final place and swapped in at the end, so a failure never leaves a half-written or half-deleted folder.
     """
     folder = Path(folder)
-    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())) and not overwrite:
-        raise FileExistsError(
-            f"Export folder {str(folder)!r} exists and is not empty; choose another folder or pass overwrite=True "
-            "(`--overwrite_export true` on the command line) to replace it."
-        )
+    check_export_folder(folder, overwrite)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
     try:

@@ -33,7 +33,7 @@ from transformers.utils import logging
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
-from hf_deep_nmt.hub import export_hub_folder
+from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.translate import translate
@@ -137,6 +137,11 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
     """A fresh model from a named preset plus overrides, sized to the tokenizer; or a saved model."""
     if model_args.model_name_or_path:
+        if model_args.model_overrides:
+            raise ValueError(
+                f"`model_overrides` ({sorted(model_args.model_overrides)}) apply to a fresh `model_type` preset, not "
+                f"to the saved model {model_args.model_name_or_path!r}; remove one of the two."
+            )
         return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
     if model_args.model_type not in PRESETS:
         raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
@@ -155,21 +160,12 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
     return MODEL_CLASSES[config_class](config)
 
 
-def check_export_dir(export_args: EvalExportArguments) -> None:
-    """Fail before hours of training, not after, when the export folder would be refused."""
-    if export_args.export_dir and not export_args.overwrite_export:
-        folder = Path(export_args.export_dir)
-        if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
-            raise FileExistsError(
-                f"Export folder {str(folder)!r} exists and is not empty; choose another `export_dir` or pass "
-                "`--overwrite_export true` to replace it."
-            )
-
-
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Train, evaluate (sacreBLEU), translate a few sentences and export a Hub-ready folder. Returns the summary."""
     model_args, data_args, export_args, training_args = parse_arguments(argv)
-    check_export_dir(export_args)
+    # Fail before hours of training, not after, when the export folder would be refused.
+    if export_args.export_dir:
+        check_export_folder(export_args.export_dir, export_args.overwrite_export)
     set_seed(training_args.seed)
     if not data_args.train_file and not data_args.dataset_name:
         data_args.train_file = str(sample_corpus_dir() / "train.tsv")

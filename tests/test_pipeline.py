@@ -27,7 +27,7 @@ from hf_deep_nmt.data import (
 )
 from hf_deep_nmt.evaluation import corpus_scores, decode_predictions, make_compute_metrics
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import build_model, check_export_dir, parse_arguments
+from hf_deep_nmt.training import build_model, parse_arguments
 from hf_deep_nmt.translate import translate
 
 
@@ -357,14 +357,24 @@ def test_build_model_sizes_the_vocabulary_from_the_tokenizer_and_checks_override
         build_model(ModelArguments(model_type="dlcl"), tokenizer)
 
 
-def test_a_non_empty_export_folder_is_refused_before_training(tmp_path):
-    from hf_deep_nmt.training import EvalExportArguments
+def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypatch):
+    from hf_deep_nmt import training
 
     (tmp_path / "keep.txt").write_text("user data")
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"output_dir": str(tmp_path / "run"), "export_dir": str(tmp_path)}))
+    monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(FileExistsError, match="exists and is not empty"):
-        check_export_dir(EvalExportArguments(export_dir=str(tmp_path)))
-    check_export_dir(EvalExportArguments(export_dir=str(tmp_path), overwrite_export=True))
-    check_export_dir(EvalExportArguments(export_dir=str(tmp_path / "new")))
+        training.run([str(config)])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["keep.txt", "run.json"]
+    assert (tmp_path / "keep.txt").read_text() == "user data"
+
+
+def test_overrides_cannot_be_combined_with_a_saved_model(tokenizer):
+    from hf_deep_nmt.training import ModelArguments
+
+    with pytest.raises(ValueError, match=r"`model_overrides` \(\['d_model'\]\) apply to a fresh"):
+        build_model(ModelArguments(model_name_or_path="some/model", model_overrides={"d_model": 8}), tokenizer)
 
 
 def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys):
