@@ -6,12 +6,13 @@ them for auto-class saving, so that `save_pretrained` writes `auto_map` and the 
 
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig
+from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTForConditionalGeneration,
     DeepNMTModel,
     DeepNMTPreTrainedModel,
     DlclForConditionalGeneration,
+    DsInitForConditionalGeneration,
 )
 
 __version__ = "0.1.0"
@@ -19,6 +20,7 @@ __version__ = "0.1.0"
 MODEL_CLASSES: dict[type, type] = {
     DeepNMTConfig: DeepNMTForConditionalGeneration,
     DlclConfig: DlclForConditionalGeneration,
+    DsInitConfig: DsInitForConditionalGeneration,
 }
 
 
@@ -39,5 +41,7 @@ __all__ = [
     "DeepNMTModel",
     "DeepNMTForConditionalGeneration",
     "DlclForConditionalGeneration",
+    "DsInitConfig",
+    "DsInitForConditionalGeneration",
     "MODEL_CLASSES",
 ]

@@ -11,6 +11,11 @@ from transformers.activations import ACT2CLS
 
 LAYER_AGGREGATIONS = ("residual", "dlcl")
 DLCL_WEIGHTS = ("learned", "average", "one")
+INIT_SCHEMES = ("default", "ds_init")
+DS_INIT_MODES = ("paper", "code")
+DECODER_SELF_ATTENTIONS = ("multi_head", "merged_average", "average")
+# Cache-layer type of decoders whose state is a running sum (MAtt, AAN); the class lives in the modeling file.
+AVERAGE_CACHE_LAYER_TYPE = "deep_nmt_average"
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 
 
@@ -80,6 +85,22 @@ class DeepNMTConfig(PreTrainedConfig):
         dlcl_history_norm (`bool`, *optional*, defaults to `True`):
             Keep the DLCL LayerNorms (one per stored layer output in pre-norm, one per combination row in post-norm);
             `False` is the paper's "- layer norm" ablation.
+        init_scheme (`str`, *optional*, defaults to `"default"`):
+            `"default"` (Glorot-uniform with the bounds of packed Q/K/V) or `"ds_init"`: depth-scaled initialisation
+            (Zhang, Titov, Sennrich 2019): every attention and FFN matrix of layer l (from 1, per stack) is drawn
+            with its Glorot bound multiplied by `ds_init_alpha / sqrt(l)`.
+        ds_init_alpha (`float`, *optional*, defaults to 1.0):
+            The alpha of DS-Init, in (0, 1].
+        ds_init_mode (`str`, *optional*, defaults to `"paper"`):
+            `"paper"`: bound factor alpha / sqrt(l) (the published formula); `"code"`: sqrt(alpha) * l^(-1/4), what the
+            reference implementation's variance scaling actually draws (alpha in the role of its initializer gain).
+        decoder_self_attention (`str`, *optional*, defaults to `"multi_head"`):
+            `"multi_head"` (causal self-attention), `"merged_average"` (MAtt: one sublayer adding a causal average of
+            the values to the cross-attention context before a shared output projection, which replaces both
+            self- and cross-attention) or `"average"` (the gated average attention network, AAN, of Zhang, Xiong,
+            Su 2018, replacing self-attention only).
+        aan_ffn (`bool`, *optional*, defaults to `False`):
+            Give the AAN its feed-forward network on the average (only with `decoder_self_attention="average"`).
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
@@ -117,6 +138,12 @@ class DeepNMTConfig(PreTrainedConfig):
     decoder_layer_aggregation: str | None = None
     dlcl_weights: str = "learned"
     dlcl_history_norm: bool = True
+    init_scheme: str = "default"
+    ds_init_alpha: float = 1.0
+    ds_init_mode: str = "paper"
+    decoder_self_attention: str = "multi_head"
+    aan_ffn: bool = False
+    decoder_layer_types: list[str] | None = None
     layer_norm_eps: float = 1e-5
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -133,6 +160,12 @@ class DeepNMTConfig(PreTrainedConfig):
         if self.decoder_layer_aggregation is None:
             self.decoder_layer_aggregation = self.layer_aggregation
         self.validate_settings()
+        # `generate()` builds its cache from this field (read as `layer_types` of the decoder view of the config):
+        # running-sum decoders get the cache layer that holds their state. Always derived, never set by hand.
+        if self.decoder_self_attention == "multi_head":
+            self.decoder_layer_types = None
+        else:
+            self.decoder_layer_types = [AVERAGE_CACHE_LAYER_TYPE] * self.decoder_layers
         super().__post_init__(**kwargs)
 
     def validate_settings(self) -> None:
@@ -151,13 +184,36 @@ class DeepNMTConfig(PreTrainedConfig):
             _check_positive_int(field, getattr(self, field))
         for field in ("dropout", "attention_dropout", "activation_dropout"):
             _check_probability(field, getattr(self, field))
-        for field in ("scale_embedding", "share_embeddings", "tie_word_embeddings", "pre_norm", "dlcl_history_norm"):
+        for field in (
+            "scale_embedding",
+            "share_embeddings",
+            "tie_word_embeddings",
+            "pre_norm",
+            "dlcl_history_norm",
+            "aan_ffn",
+        ):
             _check_bool(field, getattr(self, field))
         _check_choice("activation_function", self.activation_function, ACTIVATIONS)
         _check_choice("layer_aggregation", self.layer_aggregation, LAYER_AGGREGATIONS)
         _check_choice("encoder_layer_aggregation", self.encoder_layer_aggregation, LAYER_AGGREGATIONS)
         _check_choice("decoder_layer_aggregation", self.decoder_layer_aggregation, LAYER_AGGREGATIONS)
         _check_choice("dlcl_weights", self.dlcl_weights, DLCL_WEIGHTS)
+        _check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
+        _check_choice("ds_init_mode", self.ds_init_mode, DS_INIT_MODES)
+        _check_choice("decoder_self_attention", self.decoder_self_attention, DECODER_SELF_ATTENTIONS)
+        alpha = self.ds_init_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
+            raise ValueError(f"`ds_init_alpha` must be a number in (0, 1], got {alpha!r}.")
+        if self.init_scheme != "ds_init" and (self.ds_init_alpha != 1.0 or self.ds_init_mode != "paper"):
+            raise ValueError(
+                f"`ds_init_alpha={self.ds_init_alpha!r}` / `ds_init_mode={self.ds_init_mode!r}` only apply with "
+                f"`init_scheme='ds_init'`, got `init_scheme={self.init_scheme!r}`."
+            )
+        if self.aan_ffn and self.decoder_self_attention != "average":
+            raise ValueError(
+                f"`aan_ffn=True` needs `decoder_self_attention='average'` (the gated AAN), got "
+                f"{self.decoder_self_attention!r}."
+            )
         for side in ("encoder", "decoder"):
             heads = getattr(self, f"{side}_attention_heads")
             if self.d_model % heads:
@@ -215,4 +271,33 @@ class DlclConfig(DeepNMTConfig):
     activation_dropout: float = 0.1
 
 
-__all__ = ["DeepNMTConfig", "DlclConfig", "LAYER_AGGREGATIONS", "DLCL_WEIGHTS"]
+class DsInitConfig(DeepNMTConfig):
+    r"""
+    DS-Init + MAtt, "Improving Deep Transformer with Depth-Scaled Initialization and Merged Attention" (Zhang,
+    Titov, Sennrich, EMNLP 2019): the paper's system as defaults — post-norm, depth-scaled initialisation with
+    alpha = 1 on both stacks, merged-attention decoder, 12 encoder and 12 decoder layers, base width, separate source
+    and target embeddings with the target one tied to the output layer, dropout 0.1 everywhere.
+    """
+
+    model_type = "deep_nmt_dsinit"
+
+    encoder_layers: int = 12
+    decoder_layers: int = 12
+    pre_norm: bool = False
+    init_scheme: str = "ds_init"
+    decoder_self_attention: str = "merged_average"
+    share_embeddings: bool = False
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.1
+
+
+__all__ = [
+    "DECODER_SELF_ATTENTIONS",
+    "DLCL_WEIGHTS",
+    "DS_INIT_MODES",
+    "INIT_SCHEMES",
+    "LAYER_AGGREGATIONS",
+    "DeepNMTConfig",
+    "DlclConfig",
+    "DsInitConfig",
+]

@@ -14,14 +14,14 @@ from torch import nn
 from torch.nn import functional as F
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging
 
-from .configuration_deep_nmt import DeepNMTConfig, DlclConfig
+from .configuration_deep_nmt import AVERAGE_CACHE_LAYER_TYPE, DeepNMTConfig, DlclConfig, DsInitConfig
 
 logger = logging.get_logger(__name__)
 
@@ -61,6 +61,83 @@ class DeepNMTSinusoidalPositions(nn.Module):
         return table  # (seq_len, d_model)
 
 
+class DeepNMTAverageCacheLayer(DynamicLayer):
+    """Cache layer of the running-sum decoders (MAtt, AAN): a `DynamicLayer` that also holds, per sequence, the sum of
+    the averaged states so far, `(batch, 1, d_model)`, and the step count. Decoding cost per step is constant.
+
+    `generate()` builds one per decoder layer from `config.decoder_layer_types`, for the self-attention cache (which
+    uses the running sum) and for the cross-attention cache (which uses the inherited key/value storage).
+    """
+
+    _layer_type = AVERAGE_CACHE_LAYER_TYPE
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.running_sum: torch.Tensor | None = None
+        self.steps = 0
+
+    def update_average(self, states: torch.Tensor) -> torch.Tensor:
+        """Add `states` (batch, new_len, d) and return their causal means over everything seen, current included."""
+        sums = torch.cumsum(states, dim=1)
+        if self.running_sum is not None:
+            sums = sums + self.running_sum
+        counts = torch.arange(self.steps + 1, self.steps + 1 + states.shape[1], device=states.device)
+        self.running_sum = sums[:, -1:]
+        self.steps += states.shape[1]
+        return sums / counts.to(states.dtype)[None, :, None]
+
+    def get_seq_length(self) -> int:
+        return self.steps if self.running_sum is not None else super().get_seq_length()
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        if self.running_sum is None:
+            super().reorder_cache(beam_idx)
+        else:
+            self.running_sum = self.running_sum[beam_idx.to(self.running_sum.device)]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.running_sum is None:
+            super().batch_select_indices(indices)
+        else:
+            self.running_sum = self.running_sum[indices.to(self.running_sum.device)]
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.running_sum is None:
+            super().batch_repeat_interleave(repeats)
+        else:
+            self.running_sum = self.running_sum.repeat_interleave(repeats, dim=0)
+
+    def reset(self) -> None:
+        super().reset()
+        self.running_sum, self.steps = None, 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.running_sum is not None and tokens_to_remove != 0:
+            raise NotImplementedError(
+                "A running-sum decoder state (MAtt / AAN) keeps no per-token history and cannot be cropped; "
+                "assisted or speculative decoding is not available for these decoders."
+            )
+        super().crop(tokens_to_remove)
+
+
+def causal_average(states: torch.Tensor, past_key_values: Cache | None, layer_idx: int) -> torch.Tensor:
+    """Mean of `states` (batch, len, d) over positions 0..t, current included, for every t (AAN / MAtt average).
+
+    Without a cache: one cumulative sum, no T x T matrix. With one: continued from the running sum of the cache layer.
+    """
+    if past_key_values is None:
+        counts = torch.arange(1, states.shape[1] + 1, device=states.device, dtype=states.dtype)
+        return torch.cumsum(states, dim=1) / counts[None, :, None]
+    layers = past_key_values.self_attention_cache.layers
+    if layer_idx >= len(layers) or not isinstance(layers[layer_idx], DeepNMTAverageCacheLayer):
+        raise TypeError(
+            "This decoder keeps a running average in its cache: build the cache from the model config, "
+            "`EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))`, or let "
+            "the model or `generate()` create it."
+        )
+    return layers[layer_idx].update_average(states)
+
+
 class DeepNMTAttention(nn.Module):
     """Multi-head scaled dot-product attention (SDPA). Decoding state goes to the `EncoderDecoderCache` only."""
 
@@ -77,9 +154,11 @@ class DeepNMTAttention(nn.Module):
         self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
         self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        # Glorot bound of the reference packing: Q/K/V stored as one d x 3d matrix (SPEC P2).
+        # Glorot fans of the reference packing (SPEC P2): fairseq stores every Q/K/V as one d x 3d matrix; the DS-Init
+        # code packs self-attention Q/K/V but keeps separate d x d cross-attention maps.
+        packed = not (is_cross_attention and config.init_scheme == "ds_init")
         for proj in (self.q_proj, self.k_proj, self.v_proj):
-            proj.glorot_fan = 4 * self.embed_dim
+            proj.glorot_fan = (4 if packed else 2) * self.embed_dim
         self.out_proj.glorot_fan = 2 * self.embed_dim
 
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
@@ -93,6 +172,16 @@ class DeepNMTAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
     ) -> torch.Tensor:
+        return self.out_proj(self._context(hidden_states, key_value_states, attention_mask, past_key_values))
+
+    def _context(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+    ) -> torch.Tensor:
+        """Concatenated heads before the output projection, (batch, len, d_model)."""
         batch, length, _ = hidden_states.shape
         query = self._split_heads(self.q_proj(hidden_states))
         if self.is_cross_attention:
@@ -113,8 +202,70 @@ class DeepNMTAttention(nn.Module):
         output = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=self.dropout if self.training else 0.0
         )
-        output = output.transpose(1, 2).reshape(batch, length, self.embed_dim)
-        return self.out_proj(output)
+        return output.transpose(1, 2).reshape(batch, length, self.embed_dim)
+
+
+class DeepNMTMergedAttention(DeepNMTAttention):
+    r"""
+    Merged attention, MAtt (Zhang, Titov, Sennrich 2019, SPEC §2.2): one decoder sublayer in place of self- and
+    cross-attention,
+
+        MAtt(S, H) = [ M_a (S W_v + b_v) + MultiHead_concat(S, H) ] W_o + b_o
+
+    where `M_a` is the causal average (current position included) over the full width, and `W_v`, `b_v`, `W_o` are
+    those of the cross-attention, as in the reference code (SPEC P3-P4). No gate, no FFN inside.
+    """
+
+    def __init__(self, config: DeepNMTConfig, num_heads: int, layer_idx: int):
+        super().__init__(config, num_heads, is_cross_attention=True, layer_idx=layer_idx)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        key_value_states: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        context = self._context(hidden_states, key_value_states, attention_mask, past_key_values)
+        average = causal_average(self.v_proj(hidden_states), past_key_values, self.layer_idx)
+        return self.out_proj(context + average)
+
+
+class DeepNMTAverageAttention(nn.Module):
+    r"""
+    The gated average attention network, AAN (Zhang, Xiong, Su 2018; SPEC §2.3), in place of decoder self-attention:
+
+        g_j = FFN(mean_{k<=j} y_k)            (the plain mean without `aan_ffn`)
+        [i_j; f_j] = sigmoid(W_z [y_j; g_j] + b_z)
+        output_j = i_j * y_j + f_j * g_j
+    """
+
+    def __init__(self, config: DeepNMTConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.gate = nn.Linear(2 * config.d_model, 2 * config.d_model)
+        self.gate.glorot_fan = 4 * config.d_model
+        if config.aan_ffn:
+            self.fc1 = nn.Linear(config.d_model, config.decoder_ffn_dim)
+            self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
+            self.fc1.glorot_fan = self.fc2.glorot_fan = config.d_model + config.decoder_ffn_dim
+            self.activation_fn = ACT2FN[config.activation_function]
+            self.activation_dropout = config.activation_dropout
+        else:
+            self.fc1 = self.fc2 = None
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+    ) -> torch.Tensor:
+        average = causal_average(hidden_states, past_key_values, self.layer_idx)  # (batch, len, d_model)
+        if self.fc1 is not None:
+            average = F.dropout(self.activation_fn(self.fc1(average)), self.activation_dropout, self.training)
+            average = self.fc2(average)
+        input_gate, forget_gate = torch.sigmoid(self.gate(torch.cat([hidden_states, average], dim=-1))).chunk(2, -1)
+        return input_gate * hidden_states + forget_gate * average
 
 
 class DeepNMTSublayer(GradientCheckpointingLayer):
@@ -133,6 +284,18 @@ class DeepNMTSublayer(GradientCheckpointingLayer):
         self.fc1.glorot_fan = self.fc2.glorot_fan = config.d_model + ffn_dim
         self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
+    def _scale_initialisation(self, config: DeepNMTConfig) -> None:
+        """DS-Init: the Glorot bound of every matrix of this layer (depth l = layer_idx + 1, per stack) is multiplied
+        by alpha / sqrt(l) (paper) or sqrt(alpha) * l^(-1/4) (reference code). Embeddings, biases, LayerNorms keep
+        their initialisation."""
+        if config.init_scheme != "ds_init":
+            return
+        depth, alpha = self.layer_idx + 1, config.ds_init_alpha
+        scale = alpha / math.sqrt(depth) if config.ds_init_mode == "paper" else math.sqrt(alpha) * depth**-0.25
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and hasattr(module, "glorot_fan"):
+                module.init_scale = scale
+
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation_fn(self.fc1(hidden_states))
         hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
@@ -150,6 +313,7 @@ class DeepNMTEncoderLayer(DeepNMTSublayer):
         super().__init__(config, layer_idx, config.encoder_ffn_dim)
         self.self_attn = DeepNMTAttention(config, config.encoder_attention_heads, False, layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self._scale_initialisation(config)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         hidden_states = self._residual(
@@ -161,10 +325,20 @@ class DeepNMTEncoderLayer(DeepNMTSublayer):
 class DeepNMTDecoderLayer(DeepNMTSublayer):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
         super().__init__(config, layer_idx, config.decoder_ffn_dim)
-        self.self_attn = DeepNMTAttention(config, config.decoder_attention_heads, False, layer_idx)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.encoder_attn = DeepNMTAttention(config, config.decoder_attention_heads, True, layer_idx)
+        heads = config.decoder_attention_heads
+        # MAtt: one sublayer (the cross-attention module with the causal average merged in) instead of two.
+        if config.decoder_self_attention == "merged_average":
+            self.self_attn = self.self_attn_layer_norm = None
+            self.encoder_attn = DeepNMTMergedAttention(config, heads, layer_idx)
+        else:
+            if config.decoder_self_attention == "average":
+                self.self_attn = DeepNMTAverageAttention(config, layer_idx)
+            else:
+                self.self_attn = DeepNMTAttention(config, heads, False, layer_idx)
+            self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            self.encoder_attn = DeepNMTAttention(config, heads, True, layer_idx)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self._scale_initialisation(config)
 
     def forward(
         self,
@@ -174,13 +348,14 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
     ) -> torch.Tensor:
-        hidden_states = self._residual(
-            hidden_states,
-            self.self_attn_layer_norm,
-            self.self_attn,
-            attention_mask=self_attention_mask,
-            past_key_values=past_key_values,
-        )
+        if self.self_attn is not None:
+            hidden_states = self._residual(
+                hidden_states,
+                self.self_attn_layer_norm,
+                self.self_attn,
+                attention_mask=self_attention_mask,
+                past_key_values=past_key_values,
+            )
         hidden_states = self._residual(
             hidden_states,
             self.encoder_attn_layer_norm,
@@ -287,7 +462,7 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
         d_model = self.config.d_model
         if isinstance(module, nn.Linear):
             if hasattr(module, "glorot_fan"):
-                bound = math.sqrt(6.0 / module.glorot_fan)
+                bound = math.sqrt(6.0 / module.glorot_fan) * getattr(module, "init_scale", 1.0)
                 init.uniform_(module.weight, -bound, bound)
             else:
                 init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
@@ -393,7 +568,9 @@ class DeepNMTDecoder(DeepNMTStack):
             )
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
-        self_mask = self._self_attention_mask(attention_mask, input_ids.shape[1], past_length, hidden_states)
+        self_mask = None
+        if self.config.decoder_self_attention == "multi_head":
+            self_mask = self._self_attention_mask(attention_mask, input_ids.shape[1], past_length, hidden_states)
         cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
         history: list[torch.Tensor] = []
         self.history.push(history, hidden_states)
@@ -602,10 +779,18 @@ class DlclForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DlclConfig
 
 
+class DsInitForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """DS-Init + MAtt (Zhang, Titov, Sennrich, 2019). Same network as [`DeepNMTForConditionalGeneration`] with
+    [`DsInitConfig`] defaults."""
+
+    config_class = DsInitConfig
+
+
 __all__ = [
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",
     "DeepNMTForConditionalGeneration",
     "DlclForConditionalGeneration",
+    "DsInitForConditionalGeneration",
     "LAYER_AGGREGATION_CLASSES",
 ]
