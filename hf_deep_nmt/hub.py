@@ -14,7 +14,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CITATION_MARKER = "<!-- citation -->"
-METHOD_CARDS = {"deep_nmt": "deep_nmt", "deep_nmt_dlcl": "dlcl"}
+METHOD_CARDS = {"deep_nmt": "deep_nmt", "deep_nmt_dlcl": "dlcl", "deep_nmt_dsinit": "dsinit"}
 
 
 def _card_file(name: str) -> str:
@@ -77,6 +77,8 @@ def render_model_card(
             "pre_norm",
             "encoder_layer_aggregation",
             "decoder_layer_aggregation",
+            "decoder_self_attention",
+            "init_scheme",
             "vocab_size",
             "share_embeddings",
         )

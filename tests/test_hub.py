@@ -121,3 +121,23 @@ def test_exported_folder_loads_and_translates_identically(model, tokenizer, tmp_
         actual = loaded.generate(**batch, max_new_tokens=6)
     assert torch.equal(expected, actual)
     assert loaded.generation_config.num_beams == 3
+
+
+def test_each_preset_gets_its_own_method_section_in_the_card(tokenizer):
+    from hf_deep_nmt import DsInitConfig, DsInitForConditionalGeneration
+    from hf_deep_nmt.hub import render_model_card
+
+    config = DsInitConfig(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=20,
+    )
+    card = render_model_card(DsInitForConditionalGeneration(config), "org/dsinit-tiny")
+    assert "Depth-Scaled Initialization and Merged Attention" in card.text
+    assert "| `decoder_self_attention` | merged_average |" in card.text and "| `init_scheme` | ds_init |" in card.text
+    assert "deep_nmt_dsinit" in card.data.tags
