@@ -15,7 +15,7 @@ for _variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")
 import pytest
 import torch
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig
 
 # Every size differs from every other one, so that a swapped axis or a transposed weight fails loudly.
 TINY_SIZES = dict(
@@ -43,7 +43,31 @@ ARCHITECTURES = [
     for enc in ("residual", "dlcl")
     for dec in ("residual", "dlcl")
     for pre_norm in (True, False)
-] + [pytest.param((DlclConfig, {}), id="DlclConfig")]
+] + [
+    pytest.param((DlclConfig, {}), id="DlclConfig"),
+    pytest.param((DsInitConfig, {}), id="DsInitConfig"),
+    # DS-Init + MAtt + the gated AAN across norm placement and aggregation (not the full cross product)
+    pytest.param((DeepNMTConfig, dict(decoder_self_attention="merged_average")), id="matt-prenorm"),
+    pytest.param(
+        (DeepNMTConfig, dict(decoder_self_attention="merged_average", pre_norm=False, layer_aggregation="dlcl")),
+        id="matt-postnorm-dlcl",
+    ),
+    pytest.param(
+        (
+            DeepNMTConfig,
+            dict(decoder_self_attention="merged_average", layer_aggregation="dlcl", init_scheme="ds_init"),
+        ),
+        id="dsinit-dlcl-matt-prenorm",
+    ),
+    pytest.param((DeepNMTConfig, dict(decoder_self_attention="average")), id="aan-prenorm"),
+    pytest.param(
+        (DeepNMTConfig, dict(decoder_self_attention="average", aan_ffn=True, pre_norm=False)), id="aan-ffn-postnorm"
+    ),
+    pytest.param(
+        (DeepNMTConfig, dict(decoder_self_attention="average", aan_ffn=True, decoder_layer_aggregation="dlcl")),
+        id="aan-ffn-prenorm-dlcl-decoder",
+    ),
+]
 
 
 # Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow them down many times over when the

@@ -16,7 +16,7 @@ def source_inputs() -> dict:
 
 @pytest.fixture(scope="module")
 def copy_trained_model():
-    """`copy_trained_model(config)`: a model trained for a few dozen steps to copy its source, so that its outputs
+    """`copy_trained_model(config)`: a model trained for 100 steps to copy its source, so that its outputs
     depend on the source and change from step to step (random weights tend to repeat one token for any source).
     Trained once per config in this module."""
     trained = {}
@@ -28,7 +28,7 @@ def copy_trained_model():
             model = MODEL_CLASSES[type(config)](config).train()
             data = torch.Generator().manual_seed(0)
             optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-            for _ in range(60):
+            for _ in range(100):
                 source = torch.cat([torch.randint(3, 37, (32, 4), generator=data), torch.full((32, 1), 2)], dim=1)
                 loss = model(input_ids=source, labels=source).loss
                 optimizer.zero_grad()

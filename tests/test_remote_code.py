@@ -14,7 +14,7 @@ import torch
 
 import hf_deep_nmt.modeling.configuration_deep_nmt
 import hf_deep_nmt.modeling.modeling_deep_nmt
-from hf_deep_nmt import DlclConfig
+from hf_deep_nmt import DlclConfig, DsInitConfig
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
 CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py")
@@ -42,16 +42,20 @@ for mode in modes:
         continue
     with torch.no_grad():
         torch.save(model.eval()(**inputs).logits, f"logits-{mode}.pt")
+        source = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        beams = model.generate(**source, num_beams=4, num_return_sequences=2, max_new_tokens=6)
+        torch.save(beams, f"beams-{mode}.pt")
     results[mode] = {"class": type(model).__name__, "module": type(model).__module__}
 with open("results.json", "w") as handle:
     json.dump(results, handle)
 """
 
 
-@pytest.fixture(scope="module")
-def saved_model(tmp_path_factory, tiny_config, random_model):
-    """A perturbed tiny DLCL model saved with save_pretrained, the inputs used, and its logits."""
-    model = random_model(tiny_config(DlclConfig))
+@pytest.fixture(scope="module", params=[DlclConfig, DsInitConfig], ids=["dlcl", "dsinit"])
+def saved_model(request, tmp_path_factory, tiny_config, random_model):
+    """A perturbed tiny model (DLCL; DS-Init + MAtt) saved with save_pretrained, the inputs used, its logits and its
+    beam-search output."""
+    model = random_model(tiny_config(request.param))
     source = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
     inputs = dict(
         input_ids=source,
@@ -60,9 +64,16 @@ def saved_model(tmp_path_factory, tiny_config, random_model):
     )
     with torch.no_grad():
         logits = model(**inputs).logits
+        beams = model.generate(
+            input_ids=source,
+            attention_mask=inputs["attention_mask"],
+            num_beams=4,
+            num_return_sequences=2,
+            max_new_tokens=6,
+        )
     folder = tmp_path_factory.mktemp("saved")
     model.save_pretrained(folder)
-    return folder, inputs, logits
+    return folder, inputs, logits, beams, type(model).__name__
 
 
 def load_in_clean_process(tmp_path: Path, source: str, modes: list[str], hf_home: Path, inputs: dict) -> dict:
@@ -91,25 +102,29 @@ def load_in_clean_process(tmp_path: Path, source: str, modes: list[str], hf_home
     for mode, result in results.items():
         if "error" not in result:
             result["logits"] = torch.load(workdir / f"logits-{mode}.pt", weights_only=True)
+            result["beams"] = torch.load(workdir / f"beams-{mode}.pt", weights_only=True)
     return results
 
 
-def assert_remote_class_with_identical_logits(result: dict, expected_logits: torch.Tensor) -> None:
+def assert_remote_class_with_identical_outputs(result: dict, saved_model) -> None:
+    _, _, logits, beams, class_name = saved_model
     assert "error" not in result, result.get("error")
-    assert result["class"] == "DlclForConditionalGeneration"
+    assert result["class"] == class_name
     assert result["module"].startswith("transformers_modules.") and "hf_deep_nmt" not in result["module"]
-    assert torch.equal(result["logits"], expected_logits)
+    assert torch.equal(result["logits"], logits)
+    # beam search runs on the remote code's own cache classes (MAtt: its running-sum cache layer)
+    assert torch.equal(result["beams"], beams)
 
 
 @pytest.fixture(scope="module")
 def folder_results(saved_model, tmp_path_factory):
-    folder, inputs, _ = saved_model
+    folder, inputs = saved_model[:2]
     tmp_path = tmp_path_factory.mktemp("folder-load")
     return load_in_clean_process(tmp_path, str(folder), ["default", "false", "true"], tmp_path / "hf_home", inputs)
 
 
 def test_saved_folder_loads_as_remote_code_with_identical_logits(saved_model, folder_results):
-    assert_remote_class_with_identical_logits(folder_results["true"], saved_model[2])
+    assert_remote_class_with_identical_outputs(folder_results["true"], saved_model)
 
 
 @pytest.mark.parametrize("mode", ["default", "false"])
@@ -134,12 +149,12 @@ def build_hub_cache(folder: Path, hf_home: Path, repo_id: str) -> None:
 
 
 def test_hub_cache_loads_by_repo_id_offline_with_identical_logits(saved_model, tmp_path):
-    folder, inputs, logits = saved_model
+    folder, inputs = saved_model[:2]
     hf_home = tmp_path / "hf_home"
     build_hub_cache(folder, hf_home, "org/name")
     results = load_in_clean_process(tmp_path, "org/name", ["default", "true"], hf_home, inputs)
     assert "trust_remote_code=True" in results["default"]["error"]
-    assert_remote_class_with_identical_logits(results["true"], logits)
+    assert_remote_class_with_identical_outputs(results["true"], saved_model)
 
 
 def test_saved_code_files_are_byte_identical_to_modeling(saved_model):
@@ -147,9 +162,10 @@ def test_saved_code_files_are_byte_identical_to_modeling(saved_model):
     for name in CODE_FILES:
         assert (folder / name).read_bytes() == (MODELING_DIR / name).read_bytes(), name
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
+    model_class = saved_model[4]
     assert auto_map == {
-        "AutoConfig": "configuration_deep_nmt.DlclConfig",
-        "AutoModelForSeq2SeqLM": "modeling_deep_nmt.DlclForConditionalGeneration",
+        "AutoConfig": f"configuration_deep_nmt.{model_class.replace('ForConditionalGeneration', 'Config')}",
+        "AutoModelForSeq2SeqLM": f"modeling_deep_nmt.{model_class}",
     }
 
 

@@ -1,0 +1,446 @@
+"""DS-Init, merged attention (MAtt) and the gated AAN: initialisation statistics, hand computations of the sublayers,
+the running-sum cache layer, parameter counts of the DS-Init paper, and config validation.
+
+Cached == full decoding, padding, save/load, beam search and remote code for these settings are covered by the
+shared `ARCHITECTURES` parametrisation in conftest.py.
+"""
+
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from torch.nn import functional as F
+from transformers import DynamicCache, EncoderDecoderCache
+
+from hf_deep_nmt import (
+    DeepNMTConfig,
+    DeepNMTForConditionalGeneration,
+    DsInitConfig,
+    DsInitForConditionalGeneration,
+)
+from hf_deep_nmt.modeling.modeling_deep_nmt import (
+    DeepNMTAverageAttention,
+    DeepNMTAverageCacheLayer,
+    DeepNMTMergedAttention,
+)
+
+D, FFN, HEADS = 64, 128, 4
+
+
+# ---- DS-Init --------------------------------------------------------------------------------------------------------
+
+
+def ds_config(mode: str = "paper", alpha: float = 1.0, decoder: str = "multi_head", **overrides) -> DeepNMTConfig:
+    settings = dict(
+        vocab_size=50,
+        d_model=D,
+        encoder_layers=3,
+        decoder_layers=3,
+        encoder_attention_heads=HEADS,
+        decoder_attention_heads=HEADS,
+        encoder_ffn_dim=FFN,
+        decoder_ffn_dim=FFN,
+        init_scheme="ds_init",
+        ds_init_alpha=alpha,
+        ds_init_mode=mode,
+        decoder_self_attention=decoder,
+        aan_ffn=decoder == "average",
+    )
+    settings.update(overrides)
+    return DeepNMTConfig(**settings)
+
+
+def depth_factor(mode: str, alpha: float, depth: int) -> float:
+    return alpha / math.sqrt(depth) if mode == "paper" else math.sqrt(alpha) * depth**-0.25
+
+
+def hand_bounds(name: str, mode: str, alpha: float) -> float | None:
+    """Expected DS-Init bound of a parameter from its name: Glorot bound of the reference packing x depth factor."""
+    parts = name.split(".")
+    if parts[-1] != "weight" or "layers" not in parts:
+        return None
+    depth = int(parts[parts.index("layers") + 1]) + 1
+    module = parts[-2]
+    if module in ("q_proj", "k_proj", "v_proj"):
+        cross = "encoder_attn" in parts
+        fan = 2 * D if cross else 4 * D  # DS-Init reference: packed self-attention Q/K/V, separate cross maps
+    elif module == "out_proj":
+        fan = 2 * D
+    elif module in ("fc1", "fc2"):
+        fan = D + FFN
+    elif module == "gate":
+        fan = 4 * D
+    else:
+        return None
+    return math.sqrt(6 / fan) * depth_factor(mode, alpha, depth)
+
+
+@pytest.mark.parametrize("decoder", ["multi_head", "merged_average", "average"])
+@pytest.mark.parametrize(("mode", "alpha"), [("paper", 1.0), ("code", 1.0), ("paper", 0.5), ("code", 0.5)])
+def test_ds_init_draws_each_matrix_within_its_depth_scaled_bound(mode, alpha, decoder):
+    torch.manual_seed(0)
+    model = DeepNMTForConditionalGeneration(ds_config(mode, alpha, decoder))
+    checked = 0
+    for name, parameter in model.named_parameters():
+        bound = hand_bounds(name, mode, alpha)
+        if bound is None:
+            continue
+        checked += 1
+        assert parameter.abs().max().item() <= bound, name
+        # uniform on [-b, b] has std b / sqrt(3)
+        assert parameter.std().item() == pytest.approx(bound / math.sqrt(3), rel=0.03), name
+    expected = 3 * (4 + 2) + 3 * {"multi_head": 4 + 4 + 2, "merged_average": 4 + 2, "average": 1 + 2 + 4 + 2}[decoder]
+    assert checked == expected
+
+
+def test_ds_init_counts_depth_separately_per_stack():
+    torch.manual_seed(0)
+    model = DeepNMTForConditionalGeneration(ds_config(encoder_layers=4, decoder_layers=1))
+    encoder_top = model.model.encoder.layers[3].fc1.weight
+    decoder_bottom = model.model.decoder.layers[0].fc1.weight
+    glorot = math.sqrt(6 / (D + FFN))
+    assert encoder_top.abs().max().item() == pytest.approx(glorot / 2, rel=0.02)  # l = 4
+    assert decoder_bottom.abs().max().item() == pytest.approx(glorot, rel=0.02)  # l = 1 again
+
+
+def test_ds_init_leaves_embeddings_biases_and_layer_norms_as_the_default_scheme():
+    torch.manual_seed(0)
+    scaled = DeepNMTForConditionalGeneration(ds_config())
+    torch.manual_seed(0)
+    default = DeepNMTForConditionalGeneration(
+        ds_config(init_scheme="default", ds_init_alpha=1.0, ds_init_mode="paper")
+    )
+    untouched = [name for name, _ in scaled.named_parameters() if hand_bounds(name, "paper", 1.0) is None]
+    assert any("embed" in name or "shared" in name for name in untouched)
+    for name in untouched:
+        expected, actual = dict(default.named_parameters())[name], dict(scaled.named_parameters())[name]
+        if "bias" in name or "layer_norm" in name:
+            assert torch.equal(expected, actual), name
+        else:  # embeddings: same distribution, N(0, 1/d)
+            assert actual.std().item() == pytest.approx(D**-0.5, rel=0.05), name
+
+
+def test_saved_ds_init_model_reloads_exactly_the_saved_weights(tmp_path):
+    torch.manual_seed(0)
+    model = DeepNMTForConditionalGeneration(ds_config(decoder="merged_average"))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(2.0).add_(0.25)
+    model.save_pretrained(tmp_path)
+    loaded = DeepNMTForConditionalGeneration.from_pretrained(tmp_path)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, loaded.state_dict()[name]), name
+
+
+def test_remote_code_draws_the_same_ds_init_bounds(tmp_path):
+    DsInitForConditionalGeneration(
+        DsInitConfig(
+            vocab_size=50,
+            d_model=D,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=HEADS,
+            decoder_attention_heads=HEADS,
+            encoder_ffn_dim=FFN,
+            decoder_ffn_dim=FFN,
+        )
+    ).save_pretrained(tmp_path)
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.modules["hf_deep_nmt"] = None
+        import torch
+        from transformers import AutoConfig, AutoModelForSeq2SeqLM
+        config = AutoConfig.from_pretrained({str(tmp_path)!r}, trust_remote_code=True)
+        torch.manual_seed(0)
+        model = AutoModelForSeq2SeqLM.from_config(config, trust_remote_code=True)
+        assert "hf_deep_nmt" not in type(model).__module__
+        print(json.dumps({{name: p.abs().max().item() for name, p in model.named_parameters()}}))
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    maxima = json.loads(result.stdout.strip().splitlines()[-1])
+    checked = 0
+    for name, value in maxima.items():
+        bound = hand_bounds(name, "paper", 1.0)
+        if bound is not None:
+            checked += 1
+            assert 0.95 * bound <= value <= bound, (name, value, bound)
+    assert checked == 2 * 6 + 2 * 6  # encoder: 4 attention + 2 FFN; MAtt decoder: 4 attention + 2 FFN
+
+
+# ---- MAtt and AAN against hand computations -------------------------------------------------------------------------
+
+
+def tiny(decoder: str, **overrides) -> DeepNMTConfig:
+    settings = dict(
+        vocab_size=37,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=20,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        decoder_self_attention=decoder,
+    )
+    settings.update(overrides)
+    return DeepNMTConfig(**settings)
+
+
+def perturbed(module: torch.nn.Module) -> torch.nn.Module:
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.3)
+    return module.eval()
+
+
+def hand_cross_context(attention, states, memory, memory_mask, heads):
+    """Concatenated heads of softmax(q k^T / sqrt(d_h)) v, written out."""
+    batch, length, width = states.shape
+    head_dim = width // heads
+    q = (states @ attention.q_proj.weight.T + attention.q_proj.bias).view(batch, length, heads, head_dim)
+    k = (memory @ attention.k_proj.weight.T + attention.k_proj.bias).view(batch, -1, heads, head_dim)
+    v = (memory @ attention.v_proj.weight.T + attention.v_proj.bias).view(batch, -1, heads, head_dim)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    scores = scores.masked_fill(~memory_mask[:, None, None, :], float("-inf"))
+    return torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v).reshape(batch, length, width)
+
+
+def test_merged_attention_is_shared_projections_of_context_plus_causal_mean():
+    config = tiny("merged_average")
+    attention = perturbed(DeepNMTMergedAttention(config, num_heads=2, layer_idx=0))
+    states, memory = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    memory_mask = torch.tensor([[True, True, True, True], [True, True, False, False]])
+    additive = torch.zeros(2, 1, 1, 4).masked_fill(~memory_mask[:, None, None, :], torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        actual = attention(states, key_value_states=memory, attention_mask=additive)
+        values = states @ attention.v_proj.weight.T + attention.v_proj.bias  # the cross-attention's own W_v, b_v
+        mean = torch.stack([values[:, : t + 1].mean(dim=1) for t in range(5)], dim=1)  # current token included
+        context = hand_cross_context(attention, states, memory, memory_mask, heads=2)
+        expected = (context + mean) @ attention.out_proj.weight.T + attention.out_proj.bias
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("aan_ffn", [False, True])
+def test_gated_average_attention_matches_its_equations(aan_ffn):
+    config = tiny("average", aan_ffn=aan_ffn)
+    attention = perturbed(DeepNMTAverageAttention(config, layer_idx=0))
+    states = torch.randn(2, 6, 16)
+    with torch.no_grad():
+        actual = attention(states)
+        average = torch.stack([states[:, : t + 1].mean(dim=1) for t in range(6)], dim=1)
+        if aan_ffn:
+            average = F.relu(average @ attention.fc1.weight.T + attention.fc1.bias) @ attention.fc2.weight.T
+            average = average + attention.fc2.bias
+        gates = torch.sigmoid(torch.cat([states, average], -1) @ attention.gate.weight.T + attention.gate.bias)
+        expected = gates[..., :16] * states + gates[..., 16:] * average
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["prenorm", "postnorm"])
+def test_merged_attention_decoder_layer_has_two_sublayers_in_the_right_order(pre_norm):
+    model = perturbed(DeepNMTForConditionalGeneration(tiny("merged_average", pre_norm=pre_norm)))
+    layer = model.model.decoder.layers[0]
+    assert layer.self_attn is None and layer.self_attn_layer_norm is None
+    assert isinstance(layer.encoder_attn, DeepNMTMergedAttention)
+    states, memory = torch.randn(2, 5, 16), torch.randn(2, 4, 16)
+    with torch.no_grad():
+        actual = layer(states, memory)
+
+        def sublayer(x, norm, function):
+            return x + function(norm(x)) if pre_norm else norm(x + function(x))
+
+        hidden = sublayer(states, layer.encoder_attn_layer_norm, lambda x: layer.encoder_attn(x, memory))
+        expected = sublayer(hidden, layer.final_layer_norm, lambda x: layer.fc2(F.relu(layer.fc1(x))))
+    torch.testing.assert_close(actual, expected)
+
+
+# ---- the running-sum cache layer ------------------------------------------------------------------------------------
+
+
+def test_running_average_in_chunks_equals_a_cumulative_mean_of_everything():
+    layer = DeepNMTAverageCacheLayer()
+    states = torch.randn(3, 7, 5)
+    pieces = [
+        layer.update_average(states[:, :1]),
+        layer.update_average(states[:, 1:4]),
+        layer.update_average(states[:, 4:]),
+    ]
+    expected = torch.cumsum(states, 1) / torch.arange(1, 8)[None, :, None]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), expected)
+    assert layer.get_seq_length() == 7 and layer.running_sum.shape == (3, 1, 5)
+    assert layer.keys is None  # no per-token storage: the state stays (batch, 1, d) however long the output
+
+
+def test_running_sum_follows_beam_reordering_selection_and_expansion():
+    layer = DeepNMTAverageCacheLayer()
+    rows = torch.arange(4.0)[:, None, None].expand(4, 2, 3)
+    layer.update_average(rows)  # running sum of row i is 2 * i
+    layer.reorder_cache(torch.tensor([3, 3, 0, 1]))
+    assert layer.running_sum[:, 0, 0].tolist() == [6.0, 6.0, 0.0, 2.0]
+    layer.batch_select_indices(torch.tensor([2, 3]))
+    assert layer.running_sum[:, 0, 0].tolist() == [0.0, 2.0]
+    layer.batch_repeat_interleave(2)
+    assert layer.running_sum[:, 0, 0].tolist() == [0.0, 0.0, 2.0, 2.0]
+    assert layer.get_seq_length() == 2
+    with pytest.raises(NotImplementedError, match="cannot be cropped"):
+        layer.crop(-1)
+    layer.reset()
+    assert layer.running_sum is None and layer.get_seq_length() == 0
+
+
+def test_cache_layer_also_stores_cross_attention_keys_and_values():
+    layer = DeepNMTAverageCacheLayer()
+    keys, values = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
+    layer.update(keys, values)
+    assert layer.get_seq_length() == 5
+    layer.reorder_cache(torch.tensor([2, 0, 1]))
+    assert torch.equal(layer.keys, keys[[2, 0, 1]]) and torch.equal(layer.values, values[[2, 0, 1]])
+
+
+def test_cache_built_from_the_config_has_one_running_sum_layer_per_decoder_layer():
+    config = tiny("merged_average", encoder_layers=3, decoder_layers=2)
+    assert config.decoder_layer_types == ["deep_nmt_average", "deep_nmt_average"]
+    cache = DynamicCache(config=config)
+    assert len(cache.layers) == 2 and all(isinstance(layer, DeepNMTAverageCacheLayer) for layer in cache.layers)
+    assert DynamicCache(config=tiny("multi_head")).layers[0].__class__.__name__ == "DynamicLayer"
+
+
+def test_a_cache_without_running_sum_layers_is_refused_with_how_to_build_one():
+    model = perturbed(DeepNMTForConditionalGeneration(tiny("merged_average")))
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with pytest.raises(TypeError, match=r"DynamicCache\(config=model.config\)"):
+        model(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=torch.tensor([[0]]), past_key_values=cache)
+
+
+@pytest.mark.parametrize("decoder", ["merged_average", "average"])
+def test_sampling_with_several_returned_sequences_expands_the_running_sums(decoder):
+    model = perturbed(DeepNMTForConditionalGeneration(tiny(decoder)))
+    source = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
+    with torch.no_grad():
+        torch.manual_seed(0)
+        cached = model.generate(
+            source,
+            attention_mask=source.ne(1),
+            do_sample=True,
+            num_return_sequences=3,
+            max_new_tokens=6,
+            return_dict_in_generate=True,
+        )
+        torch.manual_seed(0)
+        uncached = model.generate(
+            source,
+            attention_mask=source.ne(1),
+            do_sample=True,
+            num_return_sequences=3,
+            max_new_tokens=6,
+            use_cache=False,
+        )
+    assert cached.sequences.shape[0] == 6 and torch.equal(cached.sequences, uncached)
+    running_sums = [layer.running_sum for layer in cached.past_key_values.self_attention_cache.layers]
+    assert all(state.shape == (6, 1, 16) for state in running_sums)
+
+
+# ---- parameter counts (DS-Init paper, Table 3) ----------------------------------------------------------------------
+
+
+def parameters(model: torch.nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def base(layers: int, decoder: str, source_vocab: int, target_vocab: int) -> DeepNMTForConditionalGeneration:
+    config = DeepNMTConfig(
+        vocab_size=source_vocab,
+        decoder_vocab_size=target_vocab,
+        share_embeddings=False,
+        tie_word_embeddings=True,
+        pre_norm=False,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        decoder_self_attention=decoder,
+    )
+    return DeepNMTForConditionalGeneration(config)
+
+
+@pytest.mark.parametrize(("layers", "paper_baseline", "paper_matt"), [(6, 72.3, 66.0), (12, 116.4, 103.8)])
+def test_matt_removes_one_attention_block_per_decoder_layer_as_in_the_paper(layers, paper_baseline, paper_matt):
+    d = 512
+    # Table 3 uses separate source and target vocabularies whose sizes are not given; 27,480 each reproduces the
+    # 6-layer baseline's 72.3M, and the same vocabularies must then give every other figure of the table.
+    multi_head, matt = base(layers, "multi_head", 27480, 27480), base(layers, "merged_average", 27480, 27480)
+    removed = parameters(multi_head) - parameters(matt)
+    # One attention block (W_q, W_k, W_v, W_o with biases) and the LayerNorm of the removed sublayer, per layer.
+    # The paper's deltas (6.3M, 12.6M) are n * (4d^2 + 4d) at its 0.1M rounding; the LayerNorms add n * 2d.
+    assert removed == layers * (4 * d * d + 4 * d) + layers * 2 * d
+    assert round(parameters(multi_head) / 1e6, 1) == paper_baseline
+    assert round(parameters(matt) / 1e6, 1) == paper_matt
+
+
+# ---- configuration --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"init_scheme": "fixup"}, r"`init_scheme` must be one of \('default', 'ds_init'\), got 'fixup'"),
+        ({"init_scheme": "ds_init", "ds_init_mode": "zero"}, r"`ds_init_mode` must be one of .*got 'zero'"),
+        ({"decoder_self_attention": "aan"}, r"`decoder_self_attention` must be one of .*got 'aan'"),
+        ({"init_scheme": "ds_init", "ds_init_alpha": 0}, r"`ds_init_alpha` must be a number in \(0, 1\], got 0"),
+        ({"init_scheme": "ds_init", "ds_init_alpha": 1.5}, r"`ds_init_alpha` .* got 1.5"),
+        ({"init_scheme": "ds_init", "ds_init_alpha": -1}, r"`ds_init_alpha` .* got -1"),
+        ({"init_scheme": "ds_init", "ds_init_alpha": True}, r"`ds_init_alpha` .* got True"),
+        ({"init_scheme": "ds_init", "ds_init_alpha": "1"}, r"`ds_init_alpha` .* got '1'"),
+        ({"ds_init_alpha": 0.5}, r"`ds_init_alpha=0.5`.* only apply with `init_scheme='ds_init'`"),
+        ({"ds_init_mode": "code"}, r"`ds_init_mode='code'` only apply with `init_scheme='ds_init'`"),
+        ({"aan_ffn": True}, r"`aan_ffn=True` needs `decoder_self_attention='average'`.*got 'multi_head'"),
+        ({"decoder_self_attention": "average", "aan_ffn": 1}, r"`aan_ffn` must be True or False, got 1"),
+    ],
+)
+def test_invalid_ds_init_and_decoder_settings_name_field_and_value(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        DeepNMTConfig(**overrides)
+
+
+def test_decoder_layer_types_are_derived_and_survive_a_round_trip():
+    assert DeepNMTConfig().decoder_layer_types is None
+    config = DeepNMTConfig(decoder_layers=3, decoder_self_attention="average")
+    assert config.decoder_layer_types == ["deep_nmt_average"] * 3
+    reloaded = DeepNMTConfig.from_dict({**config.to_dict(), "decoder_layers": 4})
+    assert reloaded.decoder_layer_types == ["deep_nmt_average"] * 4
+
+
+def test_ds_init_config_defaults_are_the_paper_system():
+    config = DsInitConfig()
+    assert config.model_type == "deep_nmt_dsinit"
+    assert (config.encoder_layers, config.decoder_layers, config.d_model, config.encoder_ffn_dim) == (
+        12,
+        12,
+        512,
+        2048,
+    )
+    assert (config.encoder_attention_heads, config.pre_norm, config.init_scheme) == (8, False, "ds_init")
+    assert (config.ds_init_alpha, config.ds_init_mode, config.decoder_self_attention) == (
+        1.0,
+        "paper",
+        "merged_average",
+    )
+    assert (config.share_embeddings, config.tie_word_embeddings) == (False, True)
+    assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.1, 0.1, 0.1)
+
+
+def test_ds_init_model_class_adds_nothing_but_its_config():
+    own = {name for name, value in vars(DsInitForConditionalGeneration).items() if inspect.isfunction(value)}
+    assert own == set() and DsInitForConditionalGeneration.config_class is DsInitConfig
