@@ -77,14 +77,16 @@ class DeepNMTAverageCacheLayer(DynamicLayer):
         self.steps = 0
 
     def update_average(self, states: torch.Tensor) -> torch.Tensor:
-        """Add `states` (batch, new_len, d) and return their causal means over everything seen, current included."""
-        sums = torch.cumsum(states, dim=1)
+        """Add `states` (batch, new_len, d) and return their causal means over everything seen, current included.
+
+        The sum is kept in float32 whatever the model's dtype, so that long outputs in bf16/fp16 do not drift."""
+        sums = torch.cumsum(states.float(), dim=1)
         if self.running_sum is not None:
             sums = sums + self.running_sum
         counts = torch.arange(self.steps + 1, self.steps + 1 + states.shape[1], device=states.device)
         self.running_sum = sums[:, -1:]
         self.steps += states.shape[1]
-        return sums / counts.to(states.dtype)[None, :, None]
+        return (sums / counts[None, :, None]).to(states.dtype)
 
     def get_seq_length(self) -> int:
         return self.steps if self.running_sum is not None else super().get_seq_length()
@@ -126,8 +128,8 @@ def causal_average(states: torch.Tensor, past_key_values: Cache | None, layer_id
     Without a cache: one cumulative sum, no T x T matrix. With one: continued from the running sum of the cache layer.
     """
     if past_key_values is None:
-        counts = torch.arange(1, states.shape[1] + 1, device=states.device, dtype=states.dtype)
-        return torch.cumsum(states, dim=1) / counts[None, :, None]
+        counts = torch.arange(1, states.shape[1] + 1, device=states.device)
+        return (torch.cumsum(states.float(), dim=1) / counts[None, :, None]).to(states.dtype)
     layers = past_key_values.self_attention_cache.layers
     if layer_idx >= len(layers) or not isinstance(layers[layer_idx], DeepNMTAverageCacheLayer):
         raise TypeError(

@@ -28,6 +28,7 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTAverageAttention,
     DeepNMTAverageCacheLayer,
     DeepNMTMergedAttention,
+    causal_average,
 )
 
 D, FFN, HEADS = 64, 128, 4
@@ -444,3 +445,13 @@ def test_ds_init_config_defaults_are_the_paper_system():
 def test_ds_init_model_class_adds_nothing_but_its_config():
     own = {name for name, value in vars(DsInitForConditionalGeneration).items() if inspect.isfunction(value)}
     assert own == set() and DsInitForConditionalGeneration.config_class is DsInitConfig
+
+
+def test_running_average_accumulates_in_float32_for_half_precision_models():
+    states = torch.full((1, 600, 4), 1.01, dtype=torch.bfloat16)  # bf16 counts and sums are inexact past 256
+    layer = DeepNMTAverageCacheLayer()
+    stepwise = torch.cat([layer.update_average(states[:, t : t + 1]) for t in range(600)], dim=1)
+    assert stepwise.dtype == torch.bfloat16 and layer.running_sum.dtype == torch.float32
+    expected = states[0, 0, 0].float().item()
+    assert stepwise.float().sub(expected).abs().max().item() < 1e-2
+    assert torch.equal(causal_average(states, None, 0), stepwise)  # the training route agrees
