@@ -503,9 +503,13 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         self.embed_tokens = value
 
     def embed(self, input_ids: torch.Tensor, past_length: int = 0) -> torch.Tensor:
-        """`y_0 = Drop(sqrt(d) * E[x] + PE)`, positions counted from `past_length`."""
+        """`y_0 = Drop(sqrt(d) * E[x] + PE)`, positions counted from `past_length`.
+
+        Ids are checked on uncached calls (what a user passes); later cached steps take ids that decoding chose from
+        the model's own vocabulary, and checking them would cost two device synchronisations per step."""
         vocab = self.embed_tokens.num_embeddings
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        check = past_length == 0 and input_ids.numel()
+        if check and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
             bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0].item()
             raise ValueError(
                 f"Token id {bad} is out of range for a vocabulary of {vocab} ids (valid: 0..{vocab - 1})."
