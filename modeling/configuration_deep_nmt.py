@@ -101,6 +101,11 @@ class DeepNMTConfig(PreTrainedConfig):
             Su 2018, replacing self-attention only).
         aan_ffn (`bool`, *optional*, defaults to `False`):
             Give the AAN its feed-forward network on the average (only with `decoder_self_attention="average"`).
+        relative_position_window (`int`, *optional*, defaults to 0):
+            Relative position keys (Shaw et al. 2018, as used by SDT, Li et al. 2020) in encoder and decoder
+            self-attention with clipping distance k: score_ij = q_i . (k_j + a_clip(j-i, -k, k)) / sqrt(d_h), one
+            table of 2k+1 vectors per layer shared across heads, keys only. 0 turns them off. Absolute sinusoidal
+            positions are kept either way.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
@@ -144,6 +149,7 @@ class DeepNMTConfig(PreTrainedConfig):
     decoder_self_attention: str = "multi_head"
     aan_ffn: bool = False
     decoder_layer_types: list[str] | None = None
+    relative_position_window: int = 0
     layer_norm_eps: float = 1e-5
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -184,6 +190,9 @@ class DeepNMTConfig(PreTrainedConfig):
             _check_positive_int(field, getattr(self, field))
         for field in ("dropout", "attention_dropout", "activation_dropout"):
             _check_probability(field, getattr(self, field))
+        window = self.relative_position_window
+        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
+            raise ValueError(f"`relative_position_window` must be a non-negative integer (0 = off), got {window!r}.")
         for field in (
             "scale_embedding",
             "share_embeddings",

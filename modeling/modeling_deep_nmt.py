@@ -162,6 +162,11 @@ class DeepNMTAttention(nn.Module):
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             proj.glorot_fan = (4 if packed else 2) * self.embed_dim
         self.out_proj.glorot_fan = 2 * self.embed_dim
+        # Relative position keys (self-attention only): 2k+1 vectors a_{-k..k}, shared by the heads of this layer.
+        self.relative_window = 0 if is_cross_attention else config.relative_position_window
+        self.relative_keys = (
+            nn.Parameter(torch.empty(2 * self.relative_window + 1, self.head_dim)) if self.relative_window else None
+        )
 
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         batch, length, _ = states.shape
@@ -201,10 +206,27 @@ class DeepNMTAttention(nn.Module):
             value = self._split_heads(self.v_proj(hidden_states))
             if past_key_values is not None:
                 key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
+            if self.relative_keys is not None:
+                bias = self._relative_key_scores(query, key.shape[2])
+                attention_mask = bias if attention_mask is None else attention_mask + bias
         output = F.scaled_dot_product_attention(
             query, key, value, attn_mask=attention_mask, dropout_p=self.dropout if self.training else 0.0
         )
         return output.transpose(1, 2).reshape(batch, length, self.embed_dim)
+
+    def _relative_key_scores(self, query: torch.Tensor, key_length: int) -> torch.Tensor:
+        """q_i . a_clip(j - i) / sqrt(d_h) for every query i and key j, (batch, heads, query_len, key_len).
+
+        Queries are the last `query_len` positions of the `key_len` seen so far, so a cached step uses its absolute
+        position and the distances match the full pass."""
+        query_length = query.shape[2]
+        query_positions = torch.arange(key_length - query_length, key_length, device=query.device)
+        key_positions = torch.arange(key_length, device=query.device)
+        distance = key_positions[None, :] - query_positions[:, None]  # (query_len, key_len)
+        index = distance.clamp(-self.relative_window, self.relative_window) + self.relative_window
+        scores = torch.matmul(query, self.relative_keys.to(query.dtype).T)  # (batch, heads, query_len, 2k+1)
+        index = index[None, None].expand(query.shape[0], query.shape[1], -1, -1)
+        return torch.gather(scores, -1, index) * self.head_dim**-0.5
 
 
 class DeepNMTMergedAttention(DeepNMTAttention):
@@ -479,6 +501,8 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, DeepNMTDenseHistory):
             init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights))
+        elif isinstance(module, DeepNMTAttention) and module.relative_keys is not None:
+            init.xavier_uniform_(module.relative_keys)
 
 
 class DeepNMTStack(DeepNMTPreTrainedModel):

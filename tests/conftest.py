@@ -60,6 +60,12 @@ ARCHITECTURES = [
         id="dsinit-dlcl-matt-prenorm",
     ),
     pytest.param((DeepNMTConfig, dict(decoder_self_attention="average")), id="aan-prenorm"),
+    # relative position keys with a window (2) shorter than the test sequences, so clipping is exercised
+    pytest.param((DeepNMTConfig, dict(relative_position_window=2)), id="relative-keys-prenorm"),
+    pytest.param(
+        (DeepNMTConfig, dict(relative_position_window=2, pre_norm=False, layer_aggregation="dlcl")),
+        id="relative-keys-postnorm-dlcl",
+    ),
     pytest.param(
         (DeepNMTConfig, dict(decoder_self_attention="average", aan_ffn=True, pre_norm=False)), id="aan-ffn-postnorm"
     ),
