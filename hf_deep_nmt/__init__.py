@@ -6,13 +6,14 @@ them for auto-class saving, so that `save_pretrained` writes `auto_map` and the 
 
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig
+from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTForConditionalGeneration,
     DeepNMTModel,
     DeepNMTPreTrainedModel,
     DlclForConditionalGeneration,
     DsInitForConditionalGeneration,
+    SdtForConditionalGeneration,
 )
 
 __version__ = "0.1.0"
@@ -21,6 +22,7 @@ MODEL_CLASSES: dict[type, type] = {
     DeepNMTConfig: DeepNMTForConditionalGeneration,
     DlclConfig: DlclForConditionalGeneration,
     DsInitConfig: DsInitForConditionalGeneration,
+    SdtConfig: SdtForConditionalGeneration,
 }
 
 
@@ -44,4 +46,6 @@ __all__ = [
     "DsInitConfig",
     "DsInitForConditionalGeneration",
     "MODEL_CLASSES",
+    "SdtConfig",
+    "SdtForConditionalGeneration",
 ]

@@ -14,7 +14,7 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CITATION_MARKER = "<!-- citation -->"
-METHOD_CARDS = {"deep_nmt": "deep_nmt", "deep_nmt_dlcl": "dlcl", "deep_nmt_dsinit": "dsinit"}
+METHOD_CARDS = {"deep_nmt": "deep_nmt", "deep_nmt_dlcl": "dlcl", "deep_nmt_dsinit": "dsinit", "deep_nmt_sdt": "sdt"}
 
 
 def _card_file(name: str) -> str:
@@ -79,6 +79,7 @@ def render_model_card(
             "decoder_layer_aggregation",
             "decoder_self_attention",
             "init_scheme",
+            "relative_position_window",
             "vocab_size",
             "share_embeddings",
         )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2CLS
 
-LAYER_AGGREGATIONS = ("residual", "dlcl")
+LAYER_AGGREGATIONS = ("residual", "dlcl", "sparse")
 DLCL_WEIGHTS = ("learned", "average", "one")
 INIT_SCHEMES = ("default", "ds_init")
 DS_INIT_MODES = ("paper", "code")
@@ -82,6 +82,13 @@ class DeepNMTConfig(PreTrainedConfig):
         dlcl_weights (`str`, *optional*, defaults to `"learned"`):
             DLCL combination weights: `"learned"` (scalars initialised to the uniform average 1/(r+1)), or the
             constant ablations of the paper, `"average"` (fixed 1/(r+1)) and `"one"` (fixed 1).
+        sparse_block_size (`int`, *optional*, defaults to 6):
+            Block size p of `"sparse"` aggregation (SDT sparse connections, Li et al. 2020) when a stack's boundaries
+            are not given: blocks `[0, p, 2p, ..., L]` (the last one shorter when p does not divide L).
+        encoder_block_boundaries / decoder_block_boundaries (`list[int]`, *optional*):
+            Block boundaries of a `"sparse"` stack, `[0, b_1, ..., L]` strictly increasing: only block outputs are
+            stored and only the first layer of a block reads the learned combination. One block per layer is dense
+            DLCL; `[0, L]` is a single block.
         dlcl_history_norm (`bool`, *optional*, defaults to `True`):
             Keep the DLCL LayerNorms (one per stored layer output in pre-norm, one per combination row in post-norm);
             `False` is the paper's "- layer norm" ablation.
@@ -143,6 +150,9 @@ class DeepNMTConfig(PreTrainedConfig):
     decoder_layer_aggregation: str | None = None
     dlcl_weights: str = "learned"
     dlcl_history_norm: bool = True
+    sparse_block_size: int = 6
+    encoder_block_boundaries: list[int] | None = None
+    decoder_block_boundaries: list[int] | None = None
     init_scheme: str = "default"
     ds_init_alpha: float = 1.0
     ds_init_mode: str = "paper"
@@ -240,12 +250,15 @@ class DeepNMTConfig(PreTrainedConfig):
             or (self.layer_norm_eps <= 0)
         ):
             raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
-        uses_dlcl = "dlcl" in (self.encoder_layer_aggregation, self.decoder_layer_aggregation)
+        _check_positive_int("sparse_block_size", self.sparse_block_size)
+        for side in ("encoder", "decoder"):
+            self._resolve_block_boundaries(side)
+        uses_dlcl = {"dlcl", "sparse"} & {self.encoder_layer_aggregation, self.decoder_layer_aggregation}
         if not uses_dlcl and (self.dlcl_weights != "learned" or not self.dlcl_history_norm):
             raise ValueError(
                 f"`dlcl_weights={self.dlcl_weights!r}` / `dlcl_history_norm={self.dlcl_history_norm!r}` only apply "
                 "to DLCL; set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
-                "to 'dlcl' or leave them at their defaults ('learned', True)."
+                "to 'dlcl' or 'sparse', or leave them at their defaults ('learned', True)."
             )
         # pad/bos/eos are used on both sides; decoding starts in the target vocabulary.
         shared_ids = min(self.vocab_size, self.decoder_vocab_size)
@@ -261,6 +274,33 @@ class DeepNMTConfig(PreTrainedConfig):
                     isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < limit
                 ):
                     raise ValueError(f"`{field}` must be an id in [0, {limit}), got {value!r}.")
+
+    def _resolve_block_boundaries(self, side: str) -> None:
+        field, layers = f"{side}_block_boundaries", getattr(self, f"{side}_layers")
+        boundaries = getattr(self, field)
+        if getattr(self, f"{side}_layer_aggregation") != "sparse":
+            if boundaries is not None:
+                raise ValueError(
+                    f"`{field}={boundaries!r}` only applies with `{side}_layer_aggregation='sparse'`, got "
+                    f"{getattr(self, f'{side}_layer_aggregation')!r}."
+                )
+            return
+        if boundaries is None:
+            boundaries = list(range(0, layers, self.sparse_block_size)) + [layers]
+        valid = (
+            isinstance(boundaries, (list, tuple))
+            and all(isinstance(b, int) and not isinstance(b, bool) for b in boundaries)
+            and len(boundaries) >= 2
+            and boundaries[0] == 0
+            and boundaries[-1] == layers
+            and all(a < b for a, b in zip(boundaries, boundaries[1:]))
+        )
+        if not valid:
+            raise ValueError(
+                f"`{field}` must be strictly increasing integers from 0 to `{side}_layers` ({layers}), e.g. "
+                f"[0, 6, 12, ..., {layers}], got {boundaries!r}."
+            )
+        setattr(self, field, list(boundaries))
 
 
 class DlclConfig(DeepNMTConfig):
@@ -300,6 +340,27 @@ class DsInitConfig(DeepNMTConfig):
     activation_dropout: float = 0.1
 
 
+class SdtConfig(DeepNMTConfig):
+    r"""
+    SDT, "Shallow-to-Deep Training for Neural Machine Translation" (Li et al., EMNLP 2020): the paper's
+    SDT-RPR-48L system as defaults — pre-norm, relative position keys with k = 8 in encoder and decoder
+    self-attention, sparse connections with block size 6 in the 48-layer encoder, a 6-layer decoder without layer
+    aggregation, base width, shared vocabulary, dropout 0.1 everywhere.
+    """
+
+    model_type = "deep_nmt_sdt"
+
+    encoder_layers: int = 48
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    encoder_layer_aggregation: str | None = "sparse"
+    decoder_layer_aggregation: str | None = "residual"
+    sparse_block_size: int = 6
+    relative_position_window: int = 8
+    attention_dropout: float = 0.1
+    activation_dropout: float = 0.1
+
+
 __all__ = [
     "DECODER_SELF_ATTENTIONS",
     "DLCL_WEIGHTS",
@@ -309,4 +370,5 @@ __all__ = [
     "DeepNMTConfig",
     "DlclConfig",
     "DsInitConfig",
+    "SdtConfig",
 ]

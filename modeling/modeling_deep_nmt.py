@@ -21,7 +21,7 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging
 
-from .configuration_deep_nmt import AVERAGE_CACHE_LAYER_TYPE, DeepNMTConfig, DlclConfig, DsInitConfig
+from .configuration_deep_nmt import AVERAGE_CACHE_LAYER_TYPE, DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig
 
 logger = logging.get_logger(__name__)
 
@@ -392,78 +392,106 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
 
 
 class DeepNMTResidualHistory(nn.Module):
-    """Plain stack: a layer reads the output of the layer below; the stack output is the top layer's output."""
+    """Plain stack: a layer reads the output of the layer below; the stack output is the top layer's output.
 
-    def __init__(self, config: DeepNMTConfig, num_layers: int):
+    The layer-history components share one interface: `start(embedding)` returns the per-call state (kept in the
+    caller's `forward`, never on the module), `layer_input(state, i)` is the input of layer i (0-based),
+    `push(state, output, i)` records its output, `stack_output(state)` is what the stack returns before its final
+    LayerNorm."""
+
+    def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
         super().__init__()
 
-    def push(self, history: list[torch.Tensor], output: torch.Tensor) -> None:
-        history[:] = [output]
+    def start(self, embedding: torch.Tensor) -> list[torch.Tensor]:
+        return [embedding]
 
-    def layer_input(self, history: list[torch.Tensor]) -> torch.Tensor:
-        return history[-1]
+    def layer_input(self, state: list[torch.Tensor], index: int) -> torch.Tensor:
+        return state[-1]
 
-    def stack_output(self, history: list[torch.Tensor]) -> torch.Tensor:
-        return history[-1]
+    def push(self, state: list[torch.Tensor], output: torch.Tensor, index: int) -> None:
+        state[-1] = output
+
+    def stack_output(self, state: list[torch.Tensor]) -> torch.Tensor:
+        return state[-1]
 
 
-class DeepNMTDenseHistory(nn.Module):
+class DeepNMTBlockHistory(nn.Module):
     r"""
-    Dynamic linear combination of layers (DLCL, Wang et al. 2019, Eq. 7-9, SPEC §1).
+    Learned linear combination of block outputs: SDT's sparse connections (Li et al. 2020, SPEC §3.1), with DLCL
+    (Wang et al. 2019, Eq. 7-9, SPEC §1) as the case where every layer is a block.
 
-    `weight[r, k]` (lower triangle of an `(L+1) x (L+1)` matrix) weighs output `y_k` (`y_0` = embedding) in the input
-    of layer `r+1`; row `L` builds the stack output. Pre-norm (Eq. 8): each stored `y_k`, k >= 1, passes its own
-    LayerNorm `layer_norms[k-1]` once, `y_0` none. Post-norm (Eq. 9): row r >= 1 of the weighted sum passes
-    `layer_norms[r-1]`. The list of outputs lives in the caller's `forward`; this module owns only the weights.
+    `boundaries` `[0, b_1, ..., L]` cut the stack into B blocks. Stored: `y_0` (the embedding) and the output of the
+    last layer of each block. `weight[r, j]` (lower triangle of `(B+1) x (B+1)`, raw scalars, uniform-average init)
+    weighs stored output j in the input of the first layer of block r+1; row B builds the stack output. Layers inside
+    a block chain as a plain residual stack. Pre-norm (Eq. 8): each stored block output passes its own LayerNorm
+    `layer_norms[j-1]` once, `y_0` none. Post-norm (Eq. 9): row r >= 1 of the weighted sum passes `layer_norms[r-1]`.
     """
 
-    def __init__(self, config: DeepNMTConfig, num_layers: int):
+    def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
         super().__init__()
+        boundaries = list(boundaries) if boundaries is not None else list(range(num_layers + 1))
         self.pre_norm = config.pre_norm
-        self.num_layers = num_layers
+        self.block_starts = frozenset(boundaries[:-1])
+        self.block_ends = frozenset(boundary - 1 for boundary in boundaries[1:])  # layers whose output is stored
+        self.size = len(boundaries)  # stored outputs: the embedding and one per block
         if config.dlcl_weights == "learned":
-            self.weight = nn.Parameter(torch.empty(num_layers + 1, num_layers + 1))
+            self.weight = nn.Parameter(torch.empty(self.size, self.size))
         else:
             # Constant ablation weights: a buffer, since loading re-creates parameters as trainable.
-            self.register_buffer("weight", torch.empty(num_layers + 1, num_layers + 1))
+            self.register_buffer("weight", torch.empty(self.size, self.size))
+        norms = self.size - 1
         if config.dlcl_history_norm:
             self.layer_norms = nn.ModuleList(
-                nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) for _ in range(num_layers)
+                nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) for _ in range(norms)
             )
         else:
-            self.layer_norms = nn.ModuleList(nn.Identity() for _ in range(num_layers))
+            self.layer_norms = nn.ModuleList(nn.Identity() for _ in range(norms))
 
     def initial_weight(self, mode: str) -> torch.Tensor:
         """`"learned"`/`"average"`: W[r, k] = 1/(r+1) for k <= r; `"one"`: W[r, k] = 1 for k <= r."""
-        size = self.num_layers + 1
-        weight = torch.ones(size, size).tril()
+        weight = torch.ones(self.size, self.size).tril()
         return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True)
 
-    def push(self, history: list[torch.Tensor], output: torch.Tensor) -> None:
-        if self.pre_norm and history:
-            output = self.layer_norms[len(history) - 1](output)
-        history.append(output)
+    def start(self, embedding: torch.Tensor) -> dict[str, object]:
+        return {"stored": [embedding], "last": embedding}
 
-    def _combine(self, history: list[torch.Tensor]) -> torch.Tensor:
-        row = len(history) - 1
-        weights = self.weight[row, : row + 1].to(history[0].dtype)
+    def layer_input(self, state: dict, index: int) -> torch.Tensor:
+        return self._combine(state["stored"]) if index in self.block_starts else state["last"]
+
+    def push(self, state: dict, output: torch.Tensor, index: int) -> None:
+        state["last"] = output
+        if index in self.block_ends:
+            stored = state["stored"]
+            stored.append(self.layer_norms[len(stored) - 1](output) if self.pre_norm else output)
+
+    def stack_output(self, state: dict) -> torch.Tensor:
+        return self._combine(state["stored"])
+
+    def _combine(self, stored: list[torch.Tensor]) -> torch.Tensor:
+        row = len(stored) - 1
+        weights = self.weight[row, : row + 1].to(stored[0].dtype)
         # A running weighted sum, not a stacked tensor: autograd then keeps only references to the stored outputs,
         # where a stack would save an O(row) copy per layer, O(L^2) memory over the stack.
-        combined = weights[0] * history[0]
-        for weight, output in zip(weights[1:], history[1:]):
+        combined = weights[0] * stored[0]
+        for weight, output in zip(weights[1:], stored[1:]):
             combined = combined + weight * output
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
         return combined
 
-    def layer_input(self, history: list[torch.Tensor]) -> torch.Tensor:
-        return self._combine(history)
 
-    def stack_output(self, history: list[torch.Tensor]) -> torch.Tensor:
-        return self._combine(history)
+class DeepNMTDenseHistory(DeepNMTBlockHistory):
+    """DLCL: every layer is a block, so every output is stored and every layer reads the combination."""
+
+    def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
+        super().__init__(config, num_layers, list(range(num_layers + 1)))
 
 
-LAYER_AGGREGATION_CLASSES = {"residual": DeepNMTResidualHistory, "dlcl": DeepNMTDenseHistory}
+LAYER_AGGREGATION_CLASSES = {
+    "residual": DeepNMTResidualHistory,
+    "dlcl": DeepNMTDenseHistory,
+    "sparse": DeepNMTBlockHistory,
+}
 
 
 class DeepNMTPreTrainedModel(PreTrainedModel):
@@ -499,7 +527,7 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
-        elif isinstance(module, DeepNMTDenseHistory):
+        elif isinstance(module, DeepNMTBlockHistory):
             init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights))
         elif isinstance(module, DeepNMTAttention) and module.relative_keys is not None:
             init.xavier_uniform_(module.relative_keys)
@@ -508,13 +536,16 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
 class DeepNMTStack(DeepNMTPreTrainedModel):
     """What the encoder and the decoder share: token + position embedding, the layer history, the final LayerNorm."""
 
-    def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding, num_layers: int, aggregation: str):
+    def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding, side: str):
         super().__init__(config)
+        num_layers = getattr(config, f"{side}_layers")
+        aggregation = getattr(config, f"{side}_layer_aggregation")
+        boundaries = getattr(config, f"{side}_block_boundaries")
         self.dropout = config.dropout
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = DeepNMTSinusoidalPositions(config.d_model)
-        self.history = LAYER_AGGREGATION_CLASSES[aggregation](config, num_layers)
+        self.history = LAYER_AGGREGATION_CLASSES[aggregation](config, num_layers, boundaries)
         # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
         # post-norm output row.
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_norm else None
@@ -543,14 +574,14 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         return F.dropout(hidden_states, p=self.dropout, training=self.training)
 
-    def finish(self, history: list[torch.Tensor]) -> torch.Tensor:
-        output = self.history.stack_output(history)
+    def finish(self, state) -> torch.Tensor:
+        output = self.history.stack_output(state)
         return self.layer_norm(output) if self.layer_norm is not None else output
 
 
 class DeepNMTEncoder(DeepNMTStack):
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, config.encoder_layers, config.encoder_layer_aggregation)
+        super().__init__(config, embed_tokens, "encoder")
         self.layers = nn.ModuleList(DeepNMTEncoderLayer(config, i) for i in range(config.encoder_layers))
         self.post_init()
 
@@ -567,16 +598,15 @@ class DeepNMTEncoder(DeepNMTStack):
             raise ValueError(f"`input_ids` must have shape (batch, source_length >= 1), got {tuple(input_ids.shape)}.")
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
-        history: list[torch.Tensor] = []
-        self.history.push(history, hidden_states)
-        for layer in self.layers:
-            self.history.push(history, layer(self.history.layer_input(history), mask))
-        return BaseModelOutput(last_hidden_state=self.finish(history))
+        state = self.history.start(hidden_states)  # layer outputs of this call only
+        for index, layer in enumerate(self.layers):
+            self.history.push(state, layer(self.history.layer_input(state, index), mask), index)
+        return BaseModelOutput(last_hidden_state=self.finish(state))
 
 
 class DeepNMTDecoder(DeepNMTStack):
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
-        super().__init__(config, embed_tokens, config.decoder_layers, config.decoder_layer_aggregation)
+        super().__init__(config, embed_tokens, "decoder")
         self.layers = nn.ModuleList(DeepNMTDecoderLayer(config, i) for i in range(config.decoder_layers))
         self.post_init()
 
@@ -602,18 +632,17 @@ class DeepNMTDecoder(DeepNMTStack):
         if self.config.decoder_self_attention == "multi_head":
             self_mask = self._self_attention_mask(attention_mask, input_ids.shape[1], past_length, hidden_states)
         cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
-        history: list[torch.Tensor] = []
-        self.history.push(history, hidden_states)
-        for layer in self.layers:
+        state = self.history.start(hidden_states)  # layer outputs of this call only
+        for index, layer in enumerate(self.layers):
             output = layer(
-                self.history.layer_input(history),
+                self.history.layer_input(state, index),
                 encoder_hidden_states,
                 self_mask,
                 cross_mask,
                 past_key_values=past_key_values if use_cache else None,
             )
-            self.history.push(history, output)
-        return self.finish(history), (past_key_values if use_cache else None)
+            self.history.push(state, output, index)
+        return self.finish(state), (past_key_values if use_cache else None)
 
     @staticmethod
     def _self_attention_mask(
@@ -816,11 +845,19 @@ class DsInitForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DsInitConfig
 
 
+class SdtForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """SDT (Li et al., 2020). Same network as [`DeepNMTForConditionalGeneration`] with [`SdtConfig`] defaults.
+    Growing a trained model and the staged schedule are training procedures, kept outside the model code."""
+
+    config_class = SdtConfig
+
+
 __all__ = [
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",
     "DeepNMTForConditionalGeneration",
     "DlclForConditionalGeneration",
     "DsInitForConditionalGeneration",
+    "SdtForConditionalGeneration",
     "LAYER_AGGREGATION_CLASSES",
 ]

@@ -15,7 +15,7 @@ for _variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")
 import pytest
 import torch
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig
 
 # Every size differs from every other one, so that a swapped axis or a transposed weight fails loudly.
 TINY_SIZES = dict(
@@ -60,6 +60,16 @@ ARCHITECTURES = [
         id="dsinit-dlcl-matt-prenorm",
     ),
     pytest.param((DeepNMTConfig, dict(decoder_self_attention="average")), id="aan-prenorm"),
+    # sparse block connections (SDT): blocks [0, 2, 3] in the encoder, [0, 1, 2] (= dense) in the decoder
+    pytest.param(
+        (DeepNMTConfig, dict(layer_aggregation="sparse", encoder_block_boundaries=[0, 2, 3], sparse_block_size=1)),
+        id="sparse-prenorm",
+    ),
+    pytest.param(
+        (DeepNMTConfig, dict(encoder_layer_aggregation="sparse", sparse_block_size=2, pre_norm=False)),
+        id="sparse-postnorm-encoder",
+    ),
+    pytest.param((SdtConfig, dict(sparse_block_size=2, relative_position_window=2)), id="SdtConfig"),
     # relative position keys with a window (2) shorter than the test sequences, so clipping is exercised
     pytest.param((DeepNMTConfig, dict(relative_position_window=2)), id="relative-keys-prenorm"),
     pytest.param(

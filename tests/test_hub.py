@@ -141,3 +141,13 @@ def test_each_preset_gets_its_own_method_section_in_the_card(tokenizer):
     assert "Depth-Scaled Initialization and Merged Attention" in card.text
     assert "| `decoder_self_attention` | merged_average |" in card.text and "| `init_scheme` | ds_init |" in card.text
     assert "deep_nmt_dsinit" in card.data.tags
+
+
+def test_every_registered_preset_has_a_method_card():
+    from hf_deep_nmt import MODEL_CLASSES
+    from hf_deep_nmt.hub import METHOD_CARDS
+
+    for config_class in MODEL_CLASSES:
+        assert config_class.model_type in METHOD_CARDS, config_class.model_type
+        card = MODELING_DIR.parent / "model_cards" / "methods" / f"{METHOD_CARDS[config_class.model_type]}.md"
+        assert "<!-- citation -->" in card.read_text(encoding="utf-8")

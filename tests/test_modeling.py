@@ -172,18 +172,20 @@ def test_dlcl_layer_input_is_the_hand_weighted_sum(tiny_config, pre_norm, stack_
         layer_norm = history.layer_norms[index]
         return F.layer_norm(tensor, (16,), layer_norm.weight, layer_norm.bias, config.layer_norm_eps)
 
-    stored: list[torch.Tensor] = []
     with torch.no_grad():
         for row, output in enumerate(outputs):
-            history.push(stored, output)
+            if row == 0:
+                state = history.start(output)
+            else:
+                history.push(state, output, row - 1)  # y_row is the output of layer index row - 1
             if pre_norm:  # Eq. 8: y_k (k >= 1) through its own LayerNorm, never y_0
                 terms = [outputs[0]] + [norm(k - 1, outputs[k]) for k in range(1, row + 1)]
                 expected = sum(weight[row, k] * terms[k] for k in range(row + 1))
             else:  # Eq. 9: LayerNorm of row r >= 1 on the weighted sum
                 expected = sum(weight[row, k] * outputs[k] for k in range(row + 1))
                 expected = norm(row - 1, expected) if row >= 1 else expected
-            route = history.stack_output if row == num_layers else history.layer_input
-            torch.testing.assert_close(route(stored), expected)
+            actual = history.stack_output(state) if row == num_layers else history.layer_input(state, row)
+            torch.testing.assert_close(actual, expected)
 
 
 @pytest.mark.parametrize("mode", ["learned", "average", "one"])
