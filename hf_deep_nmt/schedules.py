@@ -1,0 +1,45 @@
+"""Learning-rate schedules of the papers that `transformers` does not offer in their exact form.
+
+* `inverse_sqrt_lr`: the fairseq inverse square root with linear warm-up from `init_lr` to `peak_lr` (DLCL, SDT).
+* `stage_start_step`: SDT's restart rule between growing stages (SPEC §3.3): a new stage continues the warm-up when
+  the previous one ended inside it, and otherwise jumps back to the peak and decays again. Each stage starts with a
+  fresh optimizer.
+"""
+
+from __future__ import annotations
+
+import math
+
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def inverse_sqrt_lr(step: int, peak_lr: float, warmup_steps: int, init_lr: float = 1e-7) -> float:
+    """`init + step * (peak - init) / W` during warm-up, then `peak * sqrt(W / step)`."""
+    if step < 0:
+        raise ValueError(f"`step` must be >= 0, got {step}.")
+    if warmup_steps < 1:
+        raise ValueError(f"`warmup_steps` must be >= 1, got {warmup_steps}.")
+    if step < warmup_steps:
+        return init_lr + step * (peak_lr - init_lr) / warmup_steps
+    return peak_lr * math.sqrt(warmup_steps / step)
+
+
+def stage_start_step(previous_stage_end_step: int, warmup_steps: int) -> int:
+    """Scheduler step at which a new SDT stage starts: `min(previous end, W)` — the warm-up continues if it was not
+    finished, otherwise the rate restarts at the peak (the reference code resets its step counter to W)."""
+    return min(previous_stage_end_step, warmup_steps)
+
+
+def inverse_sqrt_scheduler(
+    optimizer: Optimizer, warmup_steps: int, init_lr: float = 1e-7, start_step: int = 0
+) -> LambdaLR:
+    """`LambdaLR` over `optimizer` (whose learning rate is the peak) following `inverse_sqrt_lr` from `start_step`."""
+    peaks = [group["lr"] for group in optimizer.param_groups]
+    if any(peak <= 0 for peak in peaks):
+        raise ValueError(f"The optimizer's learning rate is the peak and must be > 0, got {peaks}.")
+
+    def factor(peak: float):
+        return lambda step: inverse_sqrt_lr(start_step + step, peak, warmup_steps, init_lr) / peak
+
+    return LambdaLR(optimizer, [factor(peak) for peak in peaks])
