@@ -1,0 +1,122 @@
+"""Growing a trained model deeper (SDT, Li et al. 2020, §4.1 and SPEC §3.2): the new encoder keeps the old layers and
+puts copies on top. The result is an ordinary model of the same class with more encoder layers: it saves, loads
+(remote code included) and generates like any other.
+
+Strategies (the paper's Table 3 ablation):
+    "top"        copy the top g layers, in order (the paper's default; g <= h)
+    "top_only"   copy the top layer g times
+    "double"     copy the whole stack once more on top (g = h)
+    "interleave" put a copy right after each layer (g = h)
+
+Layer aggregation: a `"sparse"` encoder grows by one block made of the new layers — the combination matrix grows by
+one row and column, old entries kept, the new output row uniform (1/(B+2)), and the new block's LayerNorm copied from
+the old top block's (optionally the old one is then reset, as the reference code does). A `"dlcl"` encoder grows one
+row per new layer the same way, each new LayerNorm copied from the one of the layer it copies. `"interleave"` moves
+every old layer, so it is only offered for residual and sparse encoders.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
+
+from hf_deep_nmt import MODEL_CLASSES
+from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
+
+GROWTH_STRATEGIES = ("top", "top_only", "double", "interleave")
+ENCODER_LAYERS, HISTORY = "model.encoder.layers.", "model.encoder.history."
+
+
+def source_layers(num_layers: int, num_new: int, strategy: str) -> list[int]:
+    """For each layer of the grown encoder, the index of the old layer it is copied from."""
+    if strategy not in GROWTH_STRATEGIES:
+        raise ValueError(f"`strategy` must be one of {GROWTH_STRATEGIES}, got {strategy!r}.")
+    if isinstance(num_new, bool) or not isinstance(num_new, int) or num_new < 1:
+        raise ValueError(f"`num_new_layers` must be a positive integer, got {num_new!r}.")
+    if strategy == "top" and num_new > num_layers:
+        raise ValueError(f"Cannot copy the top {num_new} layers of a {num_layers}-layer encoder (g must be <= h).")
+    if strategy in ("double", "interleave") and num_new != num_layers:
+        raise ValueError(f"`{strategy}` adds as many layers as the encoder has ({num_layers}), got {num_new}.")
+    old = list(range(num_layers))
+    if strategy == "top":
+        return old + old[num_layers - num_new :]
+    if strategy == "top_only":
+        return old + [num_layers - 1] * num_new
+    if strategy == "double":
+        return old + old
+    return [index for index in old for _ in range(2)]
+
+
+def grow_encoder(
+    model: PreTrainedModel | str | Path,
+    num_new_layers: int | None = None,
+    strategy: str = "top",
+    reset_previous_block_norm: bool = False,
+) -> PreTrainedModel:
+    """A copy of `model` (or of the model saved at that folder / Hub id) with a deeper encoder; `model` is unchanged.
+
+    `num_new_layers` defaults to the block size of a sparse encoder. Everything outside the encoder layers and the
+    encoder's combination weights is copied unchanged."""
+    if isinstance(model, (str, Path)):
+        model = AutoModelForSeq2SeqLM.from_pretrained(model)
+    config = getattr(model, "config", None)
+    if not isinstance(config, DeepNMTConfig) or type(config) not in MODEL_CLASSES:
+        raise TypeError(f"grow_encoder needs a model of this package, got {type(model).__name__}.")
+    aggregation, old_layers = config.encoder_layer_aggregation, config.encoder_layers
+    if num_new_layers is None:
+        if aggregation != "sparse":
+            raise ValueError("Give `num_new_layers`: only a sparse encoder has a block size to default to.")
+        num_new_layers = config.sparse_block_size
+    sources = source_layers(old_layers, num_new_layers, strategy)
+    if strategy == "interleave" and aggregation == "dlcl":
+        raise ValueError("`interleave` moves every layer, which a DLCL history cannot follow; use 'top' or 'double'.")
+
+    settings = {**config.to_dict(), "encoder_layers": len(sources)}
+    if aggregation == "sparse":
+        old_boundaries = config.encoder_block_boundaries
+        if strategy == "interleave":
+            settings["encoder_block_boundaries"] = [2 * boundary for boundary in old_boundaries]
+        else:
+            settings["encoder_block_boundaries"] = old_boundaries + [len(sources)]
+    grown = MODEL_CLASSES[type(config)](type(config).from_dict(settings))
+    grown.generation_config = copy.deepcopy(model.generation_config)
+
+    old_state, state = model.state_dict(), grown.state_dict()
+    for key in state:
+        if key.startswith(ENCODER_LAYERS):
+            index, rest = key[len(ENCODER_LAYERS) :].split(".", 1)
+            state[key] = old_state[f"{ENCODER_LAYERS}{sources[int(index)]}.{rest}"]
+        elif key.startswith(HISTORY) and strategy != "interleave":
+            state[key] = _grown_history_entry(key, old_state, state[key], sources, old_layers, aggregation)
+        else:
+            state[key] = old_state[key]
+    if reset_previous_block_norm and aggregation == "sparse" and strategy != "interleave":
+        previous = f"{HISTORY}layer_norms.{len(config.encoder_block_boundaries) - 2}"  # the old top block's norm
+        state[f"{previous}.weight"] = torch.ones_like(state[f"{previous}.weight"])
+        state[f"{previous}.bias"] = torch.zeros_like(state[f"{previous}.bias"])
+    grown.load_state_dict(state, strict=True)
+    return grown.train(model.training)  # same mode as the source: a fresh module would come back with dropout on
+
+
+def _grown_history_entry(
+    key: str, old_state: dict, template: torch.Tensor, sources: list[int], old_layers: int, aggregation: str
+) -> torch.Tensor:
+    if key == f"{HISTORY}weight":
+        old = old_state[key]
+        weight = template.clone().zero_()
+        weight[: old.shape[0], : old.shape[1]] = old
+        for row in range(old.shape[0], weight.shape[0]):
+            weight[row, : row + 1] = 1.0 / (row + 1)  # new rows: the uniform average, as at initialisation
+        return weight
+    index, rest = key[len(f"{HISTORY}layer_norms.") :].split(".", 1)
+    index = int(index)
+    old_key = f"{HISTORY}layer_norms.{index}.{rest}"
+    if old_key in old_state:
+        return old_state[old_key]
+    if aggregation == "dlcl":  # LayerNorm of the output of the copied layer
+        return old_state[f"{HISTORY}layer_norms.{sources[index]}.{rest}"]
+    previous_top = max(int(k.split(".")[4]) for k in old_state if k.startswith(f"{HISTORY}layer_norms."))
+    return old_state[f"{HISTORY}layer_norms.{previous_top}.{rest}"]

@@ -1,0 +1,157 @@
+"""Growing a trained model (SDT stacking): copied layers equal their sources tensor by tensor, everything else is
+unchanged, the combination weights grow by a uniform row, and the grown model saves, loads and decodes."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, SdtConfig, SdtForConditionalGeneration
+from hf_deep_nmt.growing import grow_encoder, source_layers
+
+SIZES = dict(
+    vocab_size=37,
+    d_model=16,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=24,
+    decoder_ffn_dim=20,
+)
+SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
+
+
+def trained_like(model: torch.nn.Module) -> torch.nn.Module:
+    """Distinct values in every tensor, as a trained model would have, so a wrong copy cannot match by chance."""
+    torch.manual_seed(7)
+    with torch.no_grad():
+        for tensor in model.parameters():
+            tensor.add_(torch.randn_like(tensor) * 0.3)
+    return model.eval()
+
+
+@pytest.fixture
+def sdt():
+    return trained_like(
+        SdtForConditionalGeneration(SdtConfig(**SIZES, sparse_block_size=2, relative_position_window=2))
+    )
+
+
+def layer_tensors(model, index):
+    prefix = f"model.encoder.layers.{index}."
+    return {key[len(prefix) :]: value for key, value in model.state_dict().items() if key.startswith(prefix)}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "new", "expected"),
+    [
+        ("top", 1, [0, 1, 2, 2]),
+        ("top", 2, [0, 1, 2, 1, 2]),
+        ("top_only", 2, [0, 1, 2, 2, 2]),
+        ("double", 3, [0, 1, 2, 0, 1, 2]),
+        ("interleave", 3, [0, 0, 1, 1, 2, 2]),
+    ],
+)
+def test_source_layer_maps_of_the_strategies(strategy, new, expected):
+    assert source_layers(3, new, strategy) == expected
+
+
+def test_grown_sdt_model_copies_the_top_block_and_keeps_everything_else(sdt):
+    grown = grow_encoder(sdt)  # g defaults to the block size (2): layers 0, 1 copied as layers 2, 3
+    assert grown.config.encoder_layers == 4 and grown.config.encoder_block_boundaries == [0, 2, 4]
+    assert type(grown) is SdtForConditionalGeneration
+    for new_index, source_index in enumerate([0, 1, 0, 1]):
+        copied, source = layer_tensors(grown, new_index), layer_tensors(sdt, source_index)
+        assert copied.keys() == source.keys()
+        assert all(torch.equal(copied[name], source[name]) for name in source)
+    old_state, new_state = sdt.state_dict(), grown.state_dict()
+    untouched = [k for k in old_state if not k.startswith(("model.encoder.layers.", "model.encoder.history."))]
+    assert untouched and all(torch.equal(old_state[k], new_state[k]) for k in untouched)
+    weight, old = grown.model.encoder.history.weight.detach(), sdt.model.encoder.history.weight.detach()
+    assert torch.equal(weight[:2, :2], old)
+    torch.testing.assert_close(weight[2], torch.full((3,), 1 / 3))  # the new output row: uniform
+    norms = grown.model.encoder.history.layer_norms
+    assert torch.equal(norms[1].weight, sdt.model.encoder.history.layer_norms[0].weight)  # copied from the old top
+    assert sdt.config.encoder_layers == 2  # the source model is untouched
+    assert not grown.training and grow_encoder(sdt.train()).training  # the source's train/eval mode is kept
+
+
+def test_reset_option_reproduces_the_reference_codes_layer_norm_reset(sdt):
+    grown = grow_encoder(sdt, reset_previous_block_norm=True)
+    old_top = grown.model.encoder.history.layer_norms[0]
+    assert torch.equal(old_top.weight, torch.ones(16)) and torch.equal(old_top.bias, torch.zeros(16))
+    assert torch.equal(
+        grown.model.encoder.history.layer_norms[1].weight, sdt.model.encoder.history.layer_norms[0].weight
+    )
+
+
+def test_dense_dlcl_grows_one_uniform_row_per_new_layer():
+    model = trained_like(DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES, layer_aggregation="dlcl")))
+    grown = grow_encoder(model, 2, "top")
+    weight = grown.model.encoder.history.weight.detach()
+    assert weight.shape == (5, 5) and torch.equal(weight[:3, :3], model.model.encoder.history.weight.detach())
+    torch.testing.assert_close(weight[3, :4], torch.full((4,), 0.25))
+    torch.testing.assert_close(weight[4], torch.full((5,), 0.2))
+    with torch.no_grad():
+        grown.eval()(input_ids=SOURCE, decoder_input_ids=torch.tensor([[0, 5], [0, 6]]))
+
+
+def test_grown_model_saves_reloads_through_remote_code_and_decodes(sdt, tmp_path):
+    grown = grow_encoder(sdt)
+    with torch.no_grad():
+        expected = grown.generate(SOURCE, attention_mask=SOURCE.ne(1), num_beams=2, max_new_tokens=5)
+    grown.save_pretrained(tmp_path / "grown")
+    script = textwrap.dedent(
+        f"""
+        import json, sys
+        sys.modules["hf_deep_nmt"] = None
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "grown")!r}, trust_remote_code=True)
+        source = torch.tensor({SOURCE.tolist()})
+        out = model.generate(source, attention_mask=source.ne(1), num_beams=2, max_new_tokens=5)
+        print(json.dumps({{"layers": model.config.encoder_layers, "out": out.tolist()}}))
+        """
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded["layers"] == 4 and loaded["out"] == expected.tolist()
+
+
+def test_a_saved_folder_can_be_grown(sdt, tmp_path):
+    sdt.save_pretrained(tmp_path)
+    grown = grow_encoder(tmp_path, 2, "top_only")
+    assert grown.config.encoder_layers == 4
+    assert all(torch.equal(v, layer_tensors(sdt, 1)[k]) for k, v in layer_tensors(grown, 3).items())
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        ((3, "top"), ValueError, r"Cannot copy the top 3 layers of a 2-layer encoder"),
+        ((1, "double"), ValueError, r"`double` adds as many layers as the encoder has \(2\), got 1"),
+        ((0, "top"), ValueError, r"`num_new_layers` must be a positive integer, got 0"),
+        ((1, "sideways"), ValueError, r"`strategy` must be one of .*got 'sideways'"),
+    ],
+)
+def test_impossible_growth_is_refused_clearly(sdt, args, error, message):
+    with pytest.raises(error, match=message):
+        grow_encoder(sdt, *args)
+
+
+def test_growth_needs_a_model_of_this_package_and_a_size_without_blocks():
+    with pytest.raises(TypeError, match="needs a model of this package, got Linear"):
+        grow_encoder(torch.nn.Linear(2, 2), 1)
+    residual = DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES))
+    with pytest.raises(ValueError, match="Give `num_new_layers`"):
+        grow_encoder(residual)
+    dlcl = DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES, layer_aggregation="dlcl"))
+    with pytest.raises(ValueError, match="`interleave` moves every layer"):
+        grow_encoder(dlcl, 2, "interleave")
