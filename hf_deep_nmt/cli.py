@@ -17,6 +17,15 @@ def _train(argv: list[str]) -> int:
     return 0
 
 
+def _train_staged(argv: list[str]) -> int:
+    from hf_deep_nmt.staged import run_staged
+
+    summary = run_staged(argv)
+    printable = {key: value for key, value in summary.items() if key != "examples"}
+    print(json.dumps(printable, indent=2, ensure_ascii=False))
+    return 0
+
+
 def _translate(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="hf-deep-nmt translate", description="Translate lines of text.")
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
@@ -63,7 +72,7 @@ def _translate(argv: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"train": _train, "translate": _translate}
+COMMANDS = {"train": _train, "train-staged": _train_staged, "translate": _translate}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"hf-deep-nmt: unknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}.", file=sys.stderr)
-        print("usage: hf-deep-nmt {train CONFIG [--field value ...] | translate --model DIR [...]}", file=sys.stderr)
+        usage = "usage: hf-deep-nmt {train | train-staged} CONFIG [--field value ...] | translate --model DIR [...]"
+        print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0
     try:
         return COMMANDS[argv[0]](argv[1:])

@@ -101,14 +101,14 @@ def multi_process_launch_without_gpu() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
 
 
-def parse_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
+def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLASSES) -> tuple[Any, ...]:
     """`CONFIG.json|yaml [--field value ...]`: the file gives values, the command line overrides them.
 
     Unknown keys in the file are an error naming them (a misspelt field must not be ignored). `use_cpu` defaults to
     true for a multi-process launch on a machine without a GPU (see `multi_process_launch_without_gpu`).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = HfArgumentParser(ARGUMENT_CLASSES)
+    parser = HfArgumentParser(classes)
     cpu_default = {"use_cpu": True} if multi_process_launch_without_gpu() else {}
     parser.set_defaults(**cpu_default)
     if argv and argv[0].endswith((".json", ".yaml", ".yml")):
@@ -119,7 +119,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[Any, ...]:
         values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}.")
-        known = {f.name for cls in ARGUMENT_CLASSES for f in dataclasses.fields(cls)}
+        known = {f.name for cls in classes for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"{path}: unknown keys {unknown}; see `hf-deep-nmt train --help` for valid ones.")
@@ -160,9 +160,26 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
     return MODEL_CLASSES[config_class](config)
 
 
-def run(argv: list[str] | None = None) -> dict[str, Any]:
-    """Train, evaluate (sacreBLEU), translate a few sentences and export a Hub-ready folder. Returns the summary."""
-    model_args, data_args, export_args, training_args = parse_arguments(argv)
+@dataclass
+class Prepared:
+    """Everything a training run needs besides the model: raw text, tokenizer, tokenized splits, references."""
+
+    raw: Any
+    tokenizer: PreTrainedTokenizerBase
+    train_dataset: Any
+    eval_dataset: Any
+    references: list[str]
+
+
+def prepare(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    export_args: EvalExportArguments,
+    training_args: Seq2SeqTrainingArguments,
+    tokenizer_dir: Path | None = None,
+) -> Prepared:
+    """Check the export folder, load the corpus, get a tokenizer (saved model's, given, reloaded from `tokenizer_dir`,
+    or newly trained and saved there), tokenize both splits."""
     # Fail before hours of training, not after, when the export folder would be refused.
     if export_args.export_dir:
         check_export_folder(export_args.export_dir, export_args.overwrite_export)
@@ -181,17 +198,35 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     if "validation" in raw and data_args.max_eval_samples:
         raw["validation"] = raw["validation"].select(range(min(data_args.max_eval_samples, len(raw["validation"]))))
 
-    if model_args.tokenizer_name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.tokenizer_name_or_path)
-    elif model_args.model_name_or_path:
-        tokenizer = AutoTokenizer.from_pretrained(model_args.model_name_or_path)
+    saved_tokenizer = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    if saved_tokenizer:
+        tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
+    elif tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     else:
         tokenizer = train_joint_tokenizer(
             zip(raw["train"][SOURCE], raw["train"][TARGET]),
             vocab_size=model_args.tokenizer_vocab_size,
             model=model_args.tokenizer_model,
         )
-    model = build_model(model_args, tokenizer)
+        if tokenizer_dir is not None:
+            tokenizer.save_pretrained(tokenizer_dir)
+
+    train_dataset = tokenize_parallel(
+        raw["train"], tokenizer, data_args.max_source_length, data_args.max_target_length
+    )
+    references = raw["validation"][TARGET] if "validation" in raw else []
+    eval_dataset = None
+    if "validation" in raw:
+        # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
+        eval_dataset = tokenize_parallel(
+            raw["validation"], tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
+        )
+    return Prepared(raw, tokenizer, train_dataset, eval_dataset, references)
+
+
+def configure_generation(model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments) -> None:
+    """Beam size, length penalty and an output cap relative to the longest allowed source; vocabulary check."""
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(
             f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {model.config.vocab_size}."
@@ -207,25 +242,30 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         f"{model.config.encoder_layers} encoder / {model.config.decoder_layers} decoder layers."
     )
 
-    train_dataset = tokenize_parallel(
-        raw["train"], tokenizer, data_args.max_source_length, data_args.max_target_length
-    )
-    references = raw["validation"][TARGET] if "validation" in raw else []
-    eval_dataset = None
-    if "validation" in raw:
-        # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
-        eval_dataset = tokenize_parallel(
-            raw["validation"], tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
-        )
-    trainer = Seq2SeqTrainer(
+
+def make_trainer(
+    model, training_args: Seq2SeqTrainingArguments, prepared: Prepared, trainer_class=Seq2SeqTrainer, **kwargs
+) -> Seq2SeqTrainer:
+    tokenizer = prepared.tokenizer
+    return trainer_class(
         model=model,
         args=training_args,
-        train_dataset=train_dataset,
-        eval_dataset=eval_dataset,
+        train_dataset=prepared.train_dataset,
+        eval_dataset=prepared.eval_dataset,
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        compute_metrics=make_compute_metrics(tokenizer, references) if eval_dataset is not None else None,
+        compute_metrics=make_compute_metrics(tokenizer, prepared.references) if prepared.eval_dataset else None,
+        **kwargs,
     )
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train, evaluate (sacreBLEU), translate a few sentences and export a Hub-ready folder. Returns the summary."""
+    model_args, data_args, export_args, training_args = parse_arguments(argv)
+    prepared = prepare(model_args, data_args, export_args, training_args)
+    model = build_model(model_args, prepared.tokenizer)
+    configure_generation(model, prepared.tokenizer, data_args, export_args)
+    trainer = make_trainer(model, training_args, prepared)
     started = time.perf_counter()
     train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     summary: dict[str, Any] = {
@@ -233,7 +273,24 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "train_seconds": round(time.perf_counter() - started, 1),
         "train_steps": train_result.global_step,
     }
+    return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)
 
+
+def evaluate_and_export(
+    trainer: Seq2SeqTrainer,
+    prepared: Prepared,
+    data_args: DataArguments,
+    export_args: EvalExportArguments,
+    training_args: Seq2SeqTrainingArguments,
+    summary: dict[str, Any],
+) -> dict[str, Any]:
+    """sacreBLEU/chrF on the validation split, a few translations, the Hub-ready folder and `results.json`."""
+    raw, tokenizer, references, eval_dataset = (
+        prepared.raw,
+        prepared.tokenizer,
+        prepared.references,
+        prepared.eval_dataset,
+    )
     # Final evaluation, translations and export happen once, on the main process.
     is_main_process = trainer.is_world_process_zero()
     if eval_dataset is not None and is_main_process:

@@ -1,0 +1,135 @@
+"""Shallow-to-deep training in one command (SDT, Li et al. 2020, §4): train the first depth, grow by copying the top
+layers, restart the learning rate, train again, ... up to the last depth, then evaluate and export.
+
+    hf-deep-nmt train-staged recipes/configs/sdt_sample_staged.json
+
+Every stage writes its own folder under `output_dir` (`stage-1-2-layers/`, ...) with its Trainer checkpoints and, when
+it is done, its final model and `stage.json`. Running the command again resumes: finished stages are skipped, an
+interrupted stage continues from its last checkpoint. Each stage starts with a fresh optimizer; the schedule is the
+fairseq inverse square root with the SDT restart rule (`hf_deep_nmt.schedules`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainer
+from transformers.trainer_utils import get_last_checkpoint
+from transformers.utils import logging
+
+from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder
+from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
+from hf_deep_nmt.training import (
+    ARGUMENT_CLASSES,
+    build_model,
+    configure_generation,
+    evaluate_and_export,
+    make_trainer,
+    parse_arguments,
+    prepare,
+)
+
+logger = logging.get_logger(__name__)
+
+
+@dataclass
+class StageArguments:
+    stage_depths: list[int] = field(
+        default_factory=lambda: [6, 12, 18, 24, 30, 36, 42, 48],
+        metadata={"help": "Encoder depth of each stage, increasing; the first is trained from scratch."},
+    )
+    stage_max_steps: int = field(default=5000, metadata={"help": "Optimizer steps per stage."})
+    growth_strategy: str = field(default="top", metadata={"help": f"How to grow: one of {GROWTH_STRATEGIES}."})
+    reset_previous_block_norm: bool = field(
+        default=False, metadata={"help": "Reset the old top block's LayerNorm after growing (the reference code)."}
+    )
+    schedule_warmup_steps: int = field(default=8000, metadata={"help": "Warm-up of the inverse-sqrt schedule."})
+    schedule_init_lr: float = field(default=1e-7, metadata={"help": "Learning rate at step 0 of the warm-up."})
+
+    def __post_init__(self):
+        depths = self.stage_depths
+        if not depths or any(not isinstance(d, int) or d < 1 for d in depths) or depths != sorted(set(depths)):
+            raise ValueError(f"`stage_depths` must be strictly increasing positive integers, got {depths!r}.")
+        if self.stage_max_steps < 1 or self.schedule_warmup_steps < 1:
+            raise ValueError(
+                f"`stage_max_steps` and `schedule_warmup_steps` must be >= 1, got {self.stage_max_steps} and "
+                f"{self.schedule_warmup_steps}."
+            )
+
+
+class StageTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` whose schedule is the inverse square root started at `schedule_start_step`."""
+
+    def __init__(self, *args, schedule_start_step: int, stage_arguments: StageArguments, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.schedule_start_step = schedule_start_step
+        self.stage_arguments = stage_arguments
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        if self.lr_scheduler is None:
+            self.lr_scheduler = inverse_sqrt_scheduler(
+                optimizer or self.optimizer,
+                self.stage_arguments.schedule_warmup_steps,
+                self.stage_arguments.schedule_init_lr,
+                start_step=self.schedule_start_step,
+            )
+        return self.lr_scheduler
+
+
+def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
+    """Train every stage (skipping finished ones, resuming an interrupted one), then evaluate and export."""
+    model_args, data_args, export_args, training_args, stages = parse_arguments(
+        argv, (*ARGUMENT_CLASSES, StageArguments)
+    )
+    if stages.growth_strategy not in GROWTH_STRATEGIES:
+        raise ValueError(f"`growth_strategy` must be one of {GROWTH_STRATEGIES}, got {stages.growth_strategy!r}.")
+    root = Path(training_args.output_dir)
+    prepared = prepare(model_args, data_args, export_args, training_args, tokenizer_dir=root / "tokenizer")
+    completed_steps, previous, trainer, summary = 0, None, None, {"stages": []}
+    started = time.perf_counter()
+    for number, depth in enumerate(stages.stage_depths, start=1):
+        stage_dir = root / f"stage-{number}-{depth}-layers"
+        record = stage_dir / "stage.json"
+        if record.is_file():  # finished in an earlier run
+            done = json.loads(record.read_text())
+            completed_steps += done["steps"]
+            previous = stage_dir / "model"
+            summary["stages"].append(done)
+            continue
+        if previous is None:
+            model_args.model_overrides = {**model_args.model_overrides, "encoder_layers": depth}
+            model = build_model(model_args, prepared.tokenizer)
+        else:
+            previous_depth = stages.stage_depths[number - 2]
+            model = grow_encoder(
+                previous, depth - previous_depth, stages.growth_strategy, stages.reset_previous_block_norm
+            ).train()
+        configure_generation(model, prepared.tokenizer, data_args, export_args)
+        stage_args = dataclasses.replace(training_args, output_dir=str(stage_dir), max_steps=stages.stage_max_steps)
+        start_step = stage_start_step(completed_steps, stages.schedule_warmup_steps) if previous else 0
+        trainer = make_trainer(
+            model, stage_args, prepared, StageTrainer, schedule_start_step=start_step, stage_arguments=stages
+        )
+        checkpoint = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
+        if checkpoint:
+            logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        done = {"stage": number, "encoder_layers": depth, "steps": result.global_step, "schedule_start": start_step}
+        if trainer.is_world_process_zero():
+            trainer.save_model(stage_dir / "model")
+            record.write_text(json.dumps(done, indent=2) + "\n")
+        trainer.accelerator.wait_for_everyone()
+        completed_steps += result.global_step
+        previous = stage_dir / "model"
+        summary["stages"].append(done)
+    if trainer is None:  # every stage was already done: evaluate the last one
+        model = AutoModelForSeq2SeqLM.from_pretrained(previous)
+        configure_generation(model, prepared.tokenizer, data_args, export_args)
+        trainer = make_trainer(model, training_args, prepared)
+    summary.update(train_seconds=round(time.perf_counter() - started, 1), train_steps=completed_steps)
+    return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)
