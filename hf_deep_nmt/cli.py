@@ -1,4 +1,4 @@
-"""`hf-deep-nmt train|translate`: thin command-line front ends over the library."""
+"""`hf-deep-nmt train|train-staged|translate|average|push`: thin command-line front ends over the library."""
 
 from __future__ import annotations
 
@@ -32,47 +32,96 @@ def _translate(argv: list[str]) -> int:
     parser.add_argument("--input", default="-", help="text file, one sentence per line (default: stdin)")
     parser.add_argument("--output", default="-", help="where to write translations (default: stdout)")
     parser.add_argument("--num-beams", type=int, default=None, help="default: the model's generation config")
-    parser.add_argument("--length-penalty", type=float, default=None)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length-a", type=float, default=1.5)
+    parser.add_argument("--length-penalty", type=float, default=None, help="alpha; default: the generation config")
+    parser.add_argument("--length-penalty-form", choices=("fairseq", "gnmt"), default="fairseq")
+    parser.add_argument("--batch-size", type=int, default=64, help="most sentences in a batch")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="most padded source tokens in a batch")
+    parser.add_argument("--max-length-a", type=float, default=1.5, help="output cap: a * source tokens + b")
     parser.add_argument("--max-length-b", type=int, default=10)
+    parser.add_argument("--device", default=None, help="e.g. cuda, cpu (default: cuda when available)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     args = parser.parse_args(argv)
 
+    import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
-    from hf_deep_nmt.translate import translate
+    from hf_deep_nmt.translate import translate_file
 
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
+    if args.input != "-" and not Path(args.input).is_file():
+        raise FileNotFoundError(f"Input file not found: {args.input}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(device)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    if args.input == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        path = Path(args.input)
-        if not path.is_file():
-            raise SystemExit(f"hf-deep-nmt translate: input file not found: {path}")
-        lines = path.read_text(encoding="utf-8").splitlines()
-    outputs = translate(
+    generation = model.generation_config
+    translate_file(
         model,
         tokenizer,
-        lines,
+        args.input,
+        args.output,
         batch_size=args.batch_size,
-        num_beams=args.num_beams or model.generation_config.num_beams or 1,
-        length_penalty=args.length_penalty
-        if args.length_penalty is not None
-        else model.generation_config.length_penalty,
+        max_tokens=args.max_tokens,
+        num_beams=args.num_beams or generation.num_beams or 1,
+        length_penalty=args.length_penalty if args.length_penalty is not None else generation.length_penalty,
+        length_penalty_form=args.length_penalty_form,
         max_length_a=args.max_length_a,
         max_length_b=args.max_length_b,
+        progress=not args.no_progress,
     )
-    text = "\n".join(outputs) + ("\n" if outputs else "")
-    if args.output == "-":
-        sys.stdout.write(text)
-    else:
-        Path(args.output).write_text(text, encoding="utf-8")
     return 0
 
 
-COMMANDS = {"train": _train, "train-staged": _train_staged, "translate": _translate}
+def _average(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hf-deep-nmt average", description="Average model checkpoints into one loadable model folder."
+    )
+    parser.add_argument("checkpoints", nargs="*", help="checkpoint folders (or use --output-dir with --last)")
+    parser.add_argument("--output-dir", help="a Trainer output folder holding checkpoint-<step> folders")
+    parser.add_argument("--last", type=int, help="average the newest N checkpoints of --output-dir")
+    parser.add_argument("--save-to", required=True, help="folder for the averaged model")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-to")
+    args = parser.parse_args(argv)
+
+    from hf_deep_nmt.averaging import average_checkpoints
+
+    average_checkpoints(
+        args.checkpoints or None,
+        output_dir=args.output_dir,
+        last=args.last,
+        save_to=args.save_to,
+        overwrite=args.overwrite,
+    )
+    print(args.save_to)
+    return 0
+
+
+def _push(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="hf-deep-nmt push", description="Upload an exported folder to the Hub.")
+    parser.add_argument("folder", help="an exported folder (`export_dir` of a recipe)")
+    parser.add_argument("repo_id", help="Hub repository, e.g. your-name/dlcl-es-en")
+    parser.add_argument("--private", action="store_true")
+    parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing repository")
+    parser.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
+    args = parser.parse_args(argv)
+
+    from hf_deep_nmt.hub import push_to_hub, upload_operations
+
+    if args.dry_run:
+        for operation in upload_operations(args.folder):
+            print(operation.path_in_repo)
+        return 0
+    info = push_to_hub(args.folder, args.repo_id, private=args.private, overwrite=args.overwrite)
+    print(getattr(info, "commit_url", info))
+    return 0
+
+
+COMMANDS = {
+    "train": _train,
+    "train-staged": _train_staged,
+    "translate": _translate,
+    "average": _average,
+    "push": _push,
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"hf-deep-nmt: unknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}.", file=sys.stderr)
-        usage = "usage: hf-deep-nmt {train | train-staged} CONFIG [--field value ...] | translate --model DIR [...]"
+        usage = (
+            "usage: hf-deep-nmt {train | train-staged} CONFIG [--field value ...] | translate --model DIR [...] | "
+            "average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run]"
+        )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0
     try:

@@ -1,5 +1,6 @@
 """A Hub-ready folder: safetensors weights, config with `auto_map`, modeling files, tokenizer, generation config and a
-model card rendered from `model_cards/`. An existing non-empty folder is never written over unless asked."""
+model card rendered from `model_cards/`; and its upload through `huggingface_hub`. An existing non-empty folder, or a
+Hub repository that already holds files, is never written over unless asked."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from huggingface_hub import EvalResult, ModelCard, ModelCardData
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CITATION_MARKER = "<!-- citation -->"
@@ -36,13 +37,16 @@ def render_model_card(
     training_data: str = "",
     examples: list[dict[str, str]] | None = None,
     license: str = "apache-2.0",
+    length_penalty_form: str = "fairseq",
 ) -> ModelCard:
     """Model card with Hub metadata (languages, tags, model-index with BLEU/chrF) from `model_cards/template.md`."""
     config = model.config
     method = _card_file(f"methods/{METHOD_CARDS.get(config.model_type, 'deep_nmt')}.md")
     method_text, _, citation = method.partition(CITATION_MARKER)
     metrics = metrics or {}
-    results = {name: metrics[name] for name in ("bleu", "chrf") if name in metrics}
+    results = {name: metrics[name] for name in ("bleu", "chrf", "tok_bleu") if name in metrics}
+    tokenized = f"tokenized BLEU ({metrics.get('tok_bleu_steps')})"
+    metric_names = {"bleu": "sacreBLEU", "chrf": "chrF", "tok_bleu": tokenized}
     eval_results = [
         EvalResult(
             task_type="translation",
@@ -51,7 +55,7 @@ def render_model_card(
             dataset_name=dataset_name,
             dataset_split=eval_set,
             metric_type=name,
-            metric_name={"bleu": "sacreBLEU", "chrf": "chrF"}[name],
+            metric_name=metric_names[name],
             metric_value=value,
         )
         for name, value in results.items()
@@ -105,6 +109,7 @@ def render_model_card(
         bleu_signature=metrics.get("bleu_signature"),
         num_beams=generation.num_beams or 1,
         length_penalty=generation.length_penalty if generation.length_penalty is not None else 1.0,
+        length_penalty_form=length_penalty_form,
         examples=examples,
     )
 
@@ -155,3 +160,54 @@ def export_hub_folder(
         if staging.exists():
             shutil.rmtree(staging)
     return folder
+
+
+def upload_operations(folder: str | Path) -> list[CommitOperationAdd]:
+    """One `CommitOperationAdd` per file of an exported folder (hidden files and folders left out), sorted by path:
+    exactly what `push_to_hub` uploads."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file() or not (folder / "README.md").is_file():
+        raise FileNotFoundError(
+            f"{str(folder)!r} is not an exported model folder (no config.json and README.md); export it first."
+        )
+    files = sorted(
+        path
+        for path in folder.rglob("*")
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
+    )
+    return [
+        CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
+        for path in files
+    ]
+
+
+def push_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool = False,
+    overwrite: bool = False,
+    commit_message: str = "Upload hf-deep-nmt model",
+    token: str | None = None,
+    api: HfApi | None = None,
+):
+    """Upload an exported folder to the Hub repository `repo_id` in one commit (created if missing).
+
+    A repository that already holds model files is refused (`FileExistsError`, naming them) unless `overwrite=True`;
+    then the same commit also deletes its files that the folder does not have, so no stale file survives.
+    Returns the `CommitInfo` of `HfApi.create_commit`.
+    """
+    operations: list = upload_operations(folder)
+    api = api or HfApi(token=token)
+    if api.repo_exists(repo_id, repo_type="model"):
+        existing = [name for name in api.list_repo_files(repo_id, repo_type="model") if name != ".gitattributes"]
+        if existing and not overwrite:
+            raise FileExistsError(
+                f"Hub repository {repo_id!r} already holds {len(existing)} file(s) ({existing[:5]}); pass "
+                "`overwrite=True` (`--overwrite` on the command line) to replace them."
+            )
+        uploaded = {operation.path_in_repo for operation in operations}
+        operations += [CommitOperationDelete(path_in_repo=name) for name in existing if name not in uploaded]
+    else:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+    return api.create_commit(repo_id, operations=operations, commit_message=commit_message, repo_type="model")

@@ -1,6 +1,8 @@
 """Learning-rate schedules of the papers that `transformers` does not offer in their exact form.
 
 * `inverse_sqrt_lr`: the fairseq inverse square root with linear warm-up from `init_lr` to `peak_lr` (DLCL, SDT).
+* `noam_lr`: the Vaswani et al. ("Noam") schedule, `scale * d^-0.5 * min(n^-0.5, n * W^-1.5)` with `n = step + 1`
+  (DS-Init + MAtt, MSC).
 * `stage_start_step`: SDT's restart rule between growing stages (SPEC §3.3): a new stage continues the warm-up when
   the previous one ended inside it, and otherwise jumps back to the peak and decays again. Each stage starts with a
   fresh optimizer.
@@ -43,3 +45,25 @@ def inverse_sqrt_scheduler(
         return lambda step: inverse_sqrt_lr(start_step + step, peak, warmup_steps, init_lr) / peak
 
     return LambdaLR(optimizer, [factor(peak) for peak in peaks])
+
+
+def noam_lr(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """`scale * d_model^-0.5 * min(n^-0.5, n * warmup^-1.5)` with `n = step + 1` (the update being made, counted
+    from 1, as in the DS-Init reference code); the peak, at `n = warmup_steps`, is `scale / sqrt(d_model * warmup)`."""
+    if step < 0:
+        raise ValueError(f"`step` must be >= 0, got {step}.")
+    if warmup_steps < 1:
+        raise ValueError(f"`warmup_steps` must be >= 1, got {warmup_steps}.")
+    if d_model < 1:
+        raise ValueError(f"`d_model` must be >= 1, got {d_model}.")
+    n = step + 1
+    return scale * d_model**-0.5 * min(n**-0.5, n * warmup_steps**-1.5)
+
+
+def noam_scheduler(optimizer: Optimizer, d_model: int, warmup_steps: int) -> LambdaLR:
+    """`LambdaLR` over `optimizer` whose learning rate is the Noam scale (`lrate`, 1.0 in the papers)."""
+    scales = [group["lr"] for group in optimizer.param_groups]
+    if any(scale <= 0 for scale in scales):
+        raise ValueError(f"The optimizer's learning rate is the Noam scale and must be > 0, got {scales}.")
+    noam_lr(0, d_model, warmup_steps)  # argument checks
+    return LambdaLR(optimizer, lambda step: noam_lr(step, d_model, warmup_steps))

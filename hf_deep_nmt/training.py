@@ -1,8 +1,10 @@
 """Training wiring over `Seq2SeqTrainer`: arguments, model construction from named presets, the main job.
 
 What the libraries do is left to them: argument parsing (`HfArgumentParser`), the training loop, mixed precision and
-multi-process training (`Seq2SeqTrainer` / `accelerate`), batching and padding (`DataCollatorForSeq2Seq`), scoring
-(`sacrebleu`). Written here: model presets, the config-file + overrides front end, the run summary and export.
+multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollatorForSeq2Seq`), label smoothing
+(`label_smoothing_factor`), scoring (`sacrebleu`). Written here: model presets, the config-file + overrides front end,
+the token-budget batches and the papers' schedules plugged into the Trainer (`DeepNMTTrainer`), checkpoint
+averaging before evaluation, the run summary, training curves and export.
 """
 
 from __future__ import annotations
@@ -13,11 +15,14 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 import yaml
+from torch.utils.data import DataLoader
 from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
@@ -28,13 +33,18 @@ from transformers import (
     Seq2SeqTrainingArguments,
     set_seed,
 )
+from transformers.trainer_utils import seed_worker
 from transformers.utils import logging
 
 from hf_deep_nmt import MODEL_CLASSES
+from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
+from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
+from hf_deep_nmt.curves import plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
-from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
+from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS, corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
+from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.translate import translate
 
@@ -70,6 +80,9 @@ class DataArguments:
     validation_file: str | None = field(default=None, metadata={"help": "Validation corpus; default: sample."})
     dataset_name: str | None = field(default=None, metadata={"help": "A `datasets.load_dataset` name instead."})
     dataset_config: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
+    dataset_validation_split: str = field(
+        default="validation", metadata={"help": "Split of `dataset_name` to evaluate on (e.g. test)."}
+    )
     source_lang: str = field(default="es", metadata={"help": "Source language code."})
     target_lang: str = field(default="en", metadata={"help": "Target language code."})
     max_source_length: int = field(default=128, metadata={"help": "Longer source sentences are dropped (counted)."})
@@ -80,16 +93,123 @@ class DataArguments:
 @dataclass
 class EvalExportArguments:
     num_beams: int = field(default=4, metadata={"help": "Beam size for evaluation and export."})
-    length_penalty: float = field(default=1.0, metadata={"help": "Length penalty (score / length**alpha)."})
+    length_penalty: float = field(default=1.0, metadata={"help": "Length penalty alpha (see length_penalty_form)."})
+    length_penalty_form: str = field(
+        default="fairseq",
+        metadata={"help": "fairseq: score / |Y|**alpha (generate()'s own); gnmt: score / ((5 + |Y|) / 6)**alpha."},
+    )
     max_length_a: float = field(default=1.5, metadata={"help": "Output may be a * source_length + b tokens long."})
     max_length_b: int = field(default=10, metadata={"help": "See max_length_a."})
+    eval_max_tokens: int | None = field(
+        default=None, metadata={"help": "Token budget of a translation batch in the final evaluation."}
+    )
+    tokenized_bleu: bool = field(default=False, metadata={"help": "Also report tokenized BLEU (multi-bleu style)."})
+    bleu_tokenize: str = field(default="13a", metadata={"help": "sacreBLEU tokenizer for the tokenized BLEU."})
+    compound_split: bool = field(default=False, metadata={"help": "Split a-b as a ##AT##-##AT## b (En-De papers)."})
+    bleu_lowercase: bool = field(default=False, metadata={"help": "Case-insensitive tokenized BLEU (IWSLT)."})
+    average_checkpoints: int = field(
+        default=0, metadata={"help": "Evaluate and export the mean of the last N checkpoints (0: the final weights)."}
+    )
+    plot_curves: bool = field(
+        default=True, metadata={"help": "Write training_curves.png (loss, validation BLEU); needs matplotlib."}
+    )
     translate_examples: int = field(default=5, metadata={"help": "Validation sentences to translate and show."})
     export_dir: str | None = field(default=None, metadata={"help": "Write a Hub-ready folder here after training."})
     overwrite_export: bool = field(default=False, metadata={"help": "Replace a non-empty export_dir."})
     repo_id: str | None = field(default=None, metadata={"help": "Hub repository id named in the model card."})
 
+    def __post_init__(self):
+        if self.length_penalty_form not in LENGTH_PENALTY_FORMS:
+            raise ValueError(
+                f"`length_penalty_form` must be one of {LENGTH_PENALTY_FORMS}, got {self.length_penalty_form!r}."
+            )
+        if self.average_checkpoints < 0:
+            raise ValueError(f"`average_checkpoints` must be >= 0, got {self.average_checkpoints}.")
 
-ARGUMENT_CLASSES = (ModelArguments, DataArguments, EvalExportArguments, Seq2SeqTrainingArguments)
+    def tokenized_bleu_options(self) -> dict | None:
+        if not self.tokenized_bleu:
+            return None
+        return dict(tokenize=self.bleu_tokenize, compound_split=self.compound_split, lowercase=self.bleu_lowercase)
+
+
+LR_SCHEDULES = ("trainer", "inverse_sqrt", "noam")
+
+
+@dataclass
+class DeepNMTTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` plus token-budget batches and the papers' learning-rate schedules."""
+
+    max_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Token budget per training batch and process (padded size); replaces the sentence count."},
+    )
+    lr_schedule: str = field(
+        default="trainer",
+        metadata={
+            "help": "trainer: `lr_scheduler_type`; inverse_sqrt: fairseq (warm-up from warmup_init_lr to "
+            "learning_rate); noam: learning_rate * d^-0.5 * min(n^-0.5, n * warmup^-1.5)."
+        },
+    )
+    warmup_init_lr: float = field(default=1e-7, metadata={"help": "Start of the fairseq inverse_sqrt warm-up."})
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"`max_tokens` must be >= 1 or unset, got {self.max_tokens}.")
+
+
+class DeepNMTTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with token-budget training batches (`args.max_tokens`, one share per process) and the
+    fairseq inverse-sqrt / Noam schedules (`args.lr_schedule`). Everything else is the library's."""
+
+    def get_train_dataloader(self) -> DataLoader:
+        max_tokens = getattr(self.args, "max_tokens", None)
+        if max_tokens is None:
+            return super().get_train_dataloader()
+        if not isinstance(self.train_dataset, datasets.Dataset):
+            raise TypeError(f"`max_tokens` needs a tokenized `datasets.Dataset`, got {type(self.train_dataset)}.")
+        sampler = TokenBudgetBatchSampler(
+            pair_lengths(self.train_dataset),
+            max_tokens,
+            num_replicas=max(1, self.args.world_size),
+            rank=self.args.process_index,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+        )
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        workers = self.args.dataloader_num_workers
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers if workers else False,
+            worker_init_fn=partial(seed_worker, num_workers=workers, rank=self.args.process_index),
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives this process its own share; `accelerate` wraps it in a `BatchSamplerShard` that
+        # would share it out again (dropping or repeating batches): make that wrapper pass everything through.
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        schedule = getattr(self.args, "lr_schedule", "trainer")
+        if schedule == "trainer" or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        optimizer = optimizer or self.optimizer
+        warmup_steps = max(1, self.args.get_warmup_steps(num_training_steps))
+        if schedule == "inverse_sqrt":
+            self.lr_scheduler = inverse_sqrt_scheduler(optimizer, warmup_steps, self.args.warmup_init_lr)
+        else:
+            self.lr_scheduler = noam_scheduler(optimizer, self.model.config.d_model, warmup_steps)
+        return self.lr_scheduler
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, EvalExportArguments, DeepNMTTrainingArguments)
 
 
 def multi_process_launch_without_gpu() -> bool:
@@ -143,21 +263,31 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
                 f"to the saved model {model_args.model_name_or_path!r}; remove one of the two."
             )
         return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
+    config = build_config(model_args, tokenizer)
+    return MODEL_CLASSES[type(config)](config)
+
+
+def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None):
+    """The preset's config with the overrides, sized to `tokenizer`; without one, to a joint tokenizer of
+    `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0, `<pad>`=1, `</s>`=2)."""
     if model_args.model_type not in PRESETS:
         raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
     config_class = PRESETS[model_args.model_type]
-    settings = {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "decoder_start_token_id": tokenizer.bos_token_id,
-    }
+    if tokenizer is None:
+        settings = {"vocab_size": model_args.tokenizer_vocab_size, "pad_token_id": 1, "bos_token_id": 0}
+        settings.update(eos_token_id=2, decoder_start_token_id=0)
+    else:
+        settings = {
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.bos_token_id,
+        }
     for key, value in model_args.model_overrides.items():
         if key in settings and settings[key] != value:
             raise ValueError(f"`model_overrides.{key}={value!r}` disagrees with the tokenizer ({settings[key]!r}).")
-    config = config_class(**{**model_args.model_overrides, **settings})
-    return MODEL_CLASSES[config_class](config)
+    return config_class(**{**model_args.model_overrides, **settings})
 
 
 @dataclass
@@ -183,6 +313,18 @@ def prepare(
     # Fail before hours of training, not after, when the export folder would be refused.
     if export_args.export_dir:
         check_export_folder(export_args.export_dir, export_args.overwrite_export)
+    if export_args.average_checkpoints:
+        if training_args.save_strategy == "no":
+            raise ValueError(
+                f"`average_checkpoints={export_args.average_checkpoints}` needs checkpoints: set `save_strategy` "
+                "(steps or epoch), not 'no'."
+            )
+        limit = training_args.save_total_limit
+        if limit is not None and limit < export_args.average_checkpoints:
+            raise ValueError(
+                f"`save_total_limit={limit}` keeps fewer checkpoints than `average_checkpoints="
+                f"{export_args.average_checkpoints}` averages; raise it or unset it."
+            )
     set_seed(training_args.seed)
     if not data_args.train_file and not data_args.dataset_name:
         data_args.train_file = str(sample_corpus_dir() / "train.tsv")
@@ -194,6 +336,7 @@ def prepare(
         dataset_config=data_args.dataset_config,
         source_lang=data_args.source_lang,
         target_lang=data_args.target_lang,
+        validation_split=data_args.dataset_validation_split,
     )
     if "validation" in raw and data_args.max_eval_samples:
         raw["validation"] = raw["validation"].select(range(min(data_args.max_eval_samples, len(raw["validation"]))))
@@ -232,6 +375,7 @@ def configure_generation(model, tokenizer, data_args: DataArguments, export_args
             f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {model.config.vocab_size}."
         )
     model.generation_config.num_beams = export_args.num_beams
+    # generate() applies the fairseq form; a GNMT-form alpha is kept as the recipe's value (the model card says which)
     model.generation_config.length_penalty = export_args.length_penalty
     model.generation_config.max_new_tokens = int(
         export_args.max_length_a * data_args.max_source_length + export_args.max_length_b
@@ -244,7 +388,7 @@ def configure_generation(model, tokenizer, data_args: DataArguments, export_args
 
 
 def make_trainer(
-    model, training_args: Seq2SeqTrainingArguments, prepared: Prepared, trainer_class=Seq2SeqTrainer, **kwargs
+    model, training_args: Seq2SeqTrainingArguments, prepared: Prepared, trainer_class=DeepNMTTrainer, **kwargs
 ) -> Seq2SeqTrainer:
     tokenizer = prepared.tokenizer
     return trainer_class(
@@ -273,6 +417,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "train_seconds": round(time.perf_counter() - started, 1),
         "train_steps": train_result.global_step,
     }
+    if export_args.average_checkpoints:
+        trainer.accelerator.wait_for_everyone()  # every checkpoint written before it is read
+        if trainer.is_world_process_zero():
+            checkpoints = last_checkpoints(training_args.output_dir, export_args.average_checkpoints)
+            averaged = average_checkpoints(checkpoints)
+            trainer.model.load_state_dict(averaged.state_dict())
+            summary["averaged_checkpoints"] = [path.name for path in checkpoints]
     return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)
 
 
@@ -303,10 +454,12 @@ def evaluate_and_export(
             batch_size=training_args.per_device_eval_batch_size,
             num_beams=export_args.num_beams,
             length_penalty=export_args.length_penalty,
+            length_penalty_form=export_args.length_penalty_form,
             max_length_a=export_args.max_length_a,
             max_length_b=export_args.max_length_b,
+            max_tokens=export_args.eval_max_tokens,
         )
-        scores = corpus_scores(hypotheses, references)
+        scores = corpus_scores(hypotheses, references, export_args.tokenized_bleu_options())
         summary.update(scores)
         summary["eval_seconds"] = round(time.perf_counter() - evaluation_started, 1)
         summary["eval_pairs"] = len(references)
@@ -319,6 +472,10 @@ def evaluate_and_export(
             logger.warning(f"SRC {example['source']}\nHYP {example['translation']}\nREF {example['reference']}")
 
     if is_main_process:
+        if export_args.plot_curves:
+            curves = plot_training_curves(trainer.state.log_history, Path(training_args.output_dir))
+            if curves is not None:
+                summary["training_curves"] = str(curves)
         if export_args.export_dir:
             export_hub_folder(
                 trainer.model,
@@ -331,6 +488,7 @@ def evaluate_and_export(
                 dataset_name=data_args.dataset_name or _corpus_name(data_args.train_file),
                 training_data=_describe_data(data_args, len(raw["train"]), summary),
                 examples=summary.get("examples"),
+                length_penalty_form=export_args.length_penalty_form,
             )
             summary["export_dir"] = export_args.export_dir
         output_dir = Path(training_args.output_dir)

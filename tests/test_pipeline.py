@@ -329,7 +329,7 @@ def test_the_bundled_sample_recipe_parses(tmp_path):
 
     recipe = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "sample.json"
     model_args, _, export_args, training_args = parse_arguments([str(recipe), "--output_dir", str(tmp_path)])
-    assert model_args.model_type == "deep_nmt_dlcl" and training_args.predict_with_generate is False
+    assert model_args.model_type == "deep_nmt_dlcl" and training_args.max_tokens == 2048
     assert export_args.export_dir
 
 
