@@ -34,6 +34,19 @@ def _lines(path: Path):
                 raise ValueError(f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start}).") from None
 
 
+def _content_lines(path: Path):
+    """`_lines` without blank lines at the end of the file; a blank line followed by more text is an error (it would
+    otherwise be a pair dropped without a word)."""
+    blank = None
+    for number, line in _lines(path):
+        if not line.strip():
+            blank = blank or number
+            continue
+        if blank is not None:
+            raise ValueError(f"{path}:{blank}: empty line inside the file (only trailing blank lines are allowed).")
+        yield number, line
+
+
 def _check_pair(path: Path, number: int, source: str, target: str) -> None:
     if not source.strip() or not target.strip():
         side = "source" if not source.strip() else "target"
@@ -41,12 +54,10 @@ def _check_pair(path: Path, number: int, source: str, target: str) -> None:
 
 
 def read_tsv(path: str | Path) -> dict[str, list[str]]:
-    """`source<TAB>target` per line; a blank final line is allowed, a line without exactly one tab is not."""
+    """`source<TAB>target` per line; blank final lines are allowed, a line without exactly one tab is not."""
     path = Path(path)
     pairs: dict[str, list[str]] = {SOURCE: [], TARGET: []}
-    for number, line in _lines(path):
-        if not line:
-            continue
+    for number, line in _content_lines(path):
         fields = line.split("\t")
         if len(fields) != 2:
             raise ValueError(f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)}.")
@@ -60,9 +71,7 @@ def read_jsonl(path: str | Path, source_key: str, target_key: str) -> dict[str, 
     """One JSON object per line with `source_key` and `target_key` string fields (or a `translation` dict)."""
     path = Path(path)
     pairs: dict[str, list[str]] = {SOURCE: [], TARGET: []}
-    for number, line in _lines(path):
-        if not line.strip():
-            continue
+    for number, line in _content_lines(path):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:

@@ -82,7 +82,8 @@ def translate(
     wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
     encoded = {index: tokenizer(sentences[index])["input_ids"] for index in wanted}
     lengths = [len(encoded[index]) for index in wanted]
-    budget = max_tokens or batch_size * max(lengths, default=1)  # no token budget: `batch_size` sentences a batch
+    # No token budget: `batch_size` sentences a batch. A sentence longer than the budget is translated on its own.
+    budget = max(max_tokens or batch_size * max(lengths, default=1), max(lengths, default=1))
     groups = token_batches(lengths, budget, max_sentences=batch_size) if wanted else []
     eos = model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos

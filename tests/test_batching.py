@@ -1,0 +1,108 @@
+"""Token-budget batches: never over the budget, every pair once per epoch, disjoint equal shares for the ranks, and
+plugged into the Trainer's training dataloader."""
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import DataCollatorForSeq2Seq
+
+from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths, token_batches
+from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments
+
+
+def random_lengths(count: int, seed: int = 0) -> list[int]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 60, (count,), generator=generator).tolist()
+
+
+@pytest.mark.parametrize("max_tokens", [60, 97, 512])
+def test_batches_stay_under_the_budget_and_cover_every_pair_once(max_tokens):
+    lengths = random_lengths(1001)
+    batches = token_batches(lengths, max_tokens, seed=3)
+    for batch in batches:
+        assert len(batch) * max(lengths[index] for index in batch) <= max_tokens
+    assert sorted(index for batch in batches for index in batch) == list(range(1001))
+    # length bucketing: batches are consecutive runs of the length-sorted pairs, so their ranges never overlap
+    for batch, following in zip(batches, batches[1:]):
+        assert max(lengths[i] for i in batch) <= min(lengths[i] for i in following)
+
+
+def test_max_sentences_caps_the_rows_of_a_batch():
+    batches = token_batches([2] * 50, max_tokens=1000, max_sentences=8)
+    assert [len(batch) for batch in batches] == [8] * 6 + [2]
+
+
+def test_a_pair_longer_than_the_budget_is_named():
+    with pytest.raises(ValueError, match=r"longer than `max_tokens`=30 on their own \(row 2 has 40 tokens\)"):
+        token_batches([5, 6, 40, 7], max_tokens=30)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_get_disjoint_equal_shares_that_cover_the_epoch(world_size):
+    lengths = random_lengths(500, seed=1)
+    samplers = [TokenBudgetBatchSampler(lengths, 200, world_size, rank, seed=7) for rank in range(world_size)]
+    for epoch in (0, 1):
+        shares = []
+        for sampler in samplers:
+            sampler.set_epoch(epoch)
+            shares.append(list(sampler))
+        assert len({len(share) for share in shares}) == 1 and len(shares[0]) == len(samplers[0])
+        seen = [index for share in shares for batch in share for index in batch]
+        assert sorted(seen) == list(range(500))  # every pair exactly once, no rank repeats another's
+        for share in shares:
+            assert all(len(batch) * max(lengths[i] for i in batch) <= 200 for batch in share)
+        if epoch == 0:
+            first_epoch = shares
+    assert shares != first_epoch  # the batch order is reshuffled between epochs
+
+
+def test_batch_count_is_made_a_multiple_of_the_world_size_by_halving():
+    lengths = [10] * 7  # budget 20 -> 4 batches (2, 2, 2, 1); 3 ranks need 6
+    batches = token_batches(lengths, 20, multiple_of=3)
+    assert len(batches) == 6 and sorted(i for batch in batches for i in batch) == list(range(7))
+    with pytest.raises(ValueError, match="single-pair batches into 2 equal shares"):
+        token_batches([10, 10, 10], 10, multiple_of=2)
+
+
+def test_pair_lengths_take_the_longer_side_and_respect_selection():
+    dataset = Dataset.from_dict({"input_ids": [[1, 2, 3], [1], [4, 5]], "labels": [[1], [2, 2, 2, 2], [3]]})
+    assert pair_lengths(dataset) == [3, 4, 2]
+    assert pair_lengths(dataset.select([2, 0])) == [2, 3]
+
+
+def test_trainer_dataloader_yields_token_budget_batches(tmp_path):
+    generator = torch.Generator().manual_seed(0)
+    sources = [torch.randint(4, 40, (int(n),), generator=generator).tolist() + [2] for n in random_lengths(90)]
+    targets = [torch.randint(4, 40, (int(n),), generator=generator).tolist() + [2] for n in random_lengths(90, 5)]
+    dataset = Dataset.from_dict({"input_ids": sources, "attention_mask": [[1] * len(s) for s in sources]})
+    dataset = dataset.add_column("labels", targets)
+    config = DlclConfig(vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2)
+    config.update(dict(decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16))
+    model = DlclForConditionalGeneration(config)
+    args = DeepNMTTrainingArguments(
+        output_dir=str(tmp_path), max_tokens=300, use_cpu=True, report_to="none", per_device_train_batch_size=1
+    )
+
+    class Pad:  # what DataCollatorForSeq2Seq needs of a tokenizer
+        pad_token_id, padding_side, model_input_names = 1, "right", ["input_ids"]
+
+        def pad(self, features, **kwargs):
+            width = max(len(feature["input_ids"]) for feature in features)
+            ids = [f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]
+            masks = [f["attention_mask"] + [0] * (width - len(f["input_ids"])) for f in features]
+            return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(masks)}
+
+    collator = DataCollatorForSeq2Seq(Pad(), model=model, label_pad_token_id=-100)
+    trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+    loader = trainer.get_train_dataloader()
+    batches = list(loader)
+    assert len(batches) == len(loader)
+    rows = 0
+    for batch in batches:
+        rows += batch["input_ids"].shape[0]
+        assert batch["input_ids"].shape[0] * max(batch["input_ids"].shape[1], batch["labels"].shape[1]) <= 300
+    assert rows == 90
+    assert sorted(tuple(row[row != 1].tolist()) for b in batches for row in b["input_ids"]) == sorted(
+        map(tuple, sources)
+    )
