@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainer
+from transformers import AutoModelForSeq2SeqLM
 from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
@@ -26,6 +26,7 @@ from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.training import (
     ARGUMENT_CLASSES,
+    DeepNMTTrainer,
     build_model,
     configure_generation,
     evaluate_and_export,
@@ -62,8 +63,9 @@ class StageArguments:
             )
 
 
-class StageTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` whose schedule is the inverse square root started at `schedule_start_step`."""
+class StageTrainer(DeepNMTTrainer):
+    """The recipe trainer (token-budget batches) whose schedule is the inverse square root started at
+    `schedule_start_step`."""
 
     def __init__(self, *args, schedule_start_step: int, stage_arguments: StageArguments, **kwargs):
         super().__init__(*args, **kwargs)
