@@ -1,0 +1,114 @@
+"""Two CPU processes launched with `torchrun` really train together: world size 2 over gloo, the Trainer in
+MULTI_CPU mode, each rank on its own token-budget batches, and identical parameters on both ranks afterwards."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+SCRIPT = """
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+from datasets import load_from_disk
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq
+
+from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments, multi_process_launch_without_gpu
+
+torch.set_num_threads(1)
+work = sys.argv[1]
+tokenizer = AutoTokenizer.from_pretrained(f"{work}/tokenizer")
+dataset = load_from_disk(f"{work}/train")
+torch.manual_seed(0)
+config = DlclConfig(
+    vocab_size=len(tokenizer), d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+    decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+)
+model = DlclForConditionalGeneration(config)
+initial = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+args = DeepNMTTrainingArguments(
+    output_dir=f"{work}/out", max_steps=3, max_tokens=300, learning_rate=1e-2, lr_schedule="inverse_sqrt",
+    warmup_steps=1, use_cpu=multi_process_launch_without_gpu(), report_to="none", save_strategy="no",
+    disable_tqdm=True, ddp_find_unused_parameters=False, seed=0, label_smoothing_factor=0.1,
+)
+collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+trainer.train()
+
+final = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+gathered = [torch.zeros_like(final) for _ in range(dist.get_world_size())]
+dist.all_gather(gathered, final)
+# what this rank's dataloader yields in one epoch: its examples' source ids, padding removed
+loader = trainer.get_train_dataloader()
+rows = [
+    [int(token) for token in row[mask.bool()]]
+    for batch in loader
+    for row, mask in zip(batch["input_ids"], batch["attention_mask"])
+]
+shares = [None] * dist.get_world_size()
+dist.all_gather_object(shares, rows)
+result = {
+    "rank": dist.get_rank(),
+    "world_size": dist.get_world_size(),
+    "backend": dist.get_backend(),
+    "distributed_type": str(trainer.accelerator.distributed_type),
+    "trainer_world_size": trainer.args.world_size,
+    "steps": trainer.state.global_step,
+    "identical": all(torch.equal(final, other) for other in gathered),
+    "changed": not torch.equal(initial, final),
+    "batches": len(loader),
+    "shares": shares,
+}
+with open(f"{work}/rank{dist.get_rank()}.json", "w") as handle:
+    json.dump(result, handle)
+"""
+
+
+@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="needs torchrun")
+def test_two_cpu_processes_train_together_under_torchrun(tmp_path):
+    raw = load_parallel_dataset(train_file=sample_corpus_dir() / "train.tsv")["train"].select(range(120))
+    tokenizer = train_joint_tokenizer(zip(raw["source"], raw["target"]), vocab_size=300)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    dataset = tokenize_parallel(raw, tokenizer, 48, 48)
+    dataset.save_to_disk(str(tmp_path / "train"))
+    (tmp_path / "script.py").write_text(SCRIPT)
+    env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    torchrun = str(Path(sys.executable).parent / "torchrun")
+    completed = subprocess.run(
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "script.py"), str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank, result in enumerate(results):
+        assert (result["rank"], result["world_size"], result["backend"]) == (rank, 2, "gloo")
+        assert result["distributed_type"] == "DistributedType.MULTI_CPU" and result["trainer_world_size"] == 2
+        assert result["steps"] == 3 and result["changed"] and result["identical"]
+    # each rank has its own batches: together they cover the epoch once, no example on both ranks
+    shares = results[0]["shares"]
+    assert len(shares[0]) + len(shares[1]) == len(dataset) and results[0]["batches"] == results[1]["batches"]
+    everything = sorted(tuple(row) for row in dataset["input_ids"])
+    assert sorted(tuple(row) for share in shares for row in share) == everything
+    shared = {tuple(row) for row in shares[0]} & {tuple(row) for row in shares[1]}
+    assert not shared - _duplicates(everything)
+
+
+def _duplicates(rows: list[tuple]) -> set[tuple]:
+    """Rows that occur more than once in the corpus (repeated verses), which may legitimately sit on both ranks."""
+    return {row for row in rows if rows.count(row) > 1}
