@@ -62,7 +62,9 @@ def _translate(argv: list[str]) -> int:
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
         num_beams=args.num_beams or generation.num_beams or 1,
-        length_penalty=args.length_penalty if args.length_penalty is not None else generation.length_penalty,
+        length_penalty=next(
+            value for value in (args.length_penalty, generation.length_penalty, 1.0) if value is not None
+        ),
         length_penalty_form=args.length_penalty_form,
         max_length_a=args.max_length_a,
         max_length_b=args.max_length_b,
