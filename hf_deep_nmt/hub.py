@@ -72,6 +72,8 @@ def render_model_card(
         library_name="transformers",
         pipeline_tag="translation",
         tags=["translation", "hf-deep-nmt", config.model_type],
+        datasets=[dataset_name],
+        metrics=[{"bleu": "sacrebleu", "chrf": "chrf", "tok_bleu": "bleu"}[name] for name in results] or None,
         model_name=repo_id.split("/")[-1],
         eval_results=eval_results or None,
     )

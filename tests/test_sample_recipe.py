@@ -113,6 +113,8 @@ def test_export_carries_the_recipe_decoding_and_a_parsable_card(sample_run):
     assert generation["num_beams"] == config["num_beams"] and generation["length_penalty"] == config["length_penalty"]
     card = ModelCard.load(folder / "README.md")
     assert card.data.language == ["es", "en"] and card.data.license == "apache-2.0"
+    assert card.data.datasets == ["bible-es-en-sample"] and card.data.metrics == ["sacrebleu", "chrf", "bleu"]
+    assert {"translation", "hf-deep-nmt", "deep_nmt_dlcl"} <= set(card.data.tags)
     values = {result.metric_type: result.metric_value for result in card.data.eval_results}
     assert values == {"bleu": summary["bleu"], "chrf": summary["chrf"], "tok_bleu": summary["tok_bleu"]}
     assert card.data.to_dict()["model-index"][0]["results"][0]["task"]["type"] == "translation"
