@@ -122,6 +122,32 @@ def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: 
     )
 
 
+def _translation_pairs(dataset: datasets.Dataset, name: str, source_lang: str, target_lang: str) -> datasets.Dataset:
+    """`translation: {lang: text}` rows (the Hub's translation datasets) -> `source`/`target` columns, in Arrow.
+    Pairs with an empty side are dropped and counted in the log."""
+    if "translation" not in dataset.column_names:
+        raise ValueError(f"{name}: expected a 'translation' column of {{language: text}}, got {dataset.column_names}.")
+    feature = dataset.features["translation"]
+    # `datasets.Translation` lists its languages; a column read from JSON is a dict of string features
+    languages = sorted(getattr(feature, "languages", None) or (feature if isinstance(feature, dict) else []))
+    missing = [lang for lang in (source_lang, target_lang) if lang not in languages]
+    if missing:
+        raise ValueError(f"{name}: no {missing} text in its translations; it has {languages}.")
+
+    def split_pairs(batch):
+        return {
+            SOURCE: [pair[source_lang] for pair in batch["translation"]],
+            TARGET: [pair[target_lang] for pair in batch["translation"]],
+        }
+
+    pairs = dataset.map(split_pairs, batched=True, remove_columns=dataset.column_names, desc=f"Reading {name}")
+    before = len(pairs)
+    pairs = pairs.filter(lambda row: bool(row[SOURCE].strip()) and bool(row[TARGET].strip()), desc="Empty sides")
+    if len(pairs) < before:
+        logger.warning(f"{name}: dropped {before - len(pairs)} of {before} pairs with an empty side.")
+    return pairs
+
+
 def load_parallel_dataset(
     train_file: str | Path | None = None,
     validation_file: str | Path | None = None,
@@ -134,14 +160,16 @@ def load_parallel_dataset(
     """A `DatasetDict` with `source`/`target` string columns, from local files or a `datasets` name."""
     if dataset_name:
         raw = datasets.load_dataset(dataset_name, dataset_config)
+        if "train" not in raw:
+            raise ValueError(f"Dataset {dataset_name!r} has no 'train' split; it has {sorted(raw)}.")
+        if validation_split not in raw:
+            if validation_split != "validation":
+                raise ValueError(f"Dataset {dataset_name!r} has no {validation_split!r} split; it has {sorted(raw)}.")
+            logger.warning(f"Dataset {dataset_name!r} has no 'validation' split: there will be no evaluation.")
         splits = {}
         for split, name in (("train", "train"), ("validation", validation_split)):
-            if name not in raw:
-                continue
-            column = raw[name]["translation"]
-            splits[split] = datasets.Dataset.from_dict(
-                {SOURCE: [pair[source_lang] for pair in column], TARGET: [pair[target_lang] for pair in column]}
-            )
+            if name in raw:
+                splits[split] = _translation_pairs(raw[name], f"{dataset_name}[{name}]", source_lang, target_lang)
         return datasets.DatasetDict(splits)
     if train_file is None:
         raise ValueError("Give `train_file` (a local corpus) or `dataset_name` (a `datasets.load_dataset` name).")

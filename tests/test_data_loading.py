@@ -34,3 +34,39 @@ def test_a_bad_validation_file_is_named_too(tmp_path):
 def test_unrecognised_corpus_names_say_what_is_accepted(tmp_path):
     with pytest.raises(ValueError, match=r"expected a \.tsv or \.jsonl file, or a prefix with 'corpus\.es'"):
         load_parallel_dataset(tmp_path / "corpus", source_lang="es", target_lang="en")
+
+
+def _hub_style_dataset(folder, splits):
+    """A local dataset folder in the layout `datasets.load_dataset` reads by name: `{split}.jsonl` files of
+    `{"translation": {"de": ..., "en": ...}}` rows, as the Hub's wmt14/wmt16/iwslt2017 datasets have."""
+    import json
+
+    folder.mkdir()
+    for split, rows in splits.items():
+        lines = [json.dumps({"translation": {"de": de, "en": en}}, ensure_ascii=False) for de, en in rows]
+        (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(folder)
+
+
+def test_a_dataset_by_name_gives_source_and_target_and_counts_empty_pairs(tmp_path, caplog):
+    import logging
+
+    name = _hub_style_dataset(
+        tmp_path / "wmt-like",
+        {
+            "train": [("Hallo Welt", "hello world"), ("", "empty source"), ("Danke", "thanks")],
+            "validation": [("Guten Morgen", "good morning")],
+            "test": [("Gute Nacht", "good night")],
+        },
+    )
+    with caplog.at_level(logging.WARNING):
+        raw = load_parallel_dataset(dataset_name=name, source_lang="en", target_lang="de")
+    assert raw["train"]["source"] == ["hello world", "thanks"] and raw["train"]["target"] == ["Hallo Welt", "Danke"]
+    assert raw["validation"]["source"] == ["good morning"]
+    assert "dropped 1 of 3 pairs with an empty side" in caplog.text
+    test = load_parallel_dataset(dataset_name=name, source_lang="en", target_lang="de", validation_split="test")
+    assert test["validation"]["target"] == ["Gute Nacht"]
+    with pytest.raises(ValueError, match=r"no 'newstest2014' split; it has \['test', 'train', 'validation'\]"):
+        load_parallel_dataset(dataset_name=name, source_lang="en", target_lang="de", validation_split="newstest2014")
+    with pytest.raises(ValueError, match=r"no \['fr'\] text in its translations; it has \['de', 'en'\]"):
+        load_parallel_dataset(dataset_name=name, source_lang="en", target_lang="fr")
