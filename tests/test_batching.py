@@ -106,3 +106,57 @@ def test_trainer_dataloader_yields_token_budget_batches(tmp_path):
     assert sorted(tuple(row[row != 1].tolist()) for b in batches for row in b["input_ids"]) == sorted(
         map(tuple, sources)
     )
+
+
+def test_training_resumed_from_a_checkpoint_ends_where_an_uninterrupted_run_ends(tmp_path):
+    generator = torch.Generator().manual_seed(1)
+    sources = [torch.randint(4, 40, (int(n),), generator=generator).tolist() + [2] for n in random_lengths(48, 2)]
+    targets = [torch.randint(4, 40, (int(n),), generator=generator).tolist() + [2] for n in random_lengths(48, 3)]
+    dataset = Dataset.from_dict({"input_ids": sources, "attention_mask": [[1] * len(s) for s in sources]})
+    dataset = dataset.add_column("labels", targets)
+
+    def trained(output_dir, resume=None, init_seed=0):
+        torch.manual_seed(init_seed)
+        config = DlclConfig(vocab_size=40, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2)
+        config.update(dict(decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, dropout=0.0))
+        model = DlclForConditionalGeneration(config)
+        args = DeepNMTTrainingArguments(
+            output_dir=str(output_dir),
+            max_tokens=400,
+            max_steps=9,  # more than one epoch of batches, so the resumed run also crosses an epoch boundary
+            save_steps=4,
+            learning_rate=1e-2,
+            lr_schedule="inverse_sqrt",
+            warmup_steps=2,
+            use_cpu=True,
+            report_to="none",
+            disable_tqdm=True,
+            seed=0,
+        )
+        collator = DataCollatorForSeq2Seq(_Pad(), model=model, label_pad_token_id=-100)
+        trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
+        steps_per_epoch = len(trainer.get_train_dataloader())
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer.model, steps_per_epoch
+
+    uninterrupted, steps_per_epoch = trained(tmp_path / "a")
+    assert 4 < steps_per_epoch < 9
+    # other initial weights: only the checkpoint's weights, optimizer, schedule and data position can make them agree
+    resumed, _ = trained(tmp_path / "b", resume=str(tmp_path / "a" / "checkpoint-4"), init_seed=5)
+    for (name, expected), actual in zip(uninterrupted.named_parameters(), resumed.parameters()):
+        torch.testing.assert_close(actual, expected, msg=name)
+
+
+class _Pad:
+    """What DataCollatorForSeq2Seq needs of a tokenizer (pad id 1, right padding)."""
+
+    pad_token_id, padding_side, model_input_names = 1, "right", ["input_ids"]
+
+    def pad(self, features, **kwargs):
+        width = max(len(feature["input_ids"]) for feature in features)
+        ids = [f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]
+        masks = [f["attention_mask"] + [0] * (width - len(f["input_ids"])) for f in features]
+        return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(masks)}
+
+    def save_pretrained(self, directory, **kwargs):  # the Trainer saves the collator's tokenizer with checkpoints
+        return ()
