@@ -31,6 +31,7 @@ from transformers import (
 from transformers.utils import logging
 
 from hf_deep_nmt import MODEL_CLASSES
+from hf_deep_nmt.callbacks import NonFiniteGuard, resolve_resume_checkpoint
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
@@ -255,6 +256,7 @@ def make_trainer(
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         compute_metrics=make_compute_metrics(tokenizer, prepared.references) if prepared.eval_dataset else None,
+        callbacks=[NonFiniteGuard(), *(kwargs.pop("callbacks", None) or [])],
         **kwargs,
     )
 
@@ -267,7 +269,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     configure_generation(model, prepared.tokenizer, data_args, export_args)
     trainer = make_trainer(model, training_args, prepared)
     started = time.perf_counter()
-    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    checkpoint = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
     summary: dict[str, Any] = {
         "train_loss": round(train_result.training_loss, 4),
         "train_seconds": round(time.perf_counter() - started, 1),
