@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_deep_nmt.input_checks import check_tokenizer_matches
+
 
 def translate(
     model: PreTrainedModel,
@@ -21,14 +23,17 @@ def translate(
     """Translate `sentences`, batched by length; output order follows the input.
 
     Each batch may generate at most `max_length_a * longest_source + max_length_b` tokens, so long inputs are never cut
-    at the 20-token default of `generate()`.
+    at the 20-token default of `generate()`. An empty or blank sentence gives the empty string. A tokenizer whose
+    vocabulary or padding / end ids do not match the model is refused (`ValueError`).
     """
     if isinstance(sentences, str) or not all(isinstance(sentence, str) for sentence in sentences):
         raise TypeError("`sentences` must be a list of strings.")
     if batch_size < 1 or num_beams < 1:
         raise ValueError(f"`batch_size` and `num_beams` must be >= 1, got {batch_size} and {num_beams}.")
+    check_tokenizer_matches(model, tokenizer)
     encoded = [tokenizer(sentence)["input_ids"] for sentence in sentences]
-    order = sorted(range(len(encoded)), key=lambda index: len(encoded[index]))
+    # an empty (or blank) source is translated as the empty string, without running the model
+    order = sorted((i for i in range(len(encoded)) if sentences[i].strip()), key=lambda index: len(encoded[index]))
     outputs: list[str] = [""] * len(encoded)
     model.eval()
     device = next(model.parameters()).device
