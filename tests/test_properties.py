@@ -18,7 +18,9 @@ from transformers import AutoModelForSeq2SeqLM
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 
 VOCAB, DECODER_VOCAB, PAD = 37, 29, 1
-SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
+SETTINGS = dict(
+    deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
 
 
 @st.composite
