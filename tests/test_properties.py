@@ -208,7 +208,8 @@ def invalid_configs(draw):
     """(fields, the field made invalid, its value)."""
     fields = draw(valid_configs())
     msc = fields["config_class"] is MscConfig
-    kinds = ["size", "heads", "probability", "bool", "choice", "window", "eps", "ids", "divisible"]
+    kinds = ["size", "heads", "probability", "bool", "choice", "window", "eps", "ids", "divisible", "ds_init"]
+    kinds += ["boundaries", "boundaries_without_sparse", "sparse_block_size", "dlcl_weights", "aan_ffn", "vocab"]
     kinds += (
         ["msc_layout", "msc_bool", "msc_choice", "l2", "msc_encoder_layers"]
         if msc
@@ -245,6 +246,33 @@ def invalid_configs(draw):
         value = next(h for h in (3, 5, 7) if fields["d_model"] % h)
     elif kind == "l2":
         field, value = "encoder_l2_lambda", draw(st.sampled_from([-1e-5, math.inf, math.nan, "0", True]))
+    elif kind == "ds_init":
+        fields["init_scheme"] = "ds_init"
+        field = draw(st.sampled_from(["ds_init_alpha", "ds_init_mode"]))
+        value = draw(st.sampled_from([0.0, 1.5, -1, "1"] if field == "ds_init_alpha" else ["gaussian", None]))
+    elif kind == "boundaries":  # a sparse decoder whose block boundaries do not run 0 < ... < decoder_layers
+        layers = fields["decoder_layers"]
+        fields["decoder_layer_aggregation"] = "sparse"
+        field = "decoder_block_boundaries"
+        value = draw(st.sampled_from([[0, layers + 1], [1, layers], [0, 0, layers], [0], "0,1", [0, layers, layers]]))
+    elif kind == "boundaries_without_sparse":
+        fields["decoder_layer_aggregation"] = "residual"
+        fields.pop("dlcl_weights", None)
+        fields.pop("dlcl_history_norm", None)
+        if fields["encoder_layer_aggregation"] == "sparse":
+            fields["encoder_layer_aggregation"] = "dlcl"
+            fields.pop("encoder_block_boundaries")
+        field, value = "decoder_block_boundaries", [0, fields["decoder_layers"]]
+    elif kind == "sparse_block_size":
+        field, value = "sparse_block_size", draw(st.sampled_from([0, -2, "2", 1.5, True]))
+    elif kind == "dlcl_weights":
+        field, value = "dlcl_weights", draw(st.sampled_from(["softmax", None, 1]))
+    elif kind == "aan_ffn":  # the AAN's FFN without the AAN
+        fields["decoder_self_attention"] = draw(st.sampled_from(["multi_head"] + ([] if msc else ["merged_average"])))
+        field, value = "aan_ffn", True
+    elif kind == "vocab":  # two vocabulary sizes with one shared embedding
+        fields["share_embeddings"] = True
+        field, value = "decoder_vocab_size", DECODER_VOCAB
     elif kind == "msc_encoder_layers":  # disagrees with the sum of the blocks
         layers = fields["msc_block_layers"]
         total = layers * fields["decoder_layers"] if isinstance(layers, int) else sum(layers)
@@ -259,7 +287,7 @@ def invalid_configs(draw):
     return {**fields, field: value}, field, value
 
 
-@settings(max_examples=300, **SETTINGS)
+@settings(max_examples=400, **SETTINGS)
 @given(drawn=invalid_configs())
 def test_any_invalid_field_raises_value_error_naming_it(drawn):
     fields, field, value = drawn
