@@ -7,6 +7,7 @@ data-loader workers: deterministic, so resumed and uninterrupted runs must agree
 """
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -250,16 +251,18 @@ class PoisonedModel(DeepNMTForConditionalGeneration):
 def guarded_trainer(model, tmp_path, **settings) -> Seq2SeqTrainer:
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path),
-        max_steps=8,
-        per_device_train_batch_size=4,
-        save_strategy="steps",
-        save_steps=2,
-        report_to="none",
-        disable_tqdm=True,
-        use_cpu=True,
-        seed=0,
-        remove_unused_columns=False,
-        **settings,
+        **{
+            "max_steps": 8,
+            "per_device_train_batch_size": 4,
+            "save_strategy": "steps",
+            "save_steps": 2,
+            "report_to": "none",
+            "disable_tqdm": True,
+            "use_cpu": True,
+            "seed": 0,
+            "remove_unused_columns": False,
+            **settings,
+        },
     )
     return Seq2SeqTrainer(
         model=model,
@@ -308,16 +311,23 @@ def test_non_finite_gradients_stop_training_naming_the_step(tiny_config, tmp_pat
     assert torch.isfinite(model.model.encoder.layers[1].fc1.weight).all()
 
 
-def test_a_48_layer_model_trains_under_bf16_autocast_with_finite_loss_and_gradients(tiny_config):
-    config = tiny_config(
-        DeepNMTConfig,
-        d_model=8,
-        encoder_layers=48,
-        decoder_layers=2,
-        encoder_ffn_dim=12,
-        encoder_attention_heads=2,
-        layer_aggregation="dlcl",
-    )
+DEEP_48 = [
+    pytest.param(dict(layer_aggregation="dlcl"), id="dlcl-prenorm"),
+    pytest.param(
+        dict(pre_norm=False, init_scheme="ds_init", decoder_self_attention="merged_average"), id="dsinit-postnorm-matt"
+    ),
+    pytest.param(
+        dict(encoder_layer_aggregation="sparse", sparse_block_size=6, relative_position_window=2), id="sdt-sparse"
+    ),
+    pytest.param(dict(msc_block_layers=24), id="msc-2x24"),
+]
+
+
+@pytest.mark.parametrize("settings", DEEP_48)
+def test_a_48_layer_model_trains_under_bf16_autocast_with_finite_loss_and_gradients(tiny_config, settings):
+    sizes = dict(d_model=8, encoder_layers=48, decoder_layers=2, encoder_ffn_dim=12, encoder_attention_heads=2)
+    config = tiny_config(DeepNMTConfig, **sizes, **settings)
+    assert config.encoder_layers == 48
     model = DeepNMTForConditionalGeneration(config).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     batch = tiny_dataset(8)[:]
@@ -335,3 +345,15 @@ def test_a_48_layer_model_trains_under_bf16_autocast_with_finite_loss_and_gradie
         assert torch.isfinite(loss), losses
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def test_a_48_layer_model_trains_with_the_trainer_in_bf16_on_cpu_under_the_guard(tiny_config, tmp_path):
+    config = tiny_config(DeepNMTConfig, d_model=8, encoder_layers=48, encoder_ffn_dim=12, layer_aggregation="dlcl")
+    model = DeepNMTForConditionalGeneration(config)
+    trainer = guarded_trainer(model, tmp_path, bf16=True, max_steps=4, save_steps=4, logging_steps=1)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 4 and all(math.isfinite(loss) for loss in losses)
+    assert all(
+        torch.isfinite(tensor).all() for tensor in load_file(tmp_path / "checkpoint-4" / "model.safetensors").values()
+    )
