@@ -37,7 +37,9 @@ class NonFiniteGuard(TrainerCallback):
 
     The transformers default `logging_nan_inf_filter=True` would instead drop a NaN loss from the logs and train on.
     Under fp16 mixed precision the gradient scaler already skips steps with overflowing gradients, so gradients are
-    only checked without it; the loss is checked either way. Each check costs one device synchronisation per
+    only checked without it; the loss is checked either way. In a multi-process run a non-finite loss is only recorded
+    and reported by the gradient check, which sees the same all-reduced gradients on every process, so that all stop
+    together instead of one process leaving the others waiting. Each check costs one device synchronisation per
     micro-batch / optimizer step.
     """
 
@@ -45,6 +47,8 @@ class NonFiniteGuard(TrainerCallback):
         self._hook = None
         self._step = 0
         self._last_checkpoint: str | None = None
+        self._distributed = False
+        self._bad_loss: float | None = None
 
     def _where(self) -> str:
         last = self._last_checkpoint or "none in this run"
@@ -52,6 +56,7 @@ class NonFiniteGuard(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         self._step = state.global_step
+        self._distributed = args.world_size > 1
         if model is not None and self._hook is None:
             self._hook = model.register_forward_hook(self._check_loss)
 
@@ -73,9 +78,13 @@ class NonFiniteGuard(TrainerCallback):
         loss = outputs.get("loss") if isinstance(outputs, dict) else getattr(outputs, "loss", None)
         if not module.training or loss is None or bool(torch.isfinite(loss.detach()).all()):
             return
+        value = loss.detach().float().mean().item()
+        if self._distributed:
+            self._bad_loss = value
+            return
         self._remove_hook()
         raise NonFiniteTrainingError(
-            f"The training loss is {loss.detach().float().mean().item()} at {self._where()}. Training stopped before "
+            f"The training loss is {value} at {self._where()}. Training stopped before "
             "the optimizer step, so no checkpoint holds weights updated with it. Lower the learning rate, check the "
             "data of this step, or use bf16 instead of fp16."
         )
@@ -86,12 +95,14 @@ class NonFiniteGuard(TrainerCallback):
         gradients = [p.grad for p in model.parameters() if p.grad is not None]
         if not gradients:
             return
-        norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(gradients)).float())
+        device = gradients[0].device
+        norm = torch.linalg.vector_norm(torch.stack([n.float().to(device) for n in torch._foreach_norm(gradients)]))
         if bool(torch.isfinite(norm)):
             return
         self._remove_hook()
+        loss = f" after a training loss of {self._bad_loss}" if self._bad_loss is not None else ""
         raise NonFiniteTrainingError(
-            f"Non-finite gradients (total norm {norm.item()}) at {self._where()}. Training stopped before the "
+            f"Non-finite gradients (total norm {norm.item()}){loss} at {self._where()}. Training stopped before the "
             "optimizer step, so no checkpoint holds weights updated with them. Lower the learning rate or set "
             "`max_grad_norm`, and check the data of this step."
         )

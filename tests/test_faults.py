@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -357,3 +358,20 @@ def test_a_48_layer_model_trains_with_the_trainer_in_bf16_on_cpu_under_the_guard
     assert all(
         torch.isfinite(tensor).all() for tensor in load_file(tmp_path / "checkpoint-4" / "model.safetensors").values()
     )
+
+
+def test_in_a_multi_process_run_a_nan_loss_is_reported_by_the_gradient_check_on_every_process(tiny_config):
+    """One process's NaN loss must not stop that process alone (the others would wait for it in the gradient
+    all-reduce): the loss is recorded, and the gradient check, which every process runs on the same reduced gradients,
+    raises naming it."""
+    model = PoisonedModel(tiny_config(DeepNMTConfig))
+    model.poison_at = 1
+    guard = NonFiniteGuard()
+    args, state = SimpleNamespace(world_size=2, fp16=False, output_dir="out"), SimpleNamespace(global_step=6)
+    guard.on_train_begin(args, state, None, model=model)
+    guard.on_step_begin(args, state, None)
+    inputs = {key: torch.tensor(value) for key, value in tiny_dataset(4)[:].items()}
+    loss = model.train()(**inputs).loss  # recorded, not raised
+    loss.backward()
+    with pytest.raises(NonFiniteTrainingError, match=r"after a training loss of nan at optimizer step 7"):
+        guard.on_pre_optimizer_step(args, state, None, model=model)
