@@ -41,17 +41,19 @@ def _translate(argv: list[str]) -> int:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
+    from hf_deep_nmt.input_checks import check_local_path
     from hf_deep_nmt.translate import translate
 
+    # what the user named is checked before the model is loaded
+    if args.input != "-" and not Path(args.input).is_file():
+        raise SystemExit(f"hf-deep-nmt translate: input file not found: {args.input}")
+    check_local_path(args.model, "Model folder")
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     if args.input == "-":
         lines = sys.stdin.read().splitlines()
     else:
-        path = Path(args.input)
-        if not path.is_file():
-            raise SystemExit(f"hf-deep-nmt translate: input file not found: {path}")
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = Path(args.input).read_text(encoding="utf-8").splitlines()
     outputs = translate(
         model,
         tokenizer,

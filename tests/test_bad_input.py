@@ -266,3 +266,14 @@ def test_length_limits_that_drop_every_training_pair_are_named(tmp_path):
     recipe.write_text(json.dumps({**settings, "output_dir": str(tmp_path / "out")}))
     with pytest.raises(ValueError, match=r"No training pair is within `max_source_length=3`.*\(20 pairs read\)"):
         prepare(*parse_arguments([str(recipe)]))
+
+
+def test_translate_command_names_a_missing_input_file_and_model_folder_in_one_line(tmp_path, capsys):
+    from hf_deep_nmt.cli import main
+
+    with pytest.raises(SystemExit, match=r"input file not found: .*absent\.es"):  # checked before any model is loaded
+        main(["translate", "--model", str(tmp_path / "no-model"), "--input", str(tmp_path / "absent.es")])
+    (tmp_path / "in.es").write_text("hola\n", encoding="utf-8")
+    assert main(["translate", "--model", str(tmp_path / "no-model"), "--input", str(tmp_path / "in.es")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Model folder" in error and "no-model' does not exist" in error
