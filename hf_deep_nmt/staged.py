@@ -122,7 +122,10 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
         done = {"stage": number, "encoder_layers": depth, "steps": result.global_step, "schedule_start": start_step}
         if trainer.is_world_process_zero():
             trainer.save_model(stage_dir / "model")
-            record.write_text(json.dumps(done, indent=2) + "\n")
+            # written beside and renamed into place: a run killed meanwhile leaves no half-written record
+            partial = record.with_suffix(".json.partial")
+            partial.write_text(json.dumps(done, indent=2) + "\n")
+            partial.replace(record)
         trainer.accelerator.wait_for_everyone()
         completed_steps += result.global_step
         previous = stage_dir / "model"

@@ -194,6 +194,7 @@ def test_staged_run_killed_between_stages_and_during_a_write_resumes_to_the_same
     stage_one, stage_two = output_dir / "stage-1-2-layers", output_dir / "stage-2-4-layers"
     # 1. killed between the stages: stage 1 finished (its record written), stage 2 not started
     kill_when(arguments, (stage_one / "stage.json").is_file, FAULT_STEP_DELAY=0.5)
+    assert json.loads((stage_one / "stage.json").read_text())["steps"] == 6  # the record is never half-written
     assert not list(stage_two.glob("checkpoint-*"))
     finished_stage_one = (stage_one / "model" / "model.safetensors").stat().st_mtime_ns
     # 2. resumed, then killed while writing stage 2's checkpoint at step 6 (its last)
