@@ -46,10 +46,13 @@ def _translate(argv: list[str]) -> int:
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
+    from hf_deep_nmt.input_checks import check_local_path
     from hf_deep_nmt.translate import translate_file
 
+    # what the user named is checked before the model is loaded
     if args.input != "-" and not Path(args.input).is_file():
-        raise FileNotFoundError(f"Input file not found: {args.input}")
+        raise SystemExit(f"hf-deep-nmt translate: input file not found: {args.input}")
+    check_local_path(args.model, "Model folder")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(device)
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from transformers import AutoModelForSeq2SeqLM
-from transformers.trainer_utils import get_last_checkpoint
 from transformers.utils import logging
 
+from hf_deep_nmt.callbacks import last_complete_checkpoint
 from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.training import (
@@ -117,14 +117,17 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
         trainer = make_trainer(
             model, stage_args, prepared, StageTrainer, schedule_start_step=start_step, stage_arguments=stages
         )
-        checkpoint = get_last_checkpoint(str(stage_dir)) if stage_dir.is_dir() else None
+        checkpoint = last_complete_checkpoint(stage_dir)
         if checkpoint:
             logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
         result = trainer.train(resume_from_checkpoint=checkpoint)
         done = {"stage": number, "encoder_layers": depth, "steps": result.global_step, "schedule_start": start_step}
         if trainer.is_world_process_zero():
             trainer.save_model(stage_dir / "model")
-            record.write_text(json.dumps(done, indent=2) + "\n")
+            # written beside and renamed into place: a run killed meanwhile leaves no half-written record
+            partial = record.with_suffix(".json.partial")
+            partial.write_text(json.dumps(done, indent=2) + "\n")
+            partial.replace(record)
         trainer.accelerator.wait_for_everyone()
         completed_steps += result.global_step
         previous = stage_dir / "model"

@@ -39,10 +39,12 @@ from transformers.utils import logging
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
 from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
+from hf_deep_nmt.callbacks import NonFiniteGuard, resolve_resume_checkpoint
 from hf_deep_nmt.curves import plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS, corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
+from hf_deep_nmt.input_checks import check_config_overrides, check_local_path, check_recipe_values
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
@@ -236,13 +238,17 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
         if not path.is_file():
             raise FileNotFoundError(f"Config file not found: {path}")
         text = path.read_text(encoding="utf-8")
-        values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        try:
+            values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as error:
+            raise ValueError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}.")
         known = {f.name for cls in classes for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ValueError(f"{path}: unknown keys {unknown}; see `hf-deep-nmt train --help` for valid ones.")
+        check_recipe_values(values, classes, str(path))
         if not argv:
             return parser.parse_dict({**cpu_default, **values})
         # Values from the file become defaults of the command line parser, so flags given after it win.
@@ -257,6 +263,7 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
     """A fresh model from a named preset plus overrides, sized to the tokenizer; or a saved model."""
     if model_args.model_name_or_path:
+        check_local_path(model_args.model_name_or_path, "`model_name_or_path`")
         if model_args.model_overrides:
             raise ValueError(
                 f"`model_overrides` ({sorted(model_args.model_overrides)}) apply to a fresh `model_type` preset, not "
@@ -273,6 +280,7 @@ def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase 
     if model_args.model_type not in PRESETS:
         raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
     config_class = PRESETS[model_args.model_type]
+    check_config_overrides(config_class, model_args.model_overrides)
     if tokenizer is None:
         settings = {"vocab_size": model_args.tokenizer_vocab_size, "pad_token_id": 1, "bos_token_id": 0}
         settings.update(eos_token_id=2, decoder_start_token_id=0)
@@ -343,6 +351,7 @@ def prepare(
 
     saved_tokenizer = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if saved_tokenizer:
+        check_local_path(saved_tokenizer, "Tokenizer folder")
         tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
     elif tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
@@ -358,6 +367,11 @@ def prepare(
     train_dataset = tokenize_parallel(
         raw["train"], tokenizer, data_args.max_source_length, data_args.max_target_length
     )
+    if len(train_dataset) == 0:
+        raise ValueError(
+            f"No training pair is within `max_source_length={data_args.max_source_length}` / "
+            f"`max_target_length={data_args.max_target_length}` tokens ({len(raw['train'])} pairs read); raise them."
+        )
     references = raw["validation"][TARGET] if "validation" in raw else []
     eval_dataset = None
     if "validation" in raw:
@@ -399,6 +413,7 @@ def make_trainer(
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         compute_metrics=make_compute_metrics(tokenizer, prepared.references) if prepared.eval_dataset else None,
+        callbacks=[NonFiniteGuard(), *(kwargs.pop("callbacks", None) or [])],
         **kwargs,
     )
 
@@ -411,7 +426,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     configure_generation(model, prepared.tokenizer, data_args, export_args)
     trainer = make_trainer(model, training_args, prepared)
     started = time.perf_counter()
-    train_result = trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    checkpoint = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    train_result = trainer.train(resume_from_checkpoint=checkpoint)
     summary: dict[str, Any] = {
         "train_loss": round(train_result.training_loss, 4),
         "train_seconds": round(time.perf_counter() - started, 1),

@@ -19,6 +19,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, 
 from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
+from hf_deep_nmt.input_checks import check_tokenizer_matches
 
 
 class SourceRelativeMaxLength(LogitsProcessor):
@@ -66,6 +67,7 @@ def translate(
     of `generate()`. `length_penalty_form="fairseq"` divides a hypothesis' log-probability by `|Y|^alpha`
     (what `generate()` does); `"gnmt"` by `((5 + |Y|) / 6)^alpha`, applied by rescoring the `num_beams` finished
     hypotheses that beam search (run without a penalty) returns.
+    A tokenizer whose vocabulary or padding / end ids do not match the model is refused (`ValueError`).
     """
     if isinstance(sentences, str) or not all(isinstance(sentence, str) for sentence in sentences):
         raise TypeError("`sentences` must be a list of strings.")
@@ -78,6 +80,7 @@ def translate(
             "The output cap `max_length_a * source_length + max_length_b` must allow >= 1 token; got "
             f"a={max_length_a}, b={max_length_b}."
         )
+    check_tokenizer_matches(model, tokenizer)
     outputs: list[str] = [""] * len(sentences)
     wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
     encoded = {index: tokenizer(sentences[index])["input_ids"] for index in wanted}

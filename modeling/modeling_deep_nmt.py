@@ -828,6 +828,11 @@ class DeepNMTEncoder(DeepNMTStack):
             raise ValueError("The encoder needs `input_ids` (batch, source_length).")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
             raise ValueError(f"`input_ids` must have shape (batch, source_length >= 1), got {tuple(input_ids.shape)}.")
+        if attention_mask is not None and attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
+                f"{tuple(attention_mask.shape)}."
+            )
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
         if self.block_boundaries is not None:

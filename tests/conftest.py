@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import tempfile
 
 # Set before anything imports transformers / huggingface_hub, which read these paths once at import time.
@@ -119,6 +120,31 @@ ARCHITECTURES = [
     ),
 ]
 
+
+# No test may reach the network: connections to anything but this machine are refused (subprocesses get
+# HF_HUB_OFFLINE=1 from the environment above).
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "", None}
+_connect, _getaddrinfo = socket.socket.connect, socket.getaddrinfo
+
+
+def _is_local(host) -> bool:
+    return host in _LOCAL_HOSTS or (isinstance(host, str) and host.startswith("127."))
+
+
+def _refuse_remote_connect(self, address):
+    if self.family in (socket.AF_INET, socket.AF_INET6) and not _is_local(address[0]):
+        raise OSError(f"network access is disabled in the tests (connect to {address!r})")
+    return _connect(self, address)
+
+
+def _refuse_remote_lookup(host, *args, **kwargs):
+    if not _is_local(host):
+        raise OSError(f"network access is disabled in the tests (lookup of {host!r})")
+    return _getaddrinfo(host, *args, **kwargs)
+
+
+socket.socket.connect = _refuse_remote_connect
+socket.getaddrinfo = _refuse_remote_lookup
 
 # Tiny models gain nothing from intra-op threads, and spinning OpenMP threads slow them down many times over when the
 # cores are busy with another job.

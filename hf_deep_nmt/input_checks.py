@@ -1,0 +1,109 @@
+"""Checks of what a user hands in at the public entry points, each failing with an error that names the bad value and
+what would be valid: recipe values of the wrong type, unknown model overrides, local paths that do not exist, a
+tokenizer that does not match the model."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+
+def _accepts(annotation: Any, value: Any) -> bool:
+    """Whether `value` (as read from JSON / YAML) fits `annotation`; unknown annotations accept anything."""
+    if annotation is Any or annotation is typing.Any:
+        return True
+    if annotation is None or annotation is type(None):
+        return value is None
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(argument, value) for argument in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if origin is not None:  # list[int], dict[str, Any], ...: the container type only
+        return isinstance(origin, type) and isinstance(value, origin)
+    if not isinstance(annotation, type):
+        return True
+    if issubclass(annotation, enum.Enum):
+        return isinstance(value, annotation) or value in {member.value for member in annotation}
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if annotation in (list, dict):
+        return isinstance(value, annotation)
+    return True
+
+
+def check_recipe_values(values: dict[str, Any], classes: tuple, source: str) -> None:
+    """Raise `ValueError` naming `source`, the key, the value and the expected type for the first recipe value whose
+    type does not fit its argument (e.g. `"max_steps": "ten"`), which the argument dataclasses would otherwise take
+    as is and fail on much later."""
+    hints: dict[str, Any] = {}
+    for cls in classes:
+        try:
+            resolved = typing.get_type_hints(cls)
+        except Exception:  # an annotation that cannot be resolved is left unchecked
+            resolved = {}
+        for item in dataclasses.fields(cls):
+            hints.setdefault(item.name, resolved.get(item.name, Any))
+    for key, value in values.items():
+        if key in hints and not _accepts(hints[key], value):
+            expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
+            raise ValueError(f"{source}: `{key}` must be of type {expected}, got {value!r} ({type(value).__name__}).")
+
+
+def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> None:
+    """Raise `ValueError` naming every key of `overrides` that is not a field of `config_class` (a misspelt field would
+    otherwise be stored on the config and silently ignored)."""
+    if not isinstance(overrides, dict):
+        raise ValueError(f"`model_overrides` must be a mapping of config fields to values, got {overrides!r}.")
+    known = {item.name for item in dataclasses.fields(config_class)} | set(config_class.attribute_map)
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        hints = {key: difflib.get_close_matches(key, sorted(known), n=1) for key in unknown}
+        described = ", ".join(
+            f"{key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") for key, hint in hints.items()
+        )
+        raise ValueError(
+            f"`model_overrides` has keys that are not {config_class.__name__} fields: {described}; see the "
+            f"{config_class.__name__} documentation for the valid ones."
+        )
+
+
+def check_local_path(value: str | None, what: str) -> None:
+    """`FileNotFoundError` naming `what` when `value` is written as a local path (absolute, `./`, `../`, `~`) that does
+    not exist; anything else is left to `from_pretrained` as a Hub id."""
+    if value is None:
+        return
+    text = str(value)
+    if text.startswith(("/", "./", "../", "~", ".\\", "..\\")) and not Path(text).expanduser().exists():
+        raise FileNotFoundError(f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id).")
+
+
+def check_tokenizer_matches(model, tokenizer) -> None:
+    """`ValueError` when the tokenizer can produce ids the model has no embedding for, or when the two disagree on
+    the padding / end-of-sentence ids (decoding would then stop or mask at the wrong token)."""
+    config = model.config
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(
+            f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {vocab}: ids "
+            f"{vocab}..{len(tokenizer) - 1} have no embedding. Use the tokenizer saved with the model."
+        )
+    for name in ("pad_token_id", "eos_token_id"):
+        tokenizer_id, model_id = getattr(tokenizer, name, None), getattr(config, name, None)
+        agrees = tokenizer_id in model_id if isinstance(model_id, list) else tokenizer_id == model_id
+        if tokenizer_id is not None and model_id is not None and not agrees:
+            raise ValueError(
+                f"The tokenizer's {name} ({tokenizer_id}) differs from the model's ({model_id}). Use the tokenizer "
+                "saved with the model."
+            )

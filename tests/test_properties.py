@@ -1,0 +1,321 @@
+"""Property tests over the configuration space (hypothesis, derandomized so CI is reproducible).
+
+Valid draws cover every switch — norm placement, per-stack aggregation (residual / DLCL / sparse blocks), DLCL weight
+modes, DS-Init, decoder attention types, relative keys, MSC layouts and switches, tied / untied / shared embeddings,
+sizes — at tiny sizes, and each model must decode identically with and without its cache, be invariant to padding,
+save and load exactly, and run beam search. Invalid draws change one field of a valid config to a bad value and must
+raise `ValueError` naming that field.
+"""
+
+import math
+import tempfile
+
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from transformers import AutoModelForSeq2SeqLM
+
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+
+VOCAB, DECODER_VOCAB, PAD = 37, 29, 1
+SETTINGS = dict(
+    deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
+)
+
+
+@st.composite
+def sparse_boundaries(draw, layers: int):
+    inner = draw(st.sets(st.integers(1, layers - 1), max_size=layers - 1)) if layers > 1 else set()
+    return [0, *sorted(inner), layers]
+
+
+@st.composite
+def valid_configs(draw, msc: bool | None = None):
+    """A dict of config fields (plus `config_class`) that must construct."""
+    d_model = draw(st.sampled_from([8, 12, 16]))
+    heads = st.sampled_from([h for h in (1, 2, 4) if d_model % h == 0])
+    fields = dict(
+        vocab_size=VOCAB,
+        d_model=d_model,
+        decoder_layers=draw(st.integers(1, 3)),
+        encoder_attention_heads=draw(heads),
+        decoder_attention_heads=draw(heads),
+        encoder_ffn_dim=draw(st.integers(4, 24)),
+        decoder_ffn_dim=draw(st.integers(4, 24)),
+        activation_function=draw(st.sampled_from(["relu", "gelu", "swish"])),
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pre_norm=draw(st.booleans()),
+        scale_embedding=draw(st.booleans()),
+        tie_word_embeddings=draw(st.booleans()),
+        share_embeddings=draw(st.booleans()),
+        relative_position_window=draw(st.integers(0, 3)),
+        layer_norm_eps=draw(st.sampled_from([1e-5, 1e-6])),
+    )
+    if not fields["share_embeddings"]:
+        fields["decoder_vocab_size"] = DECODER_VOCAB
+    use_msc = draw(st.booleans()) if msc is None else msc
+    attention_choices = ["multi_head", "average"] + ([] if use_msc else ["merged_average"])
+    fields["decoder_self_attention"] = draw(st.sampled_from(attention_choices))
+    fields["aan_ffn"] = fields["decoder_self_attention"] == "average" and draw(st.booleans())
+    if draw(st.booleans()):
+        fields["init_scheme"] = "ds_init"
+        fields["ds_init_alpha"] = draw(st.sampled_from([1.0, 0.5, 0.1]))
+        fields["ds_init_mode"] = draw(st.sampled_from(["paper", "code"]))
+    if use_msc:
+        decoder_layers = fields["decoder_layers"]
+        fields["msc_block_layers"] = draw(
+            st.integers(1, 2) | st.lists(st.integers(1, 2), min_size=decoder_layers, max_size=decoder_layers)
+        )
+        encoder_aggregation = "residual"
+        context = draw(st.booleans())
+        fields["msc_context_attention"] = context
+        if context:
+            fields["msc_fusion"] = draw(st.sampled_from(["gate", "add"]))
+            fields["msc_decoder_context"] = draw(st.booleans())
+            collaboration = draw(st.booleans())
+            fields["msc_contextual_collaboration"] = collaboration
+            if collaboration:
+                fields["msc_context_cell"] = draw(st.sampled_from(["gru", "ffn"]))
+                fields["msc_share_gru"] = draw(st.booleans())
+        fields["encoder_l2_lambda"] = draw(st.sampled_from([0.0, 1e-5]))
+        fields["config_class"] = MscConfig
+    else:
+        fields["encoder_layers"] = draw(st.integers(1, 3))
+        encoder_aggregation = draw(st.sampled_from(["residual", "dlcl", "sparse"]))
+        fields["config_class"] = draw(st.sampled_from([DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig]))
+    decoder_aggregation = draw(st.sampled_from(["residual", "dlcl", "sparse"]))
+    fields["encoder_layer_aggregation"] = encoder_aggregation
+    fields["decoder_layer_aggregation"] = decoder_aggregation
+    fields["layer_aggregation"] = "residual"
+    if "dlcl" in (encoder_aggregation, decoder_aggregation) or "sparse" in (encoder_aggregation, decoder_aggregation):
+        fields["dlcl_weights"] = draw(st.sampled_from(["learned", "average", "one"]))
+        fields["dlcl_history_norm"] = draw(st.booleans())
+    if encoder_aggregation == "sparse":
+        fields["encoder_block_boundaries"] = draw(sparse_boundaries(fields["encoder_layers"]))
+    if decoder_aggregation == "sparse":
+        fields["sparse_block_size"] = draw(st.integers(1, 3))
+    return fields
+
+
+def build(fields: dict):
+    fields = dict(fields)
+    config_class = fields.pop("config_class")
+    # a preset's own defaults must not leak in: every field the draw did not set takes the base default
+    base = {key: value for key, value in DeepNMTConfig().to_dict().items() if key in DeepNMTConfig.__annotations__}
+    for key in ("encoder_layers", "decoder_vocab_size", "decoder_layer_types", "msc_block_layers"):
+        base.pop(key, None)
+    config = config_class(**{**base, **fields})
+    model = MODEL_CLASSES[config_class](config).eval()
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for tensor in (*model.parameters(), *model.buffers()):
+            if tensor.is_floating_point():
+                tensor.add_(torch.randn(tensor.shape, generator=generator) * 0.3)
+    return config, model
+
+
+def batch(config, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    source = torch.randint(3, config.vocab_size, (2, 5), generator=generator)
+    source[:, -1] = 2
+    source[1, 3:] = PAD  # row 1: three real tokens (the last one not end-of-sentence), two padding
+    target = torch.randint(3, config.decoder_vocab_size, (2, 4), generator=generator)
+    target[:, 0] = config.decoder_start_token_id
+    return source, source.ne(PAD).long(), target
+
+
+def check_model(fields: dict, seed: int) -> None:
+    config, model = build(fields)
+    source, mask, target = batch(config, seed)
+    with torch.no_grad():
+        full = model(input_ids=source, attention_mask=mask, decoder_input_ids=target)
+        assert torch.isfinite(full.logits).all()
+        # padding invariance: the padded row equals the sentence alone
+        alone = model(input_ids=source[1:, :3], decoder_input_ids=target[1:])
+        torch.testing.assert_close(full.encoder_last_hidden_state[1, :3], alone.encoder_last_hidden_state[0])
+        torch.testing.assert_close(full.logits[1], alone.logits[0], rtol=1e-4, atol=1e-5)
+        # cached step-by-step decoding equals the full forward pass
+        encoder_outputs = model.get_encoder()(input_ids=source, attention_mask=mask)
+        cache, steps = None, []
+        for position in range(target.shape[1]):
+            outputs = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=mask,
+                decoder_input_ids=target[:, position : position + 1],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = outputs.past_key_values
+            steps.append(outputs.logits)
+        torch.testing.assert_close(torch.cat(steps, dim=1), full.logits, rtol=1e-4, atol=1e-5)
+        # beam search runs and returns ids of the target vocabulary after the start token
+        generated = model.generate(input_ids=source, attention_mask=mask, num_beams=2, max_new_tokens=4)
+        assert generated.shape[0] == 2 and 2 <= generated.shape[1] <= 5
+        assert (generated[:, 0] == config.decoder_start_token_id).all()
+        assert ((generated >= 0) & (generated < config.decoder_vocab_size)).all()
+    # save -> load: same class, same config, bit-identical logits
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        loaded, info = AutoModelForSeq2SeqLM.from_pretrained(folder, output_loading_info=True)
+    assert type(loaded) is type(model)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+    saved_config = {key: value for key, value in loaded.config.to_dict().items() if key != "_name_or_path"}
+    assert saved_config == {key: value for key, value in config.to_dict().items() if key != "_name_or_path"}
+    with torch.no_grad():
+        again = loaded.eval()(input_ids=source, attention_mask=mask, decoder_input_ids=target).logits
+    assert torch.equal(again, full.logits)
+
+
+@settings(max_examples=140, **SETTINGS)
+@given(fields=valid_configs(msc=False), seed=st.integers(0, 2**16))
+def test_any_valid_config_decodes_consistently_and_round_trips(fields, seed):
+    check_model(fields, seed)
+
+
+@settings(max_examples=70, **SETTINGS)
+@given(fields=valid_configs(msc=True), seed=st.integers(0, 2**16))
+def test_any_valid_msc_layout_decodes_consistently_and_round_trips(fields, seed):
+    check_model(fields, seed)
+
+
+# ---- invalid configurations -----------------------------------------------------------------------------------------
+
+SIZE_FIELDS = ("vocab_size", "d_model", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim")
+HEAD_FIELDS = ("encoder_attention_heads", "decoder_attention_heads")
+PROBABILITY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
+BOOL_FIELDS = ("pre_norm", "scale_embedding", "share_embeddings", "tie_word_embeddings", "aan_ffn")
+MSC_BOOL_FIELDS = (
+    "msc_context_attention",
+    "msc_contextual_collaboration",
+    "msc_share_gru",
+    "msc_decoder_context",
+)
+CHOICE_FIELDS = (
+    "activation_function",
+    "layer_aggregation",
+    "encoder_layer_aggregation",
+    "decoder_layer_aggregation",
+    "decoder_self_attention",
+    "init_scheme",
+)
+NOT_A_SIZE = (0, -2, 2.5, "8", True, None)
+
+
+@st.composite
+def invalid_configs(draw):
+    """(fields, the field made invalid, its value)."""
+    fields = draw(valid_configs())
+    msc = fields["config_class"] is MscConfig
+    kinds = ["size", "heads", "probability", "bool", "choice", "window", "eps", "ids", "divisible", "ds_init"]
+    kinds += ["boundaries", "boundaries_without_sparse", "sparse_block_size", "dlcl_weights", "aan_ffn", "vocab"]
+    kinds += (
+        ["msc_layout", "msc_bool", "msc_choice", "l2", "msc_encoder_layers"]
+        if msc
+        else ["encoder_layers", "msc_without_layout"]
+    )
+    kind = draw(st.sampled_from(kinds))
+    if kind == "size":
+        field, value = draw(st.sampled_from(SIZE_FIELDS)), draw(st.sampled_from(NOT_A_SIZE))
+    elif kind == "encoder_layers":
+        field, value = "encoder_layers", draw(st.sampled_from(NOT_A_SIZE[:-1]))
+    elif kind == "heads":
+        field, value = draw(st.sampled_from(HEAD_FIELDS)), draw(st.sampled_from(NOT_A_SIZE))
+    elif kind == "probability":
+        field, value = draw(st.sampled_from(PROBABILITY_FIELDS)), draw(st.sampled_from([-0.1, 1.0, 7, "0.1", True]))
+    elif kind == "bool":
+        field, value = draw(st.sampled_from(BOOL_FIELDS)), draw(st.sampled_from([1, 0, "true", None]))
+    elif kind == "msc_bool":
+        field, value = draw(st.sampled_from(MSC_BOOL_FIELDS)), draw(st.sampled_from([1, "false", None]))
+    elif kind == "choice":
+        field = draw(st.sampled_from(CHOICE_FIELDS))
+        # None is valid for a per-stack aggregation (it inherits `layer_aggregation`)
+        value = draw(st.sampled_from(["bogus", "", 3] + ([] if field.endswith("_layer_aggregation") else [None])))
+    elif kind == "msc_choice":
+        field, value = draw(st.sampled_from(["msc_context_cell", "msc_fusion"])), draw(st.sampled_from(["lstm", 1]))
+    elif kind == "window":
+        field, value = "relative_position_window", draw(st.sampled_from([-1, 1.5, "2", True]))
+    elif kind == "eps":
+        field, value = "layer_norm_eps", draw(st.sampled_from([0.0, -1e-5, "1e-5"]))
+    elif kind == "ids":
+        field = draw(st.sampled_from(["pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id"]))
+        value = draw(st.sampled_from([-1, VOCAB, 1.0, "2"]))
+    elif kind == "divisible":  # a head count that does not divide the width
+        field = draw(st.sampled_from(HEAD_FIELDS))
+        value = next(h for h in (3, 5, 7) if fields["d_model"] % h)
+    elif kind == "l2":
+        field, value = "encoder_l2_lambda", draw(st.sampled_from([-1e-5, math.inf, math.nan, "0", True]))
+    elif kind == "ds_init":
+        fields["init_scheme"] = "ds_init"
+        field = draw(st.sampled_from(["ds_init_alpha", "ds_init_mode"]))
+        value = draw(st.sampled_from([0.0, 1.5, -1, "1"] if field == "ds_init_alpha" else ["gaussian", None]))
+    elif kind == "boundaries":  # a sparse decoder whose block boundaries do not run 0 < ... < decoder_layers
+        layers = fields["decoder_layers"]
+        fields["decoder_layer_aggregation"] = "sparse"
+        field = "decoder_block_boundaries"
+        value = draw(st.sampled_from([[0, layers + 1], [1, layers], [0, 0, layers], [0], "0,1", [0, layers, layers]]))
+    elif kind == "boundaries_without_sparse":
+        fields["decoder_layer_aggregation"] = "residual"
+        fields.pop("dlcl_weights", None)
+        fields.pop("dlcl_history_norm", None)
+        if fields["encoder_layer_aggregation"] == "sparse":
+            fields["encoder_layer_aggregation"] = "dlcl"
+            fields.pop("encoder_block_boundaries")
+        field, value = "decoder_block_boundaries", [0, fields["decoder_layers"]]
+    elif kind == "sparse_block_size":
+        field, value = "sparse_block_size", draw(st.sampled_from([0, -2, "2", 1.5, True]))
+    elif kind == "dlcl_weights":
+        field, value = "dlcl_weights", draw(st.sampled_from(["softmax", None, 1]))
+    elif kind == "aan_ffn":  # the AAN's FFN without the AAN
+        fields["decoder_self_attention"] = draw(st.sampled_from(["multi_head"] + ([] if msc else ["merged_average"])))
+        field, value = "aan_ffn", True
+    elif kind == "vocab":  # two vocabulary sizes with one shared embedding
+        fields["share_embeddings"] = True
+        field, value = "decoder_vocab_size", DECODER_VOCAB
+    elif kind == "msc_encoder_layers":  # disagrees with the sum of the blocks
+        layers = fields["msc_block_layers"]
+        total = layers * fields["decoder_layers"] if isinstance(layers, int) else sum(layers)
+        field, value = "encoder_layers", total + 1
+    elif kind == "msc_layout":
+        field = "msc_block_layers"
+        wrong_length = [1] * (fields["decoder_layers"] + 1)
+        value = draw(st.sampled_from([0, -1, [], [1, 0], wrong_length, "2", 1.5, True, [True]]))
+    else:  # an MSC switch without MSC
+        field = draw(st.sampled_from(["msc_fusion", "msc_context_cell", "msc_decoder_context"]))
+        value = {"msc_fusion": "add", "msc_context_cell": "ffn", "msc_decoder_context": False}[field]
+    return {**fields, field: value}, field, value
+
+
+@settings(max_examples=400, **SETTINGS)
+@given(drawn=invalid_configs())
+def test_any_invalid_field_raises_value_error_naming_it(drawn):
+    fields, field, value = drawn
+    fields = dict(fields)
+    config_class = fields.pop("config_class")
+    try:
+        config_class(**fields)
+    except ValueError as error:
+        message = str(error)
+    else:
+        raise AssertionError(f"{field}={value!r} was accepted")
+    assert f"`{field}" in message, (field, value, message)
+    assert repr(value) in message or str(value) in message, (field, value, message)
+
+
+def test_the_strategies_cover_every_switch():
+    """The valid-config strategy reaches every choice of every switch (checked over a fixed set of draws)."""
+    from hypothesis import find
+
+    for predicate in (
+        lambda f: f["encoder_layer_aggregation"] == "sparse" and f["pre_norm"] is False,
+        lambda f: f["decoder_layer_aggregation"] == "sparse" and f.get("dlcl_weights") == "one",
+        lambda f: f["decoder_self_attention"] == "merged_average" and f.get("init_scheme") == "ds_init",
+        lambda f: f["aan_ffn"] and f["relative_position_window"] == 3,
+        lambda f: not f["share_embeddings"] and not f["tie_word_embeddings"],
+        lambda f: isinstance(f.get("msc_block_layers"), list) and f.get("msc_context_cell") == "ffn",
+        lambda f: f.get("msc_context_attention") is False,
+        lambda f: f.get("msc_fusion") == "add" and f.get("msc_decoder_context") is False,
+        lambda f: f.get("msc_contextual_collaboration") is False and f["decoder_self_attention"] == "average",
+    ):
+        find(valid_configs(), predicate, settings=settings(derandomize=True, max_examples=2000, database=None))
