@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, DlclConfig
+from hf_deep_nmt import DeepNMTForConditionalGeneration, DlclConfig
 from hf_deep_nmt.cli import main as cli_main
 from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir
 from hf_deep_nmt.diagnostics import (
@@ -175,7 +175,7 @@ def test_callback_records_during_trainer_training(tiny_config, tmp_path):
     assert all(value > 0 for r in callback.history for value in r["encoder"] + r["decoder"])
 
 
-# ---- combination weights ---------------------------------------------------------------------------------------------
+# ---- combination weights --------------------------------------------------------------------------------------------
 
 
 def test_mask_small_weights_by_hand():
