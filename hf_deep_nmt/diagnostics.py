@@ -308,6 +308,14 @@ def _pyplot():
     return plt
 
 
+def _integer_ticks(axis, y: bool = False) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if y:
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _save(figure, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -331,6 +339,7 @@ def plot_gradient_norms(curves: Mapping[str, Mapping[str, list[float]]], path: s
                 style = "--" if "ds-init" in label.lower() or "msc" in label.lower() else "-"
                 axis.plot(range(1, len(values) + 1), values, style, marker=".", label=label)
         axis.set_xlabel(f"{side} layer")
+        _integer_ticks(axis)
         axis.set_ylabel("gradient norm")
         axis.legend(fontsize=7)
     if title:
@@ -348,6 +357,7 @@ def plot_combination_weights(
     size = masked.shape[0]
     figure, axis = plt.subplots(figsize=(3 + 0.18 * size, 2.6 + 0.16 * size))
     image = axis.imshow(masked, cmap="viridis", origin="upper")
+    _integer_ticks(axis, y=True)
     figure.colorbar(image, ax=axis)
     axis.set_xlabel("stored output j (0 = embedding)")
     axis.set_ylabel("input of block r+1 (last row: stack output)")
@@ -367,6 +377,7 @@ def plot_layer_similarity(curves: Mapping[str, Mapping[str, list[float]]], path:
     for axis, name in zip(axes, ("(a) sim(i, 0)", "(b) sim(i, i-1)", "(c) inter-similarity")):
         axis.set_title(name)
         axis.set_xlabel("layer i (0 = embedding)")
+        _integer_ticks(axis)
         axis.legend(fontsize=7)
     if title:
         figure.suptitle(title)

@@ -42,10 +42,13 @@ def test_dsinit_gradients_smoke(tmp_path):
 
 def test_dlcl_deep_training_smoke(tmp_path):
     load_script("dlcl_deep_training").main(["--smoke", "--threads", "1", "--out-dir", str(tmp_path)])
-    results = check_outputs(tmp_path, "dlcl_deep_training", ["dlcl_deep_training.png"], {"claim", "systems"})
+    pngs = ["dlcl_deep_training.png", "dlcl_weights_encoder.png"]
+    results = check_outputs(tmp_path, "dlcl_deep_training", pngs, {"claim", "systems"})
     assert set(results["systems"]) == {"post-norm 3L", "pre-norm 3L", "post-norm DLCL 3L"}
     for system in results["systems"].values():
         assert [p["step"] for p in system["validation_curve"]] == [0, 3, 6]
+    weights = results["systems"]["post-norm DLCL 3L"]["encoder_combination_weights"]
+    assert len(weights) == 4 and weights[0][1:] == [0.0, 0.0, 0.0]
 
 
 def test_sdt_growth_ablation_smoke(tmp_path):

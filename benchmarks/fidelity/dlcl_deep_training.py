@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, Corpus, mean, setup_threads, train, validation_loss, write_results  # noqa: E402
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
+from hf_deep_nmt.diagnostics import combination_weights, plot_combination_weights  # noqa: E402
 
 SYSTEMS = {
     "post-norm": dict(pre_norm=False, layer_aggregation="residual"),
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
     args = parser.parse_args(argv)
     setup_threads(args.threads)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     sizes = dict(d_model=128, encoder_ffn_dim=512, decoder_ffn_dim=512, encoder_attention_heads=4)
     sizes["decoder_attention_heads"] = 4
     if args.smoke:
@@ -120,6 +122,14 @@ def main(argv: list[str] | None = None) -> dict:
             "validation_curve": curve,
             "seconds": run["seconds"],
         }
+        weights = combination_weights(model)
+        if "encoder" in weights:
+            weight = weights["encoder"]["weight"]
+            heatmap = plot_combination_weights(
+                weight, args.out_dir / "dlcl_weights_encoder.png", f"{label}: learned encoder weights (DLCL Fig. 5)"
+            )
+            systems[label]["encoder_combination_weights"] = [[round(w, 4) for w in row] for row in weight.tolist()]
+            systems[label]["plots"] = [heatmap.name]
         print(f"{label:20s} validation loss {initial:.3f} -> {curve[-1]['loss']:.3f} ({run['seconds']} s)")
 
     path = plot(
