@@ -68,9 +68,9 @@ def test_sdt_growth_ablation_smoke(tmp_path):
 def test_parameter_counts_match_the_papers_within_two_percent(tmp_path):
     results = load_script("parameter_counts").main(["--out-dir", str(tmp_path)])
     check_outputs(tmp_path, "parameter_counts", [], {"systems", "vocabularies"})
-    for row in results["systems"]:
-        if row["system"] == "Base (pre-norm)":
-            continue  # SDT's base row (63M) disagrees with the same model's 62M in DLCL Table 1; see the README
+    checked = [row for row in results["systems"] if not row["note"]]  # a note says why a published count differs
+    assert len(checked) >= 20
+    for row in checked:
         assert abs(row["difference_percent"]) <= 2.0, row
 
 

@@ -45,8 +45,9 @@ def systems() -> list[dict]:
     """(paper, system, published millions, config) rows."""
     rows = []
 
-    def add(paper, name, published, config):
-        rows.append({"paper": paper, "system": name, "published_M": published, "config": config})
+    def add(paper, name, published, config, note=""):
+        # `note`: why a count is known not to match (the test holds every row without a note to 2%)
+        rows.append({"paper": paper, "system": name, "published_M": published, "config": config, "note": note})
 
     post = dict(pre_norm=False)
     dlcl = dict(vocab_size=DLCL_VOCAB)
@@ -88,7 +89,13 @@ def systems() -> list[dict]:
 
     sdt = dict(vocab_size=DLCL_VOCAB)
     plain = dict(encoder_layer_aggregation="residual", relative_position_window=0)
-    add("SDT Table 1", "Base (pre-norm)", 63, SdtConfig(**sdt, **BASE, **plain, encoder_layers=6))
+    add(
+        "SDT Table 1",
+        "Base (pre-norm)",
+        63,
+        SdtConfig(**sdt, **BASE, **plain, encoder_layers=6),
+        "the same model is 62M in DLCL Table 1; SDT's deep rows match",
+    )
     add("SDT Table 1", "Big (pre-norm)", 210, SdtConfig(**sdt, **BIG, **plain, encoder_layers=6))
     for layers, published in ((24, 118), (48, 194)):
         add(
@@ -120,18 +127,18 @@ def systems() -> list[dict]:
             )
         wmt = dict(vocab_size=MSC_WMT_VOCAB)
         add("MSC Table 4", "TRANSFORMER (base)", 63, DeepNMTConfig(**wmt, **BASE))
+        default = "paper's WMT counts are not consistent with one variant (SPEC 4.4.5); see the variant rows"
         for blocks, published in ((1, 73), (6, 215), (8, 272)):
-            add(
-                "MSC Table 4",
-                f"MSC, {6 * blocks} layers (base)",
-                published,
-                msc(**wmt, **BASE, msc_block_layers=blocks),
-            )
+            name = f"MSC, {6 * blocks} layers (base)"
+            add("MSC Table 4", name, published, msc(**wmt, **BASE, msc_block_layers=blocks), default)
+            variant = msc(**wmt, **BASE, msc_block_layers=blocks, msc_decoder_context=False)
+            add("MSC Table 4", f"{name}, context attention in the encoder only", published, variant)
         add("MSC Table 4", "TRANSFORMER (big)", 211, DeepNMTConfig(**wmt, **BIG))
         for blocks, published in ((1, 286), (3, 512)):
-            add(
-                "MSC Table 4", f"MSC, {6 * blocks} layers (big)", published, msc(**wmt, **BIG, msc_block_layers=blocks)
-            )
+            name = f"MSC, {6 * blocks} layers (big)"
+            add("MSC Table 4", name, published, msc(**wmt, **BIG, msc_block_layers=blocks), default)
+            variant = msc(**wmt, **BIG, msc_block_layers=blocks, msc_contextual_collaboration=False)
+            add("MSC Table 4", f"{name}, without the GRU context", published, variant)
     return rows
 
 
@@ -162,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict:
             decoder_layers=config.decoder_layers,
         )
         table.append(row)
-        print(f"{row['paper']:16s} {row['system']:42s} published {row['published_M']:7.1f}M  ours {measured:7.1f}M")
+        print(f"{row['paper']:16s} {row['system']:60s} published {row['published_M']:7.1f}M  ours {measured:7.1f}M")
     results = {
         "claim": "parameter counts of the papers' systems from the configs",
         "msc_available": msc_config_class() is not None,
