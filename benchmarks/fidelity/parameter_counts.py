@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true", help="same as the full run (it takes seconds)")
+    parser.add_argument("--threads", type=int, default=1, help="accepted for run_all.sh; nothing to parallelise")
     args = parser.parse_args(argv)
     table = []
     for row in systems():

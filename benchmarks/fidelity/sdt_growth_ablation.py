@@ -5,7 +5,7 @@ Claim (Table 2, BLEU of SDT-RPR-48L): copy + restart 30.21 > copy only 29.93 > r
 Copying the top block is what matters most; the restart adds a little.
 
 Measured, scaled down to the sample corpus and 2 CPU cores: an SDT model (pre-norm, sparse connections, relative
-keys k = 8, width 128, FFN 512, 4 heads, 3-layer decoder) trained at 3 encoder layers, then grown twice by a block of
+keys k = 8, width 64, FFN 256, 4 heads, 3-layer decoder) trained at 3 encoder layers, then grown twice by a block of
 3 (3 -> 6 -> 9 layers). The first stage is shared; each of the four variants then grows and trains the same number of
 steps on the same batches:
   * copy: the new block copies the top 3 layers (`grow_encoder`, the paper's method); random: the new layers are
@@ -64,17 +64,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--block", type=int, default=3, help="layers per block (= first depth = growth step)")
     parser.add_argument("--stages", type=int, default=3, help="number of stages (depth block * stages at the end)")
-    parser.add_argument("--stage-steps", type=int, default=250)
-    parser.add_argument("--warmup", type=int, default=80)
+    parser.add_argument("--stage-steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--peak-lr", type=float, default=2e-3)
-    parser.add_argument("--batch", type=int, default=48)
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--eval-every", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
     args = parser.parse_args(argv)
     setup_threads(args.threads)
-    sizes = dict(d_model=128, encoder_ffn_dim=512, decoder_ffn_dim=512, encoder_attention_heads=4)
+    sizes = dict(d_model=64, encoder_ffn_dim=256, decoder_ffn_dim=256, encoder_attention_heads=4)
     sizes.update(decoder_attention_heads=4, decoder_layers=3)
     if args.smoke:
         args.block, args.stages, args.stage_steps, args.warmup, args.batch, args.eval_every = 1, 2, 4, 2, 8, 2
