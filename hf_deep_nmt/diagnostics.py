@@ -325,10 +325,13 @@ def _save(figure, path: str | Path) -> Path:
     return path
 
 
-def plot_gradient_norms(curves: Mapping[str, Mapping[str, list[float]]], path: str | Path, title: str = "") -> Path:
+def plot_gradient_norms(
+    curves: Mapping[str, Mapping[str, list[float]]], path: str | Path, title: str = "", dashed=()
+) -> Path:
     """Per-layer gradient norms, one panel per stack (encoder top, decoder bottom, as DS-Init Fig. 1).
 
-    `curves` maps a label (e.g. "post-norm 12L") to the output of `layer_gradient_norms`."""
+    `curves` maps a label (e.g. "post-norm 12L") to the output of `layer_gradient_norms`; the labels in `dashed` are
+    drawn dashed (the paper's convention for its method)."""
     plt = _pyplot()
     sides = [side for side in STACKS if any(side in norms for norms in curves.values())]
     figure, axes = plt.subplots(len(sides), 1, figsize=(6.4, 2.8 * len(sides)), squeeze=False)
@@ -336,7 +339,7 @@ def plot_gradient_norms(curves: Mapping[str, Mapping[str, list[float]]], path: s
         for label, norms in curves.items():
             if side in norms:
                 values = norms[side]
-                style = "--" if "ds-init" in label.lower() or "msc" in label.lower() else "-"
+                style = "--" if label in dashed else "-"
                 axis.plot(range(1, len(values) + 1), values, style, marker=".", label=label)
         axis.set_xlabel(f"{side} layer")
         _integer_ticks(axis)

@@ -34,6 +34,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--depths", type=int, nargs="+", default=[6, 12, 18])
     parser.add_argument("--seeds", type=int, default=2)
     parser.add_argument("--target-tokens", type=int, default=3000)
+    parser.add_argument(
+        "--ds-init-modes",
+        nargs="+",
+        default=["paper"],
+        choices=["paper", "code"],
+        help="DS-Init variants to compare with the default initialisation: the paper's alpha/sqrt(l) bound factor "
+        "and/or the reference code's sqrt(alpha) * l^(-1/4)",
+    )
+    parser.add_argument(
+        "--kind",
+        default="parameters",
+        choices=["parameters", "outputs"],
+        help="gradient of the layer's parameters (Fig. 1) or of its output (the error signal of Table 1)",
+    )
+    parser.add_argument("--name", default="dsinit_gradients", help="name of the result files")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
@@ -53,8 +68,10 @@ def main(argv: list[str] | None = None) -> dict:
 
     systems, curves = {}, {}
     for depth in args.depths:
-        for scheme in ("default", "ds_init"):
-            label = f"{'DS-Init' if scheme == 'ds_init' else 'post-norm'} {depth}L"
+        for scheme in ["default"] + [f"ds_init:{mode}" for mode in args.ds_init_modes]:
+            mode = scheme.split(":")[1] if ":" in scheme else None
+            name = "post-norm" if mode is None else ("DS-Init" if mode == "paper" else "DS-Init (code)")
+            label = f"{name} {depth}L"
             runs = []
             for seed in range(args.seeds):
                 torch.manual_seed(seed)
@@ -63,33 +80,41 @@ def main(argv: list[str] | None = None) -> dict:
                     encoder_layers=depth,
                     decoder_layers=depth,
                     pre_norm=False,
-                    init_scheme=scheme,
+                    init_scheme="default" if mode is None else "ds_init",
+                    ds_init_mode=mode or "paper",
                     dropout=0.1,
                     attention_dropout=0.1,
                     activation_dropout=0.1,
                     **sizes,
                 )
                 model = DeepNMTForConditionalGeneration(config).train()
-                runs.append(layer_gradient_norms(model, batch))
+                runs.append(layer_gradient_norms(model, batch, kind=args.kind))
             norms = {side: [mean(run[side][i] for run in runs) for i in range(depth)] for side in runs[0]}
             curves[label] = norms
             systems[label] = {
                 "depth": depth,
-                "init_scheme": scheme,
+                "init_scheme": "default" if mode is None else "ds_init",
+                "ds_init_mode": mode,
                 "gradient_norms": norms,
                 "bottom_top_ratio": {side: norms[side][0] / norms[side][-1] for side in norms},
             }
             ratio = systems[label]["bottom_top_ratio"]
             print(f"{label:16s} layer1/layerL  encoder {ratio['encoder']:.3f}  decoder {ratio['decoder']:.3f}")
 
+    what = "Gradient norm" if args.kind == "parameters" else "Error-signal norm (output gradient)"
     plot = plot_gradient_norms(
-        curves, args.out_dir / "dsinit_gradients.png", "Gradient norm per layer at initialisation (DS-Init Fig. 1)"
+        curves,
+        args.out_dir / f"{args.name}.png",
+        f"{what} per layer at initialisation",
+        dashed=[label for label in curves if label.startswith("DS-Init")],
     )
     results = {
         "claim": "DS-Init Fig. 1: plain post-norm models show vanishing gradients toward the bottom layers, worse in "
         "the decoder and with depth; DS-Init keeps the bottom/top ratio near 1",
         "settings": {
             "depths": args.depths,
+            "kind": args.kind,
+            "ds_init_modes": args.ds_init_modes,
             "seeds": args.seeds,
             "target_tokens": target_tokens,
             "sizes": sizes,
@@ -99,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
         "systems": systems,
         "plot": plot.name,
     }
-    write_results("dsinit_gradients", results, args.out_dir)
+    write_results(args.name, results, args.out_dir)
     return results
 
 
