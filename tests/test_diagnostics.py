@@ -44,7 +44,11 @@ def make_batch(vocab=37, lengths=((5, 4), (3, 6)), pad=1, seed=0):
 # ---- gradient norms -------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("overrides", [dict(), dict(pre_norm=False, layer_aggregation="dlcl")], ids=["pre", "dlcl"])
+@pytest.mark.parametrize(
+    "overrides",
+    [dict(), dict(pre_norm=False, layer_aggregation="dlcl"), dict(msc_block_layers=[2, 1])],
+    ids=["pre", "dlcl", "msc"],
+)
 def test_parameter_gradient_norms_equal_the_norm_of_autograd_gradients_per_layer(tiny_config, random_model, overrides):
     model = random_model(tiny_config(**overrides))
     batch = make_batch()
@@ -262,8 +266,11 @@ def test_layer_outputs_are_the_embedding_and_each_layer_output(tiny_config, rand
 
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
-def test_layer_similarity_ignores_padding(tiny_config, random_model, side):
-    model = random_model(tiny_config(layer_aggregation="dlcl"))
+@pytest.mark.parametrize(
+    "overrides", [dict(layer_aggregation="dlcl"), dict(msc_block_layers=[1, 2])], ids=["dlcl", "msc"]
+)
+def test_layer_similarity_ignores_padding(tiny_config, random_model, side, overrides):
+    model = random_model(tiny_config(**overrides))
     short = make_batch(lengths=((4, 5),))
     padded = {key: value.clone() for key, value in make_batch(lengths=((4, 5), (8, 9))).items()}
     for key in short:
