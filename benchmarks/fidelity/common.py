@@ -124,6 +124,7 @@ def train(
         train_losses.append(loss.item() if torch.isfinite(loss) else float("nan"))
         if eval_every and step % eval_every == 0 and validation is not None:
             valid_curve.append({"step": step, "loss": round(validation_loss(model, validation), 4)})
+            print(f"  step {start_step + step}: validation loss {valid_curve[-1]['loss']}", flush=True)
     return {"train_losses": train_losses, "valid_curve": valid_curve, "seconds": round(time.perf_counter() - started)}
 
 

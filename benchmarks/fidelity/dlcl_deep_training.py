@@ -9,7 +9,7 @@ at width 64 (FFN 256, 4 heads) -- post-norm, pre-norm, post-norm + DLCL (both st
 the same batches with Adam and the fairseq inverse-sqrt schedule peaking at 2e-3 (warm-up scaled down with the
 number of steps, 16k of 50k in the paper). Dropout and Adam betas as in the DLCL recipes (post-norm: residual
 dropout only, beta2 0.98; pre-norm: all dropouts 0.1, beta2 0.997). Reported: validation loss along training and at
-the end, and the training loss of the last 50 steps (300 steps of 32 pairs, warm-up 100).
+the end, and the training loss of the last 50 steps (150 steps of 32 pairs, warm-up 50).
 
     python benchmarks/fidelity/dlcl_deep_training.py          # ~12 minutes on 2 CPU cores
     python benchmarks/fidelity/dlcl_deep_training.py --smoke  # tiny, seconds
@@ -55,11 +55,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--encoder-layers", type=int, default=20)
     parser.add_argument("--decoder-layers", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=100, help="16k of 50k steps in the paper, scaled")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--warmup", type=int, default=50, help="16k of 50k steps in the paper, scaled")
     parser.add_argument("--peak-lr", type=float, default=2e-3)
     parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--eval-every", type=int, default=30)
+    parser.add_argument("--eval-every", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
