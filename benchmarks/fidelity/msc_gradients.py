@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--blocks", type=int, default=6, help="encoder blocks = decoder layers")
     parser.add_argument("--block-layers", type=int, default=6, help="layers per encoder block")
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--window", type=int, default=10, help="steps averaged per point")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--peak-lr", type=float, default=1e-3)

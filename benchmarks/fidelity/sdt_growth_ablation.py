@@ -5,10 +5,10 @@ Claim (Table 2, BLEU of SDT-RPR-48L): copy + restart 30.21 > copy only 29.93 > r
 Copying the top block is what matters most; the restart adds a little.
 
 Measured, scaled down to the sample corpus and 2 CPU cores: an SDT model (pre-norm, sparse connections, relative
-keys k = 8, width 64, FFN 256, 4 heads, 3-layer decoder) trained at 3 encoder layers, then grown twice by a block of
-3 (3 -> 6 -> 9 layers). The first stage is shared; each of the four variants then grows and trains the same number of
+keys k = 8, width 64, FFN 256, 4 heads, 3-layer decoder) trained at 2 encoder layers, then grown twice by a block of
+2 (2 -> 4 -> 6 layers). The first stage is shared; each of the four variants then grows and trains the same number of
 steps on the same batches:
-  * copy: the new block copies the top 3 layers (`grow_encoder`, the paper's method); random: the new layers are
+  * copy: the new block copies the top 2 layers (`grow_encoder`, the paper's method); random: the new layers are
     freshly initialised (the combination weights and block LayerNorm are grown the same way in both);
   * restart: each stage restarts the inverse-sqrt schedule by the SDT rule (`stage_start_step`: back to the peak once
     the warm-up is over); continued: the schedule goes on from the step reached. A fresh Adam in every stage.
@@ -62,7 +62,7 @@ def grow(model, block: int, copy_layers: bool, seed: int):
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--block", type=int, default=3, help="layers per block (= first depth = growth step)")
+    parser.add_argument("--block", type=int, default=2, help="layers per block (= first depth = growth step)")
     parser.add_argument("--stages", type=int, default=3, help="number of stages (depth block * stages at the end)")
     parser.add_argument("--stage-steps", type=int, default=60)
     parser.add_argument("--warmup", type=int, default=20)
