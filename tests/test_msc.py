@@ -11,6 +11,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, MscConfig, MscForConditionalGeneration
+from hf_deep_nmt.growing import grow_encoder
 
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
 MASK = SOURCE.ne(1).long()
@@ -358,3 +359,8 @@ def test_beam_search_reorders_the_context_keys(msc_model):
         cached = msc_model.generate(**kwargs, use_cache=True)
         uncached = msc_model.generate(**kwargs, use_cache=False)
     assert torch.equal(cached, uncached)
+
+
+def test_growing_an_msc_encoder_is_refused_with_the_reason(msc_model):
+    with pytest.raises(ValueError, match=r"MSC models \(msc_block_layers=\[2, 1\]\).*decoder layer"):
+        grow_encoder(msc_model, 2)
