@@ -1,4 +1,4 @@
-"""`hf-deep-nmt train|train-staged|translate|average|push`: thin command-line front ends over the library."""
+"""`hf-deep-nmt train|train-staged|translate|average|push|inspect`: thin command-line front ends over the library."""
 
 from __future__ import annotations
 
@@ -120,12 +120,53 @@ def _push(argv: list[str]) -> int:
     return 0
 
 
+def _inspect(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hf-deep-nmt inspect",
+        description="Per-layer gradient norms, layer similarities (SDT) and combination weights (DLCL) of a saved "
+        "model on a batch of parallel text, as PNG plots and one JSON file.",
+    )
+    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument(
+        "--data", default=None, help="parallel text (.tsv, .jsonl or a prefix); default: the bundled validation set"
+    )
+    parser.add_argument("--source-lang", default="src")
+    parser.add_argument("--target-lang", default="tgt")
+    parser.add_argument("--num-sentences", type=int, default=32, help="pairs of the batch (from the top of --data)")
+    parser.add_argument("--max-length", type=int, default=128, help="longer sides are truncated")
+    parser.add_argument(
+        "--dropout", action="store_true", help="gradient norms in training mode (with dropout); default: without"
+    )
+    parser.add_argument("--output-dir", required=True, help="folder for inspect.json and the PNG plots")
+    parser.add_argument("--overwrite", action="store_true", help="replace files of an earlier inspect run")
+    args = parser.parse_args(argv)
+    if args.num_sentences < 1:
+        raise ValueError(f"--num-sentences must be a positive integer, got {args.num_sentences}.")
+
+    from hf_deep_nmt.diagnostics import inspect_model
+
+    summary = inspect_model(
+        args.model,
+        args.output_dir,
+        data=args.data,
+        source_lang=args.source_lang,
+        target_lang=args.target_lang,
+        num_sentences=args.num_sentences,
+        max_length=args.max_length,
+        dropout=args.dropout,
+        overwrite=args.overwrite,
+    )
+    print(json.dumps({"output_dir": str(args.output_dir), "files": summary["files"]}, indent=2))
+    return 0
+
+
 COMMANDS = {
     "train": _train,
     "train-staged": _train_staged,
     "translate": _translate,
     "average": _average,
     "push": _push,
+    "inspect": _inspect,
 }
 
 

@@ -1,0 +1,496 @@
+"""The papers' analyses as tools for any model of the package.
+
+* `layer_gradient_norms`: L2 norm of the gradient of each encoder / decoder layer on a batch, at initialisation or
+  from any checkpoint (DS-Init Fig. 1, Zhang et al. 2019; MSC Fig. 5, Wei et al. 2020). `kind="parameters"` (the
+  default, what the papers plot: "gradient norm of each layer", the norm of the gradient of the loss with respect to
+  all of that layer's parameters taken together) or `kind="outputs"`: the norm of the error signal at the layer's
+  output (the quantity of DS-Init's Table 1 ratios), summed over the batch's positions.
+* `GradientNormCallback`: a `TrainerCallback` that records the parameter-gradient norms during training, averaged
+  over windows of steps (DS-Init Fig. 4 averages every 50 steps).
+* `combination_weights` / `mask_small_weights`: the learned DLCL / sparse combination matrices and the masking of
+  DLCL Fig. 5 (Wang et al. 2019): entries whose absolute value is below 0.1 or below 5% of the largest absolute value
+  of their row are hidden.
+* `layer_similarity`: SDT §3 (Li et al. 2020), Fig. 2: sim(i, 0) (layer i against the embedding), sim(i, i-1) and the
+  inter-similarity sim_in(i), from the layer outputs y_i of one forward pass.
+* `plot_*`: PNG figures of each (needs matplotlib: `pip install "hf-deep-nmt[plots]"`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTBlockHistory
+
+STACKS = ("encoder", "decoder")
+GRADIENT_KINDS = ("parameters", "outputs")
+
+
+def _backbone(model: nn.Module) -> nn.Module:
+    """The module that holds `encoder` and `decoder` (the `model` of a `...ForConditionalGeneration`)."""
+    inner = getattr(model, "model", model)
+    if not (hasattr(inner, "encoder") and hasattr(inner, "decoder")):
+        raise TypeError(f"Expected a model of this package (encoder and decoder stacks), got {type(model).__name__}.")
+    return inner
+
+
+def stack_layers(model: nn.Module, side: str) -> nn.ModuleList:
+    """The layers of the `side` ("encoder" or "decoder") stack, bottom first."""
+    if side not in STACKS:
+        raise ValueError(f"`side` must be one of {STACKS}, got {side!r}.")
+    return getattr(_backbone(model), side).layers
+
+
+def _check_sides(sides) -> tuple[str, ...]:
+    sides = (sides,) if isinstance(sides, str) else tuple(sides)
+    for side in sides:
+        if side not in STACKS:
+            raise ValueError(f"`sides` must be taken from {STACKS}, got {side!r}.")
+    return sides
+
+
+def _batch_on(model: nn.Module, batch: Mapping[str, Any]) -> dict[str, Any]:
+    if "labels" not in batch:
+        raise ValueError(f"The batch needs `labels` to compute a loss; it has {sorted(batch)}.")
+    device = next(model.parameters()).device
+    return {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+
+
+def parameter_gradient_norms(model: nn.Module, sides=STACKS) -> dict[str, list[float]]:
+    """Per layer, `sqrt(sum of squared entries of .grad over the layer's parameters)`, from the gradients the model
+    holds now (after a `backward()`). Parameters without a gradient count as zero."""
+    norms = {}
+    for side in _check_sides(sides):
+        values = []
+        for layer in stack_layers(model, side):
+            squares = [p.grad.detach().float().pow(2).sum() for p in layer.parameters() if p.grad is not None]
+            values.append(math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0)
+        norms[side] = values
+    return norms
+
+
+def layer_gradient_norms(
+    model: nn.Module, batch: Mapping[str, Any], kind: str = "parameters", sides=STACKS
+) -> dict[str, list[float]]:
+    """Gradient norm of every layer of each stack on `batch` (a dict with `input_ids`, `attention_mask`, `labels`, as
+    a `DataCollatorForSeq2Seq` builds it): one forward and backward pass of the model's own loss, in the mode the
+    model is in (call `model.eval()` first for a pass without dropout).
+
+    `kind="parameters"`: the L2 norm of d loss / d theta over all parameters of the layer (DS-Init Fig. 1, MSC Fig. 5).
+    `kind="outputs"`: the L2 norm of d loss / d y over the layer's output tensor y (the error signal).
+
+    The gradients the model held before are put back afterwards, so this can be called in the middle of training.
+    Returns `{"encoder": [layer 1, ..., layer L], "decoder": [...]}`.
+    """
+    if kind not in GRADIENT_KINDS:
+        raise ValueError(f"`kind` must be one of {GRADIENT_KINDS}, got {kind!r}.")
+    sides = _check_sides(sides)
+    batch = _batch_on(model, batch)
+    saved = {name: p.grad for name, p in model.named_parameters()}
+    output_norms: dict[str, list[float | None]] = {}
+    handles = []
+    if kind == "outputs":
+        for side in sides:
+            layers = stack_layers(model, side)
+            output_norms[side] = [None] * len(layers)
+            for index, layer in enumerate(layers):
+                handles.append(layer.register_forward_hook(_output_gradient_hook(output_norms[side], index)))
+    try:
+        model.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            loss = model(**batch).loss
+            loss.backward()
+        if kind == "parameters":
+            return parameter_gradient_norms(model, sides)
+        return {side: [0.0 if value is None else value for value in values] for side, values in output_norms.items()}
+    finally:
+        for handle in handles:
+            handle.remove()
+        for name, p in model.named_parameters():
+            p.grad = saved[name]
+
+
+def _output_gradient_hook(store: list, index: int):
+    def hook(module, args, output):
+        tensor = output[0] if isinstance(output, tuple) else output
+        if tensor.requires_grad:
+
+            def record(grad):
+                store[index] = float(grad.detach().float().norm())
+
+            tensor.register_hook(record)
+
+    return hook
+
+
+class GradientNormCallback(TrainerCallback):
+    """Records the per-layer parameter-gradient norms during `Trainer` training (DS-Init Fig. 4, MSC Fig. 5).
+
+    At every optimizer step the norms of the accumulated gradients are taken; every `every` steps their mean over the
+    window is appended to `history` as `{"step": ..., "encoder": [...], "decoder": [...]}` and, when `output_file` is
+    given, written there as one JSON line. The Trainer clips gradients before this hook: train with
+    `max_grad_norm=0` (as the papers do) to record the unclipped norms.
+    """
+
+    def __init__(self, every: int = 50, sides=STACKS, output_file: str | Path | None = None):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"`every` must be a positive integer, got {every!r}.")
+        self.every = every
+        self.sides = _check_sides(sides)
+        self.output_file = Path(output_file) if output_file is not None else None
+        self.history: list[dict[str, Any]] = []
+        self._window: list[dict[str, list[float]]] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if model is None:
+            return
+        self._window.append(parameter_gradient_norms(model, self.sides))
+        if len(self._window) == self.every:
+            record = {"step": state.global_step + 1}
+            for side in self.sides:
+                columns = zip(*(norms[side] for norms in self._window))
+                record[side] = [sum(column) / len(self._window) for column in columns]
+            self.history.append(record)
+            self._window = []
+            if self.output_file is not None and state.is_world_process_zero:
+                self.output_file.parent.mkdir(parents=True, exist_ok=True)
+                with self.output_file.open("a", encoding="utf-8") as handle:
+                    handle.write(json.dumps(record) + "\n")
+
+
+def combination_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """The combination matrices of the stacks that have one (DLCL or sparse aggregation).
+
+    Returns, per such stack, `{"weight": (B+1) x (B+1) lower-triangular tensor, "boundaries": [0, b_1, ..., L]}`:
+    row r weighs the stored outputs 0..r (0 = the embedding, j = the output of block j) in the input of block r+1;
+    the last row builds the stack output. With DLCL every layer is a block.
+    """
+    backbone = _backbone(model)
+    result = {}
+    for side in STACKS:
+        stack = getattr(backbone, side)
+        history = getattr(stack, "history", None)
+        if not isinstance(history, DeepNMTBlockHistory):
+            continue
+        boundaries = sorted(history.block_starts) + [len(stack.layers)]
+        result[side] = {"weight": history.weight.detach().float().cpu().tril(), "boundaries": boundaries}
+    return result
+
+
+def mask_small_weights(weight: torch.Tensor, absolute: float = 0.1, relative: float = 0.05) -> torch.Tensor:
+    """DLCL Fig. 5: a copy of the lower-triangular `weight` with NaN where an entry is above the diagonal or its
+    absolute value is below `absolute` or below `relative` times the largest absolute value of its row."""
+    if weight.dim() != 2 or weight.shape[0] != weight.shape[1]:
+        raise ValueError(f"`weight` must be a square matrix, got shape {tuple(weight.shape)}.")
+    weight = weight.detach().float()
+    magnitude = weight.abs().tril()
+    row_max = magnitude.max(dim=1, keepdim=True).values
+    keep = (magnitude >= absolute) & (magnitude >= relative * row_max)
+    keep &= torch.ones_like(keep).tril().bool()
+    return weight.masked_fill(~keep, float("nan"))
+
+
+def layer_outputs(model: nn.Module, batch: Mapping[str, Any], side: str = "encoder") -> list[torch.Tensor]:
+    """`[y_0, y_1, ..., y_L]` of one stack on `batch`, without dropout: y_0 the embedding (token embedding scaled, plus
+    positions), y_i the output of layer i as the layer returns it (before any combination or final LayerNorm).
+    The decoder side needs `labels` or `decoder_input_ids` in the batch."""
+    if side not in STACKS:
+        raise ValueError(f"`side` must be one of {STACKS}, got {side!r}.")
+    backbone = _backbone(model)
+    stack = getattr(backbone, side)
+    device = next(model.parameters()).device
+    batch = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
+    if side == "decoder" and "decoder_input_ids" not in batch:
+        if "labels" not in batch:
+            raise ValueError("The decoder side needs `labels` or `decoder_input_ids` in the batch.")
+        batch["decoder_input_ids"] = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+    ids = batch["input_ids"] if side == "encoder" else batch["decoder_input_ids"]
+    outputs: list[torch.Tensor | None] = [None] * len(stack.layers)
+
+    def capture(index):
+        def hook(module, args, output):
+            outputs[index] = (output[0] if isinstance(output, tuple) else output).detach()
+
+        return hook
+
+    handles = [layer.register_forward_hook(capture(i)) for i, layer in enumerate(stack.layers)]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            embedding = stack.embed(ids)
+            forward = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "decoder_input_ids")}
+            if side == "encoder":
+                backbone.encoder(input_ids=forward["input_ids"], attention_mask=forward.get("attention_mask"))
+            else:
+                backbone(**forward, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+        model.train(was_training)
+    return [embedding] + outputs
+
+
+def _sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over valid positions of each sequence, then over sequences. values, mask: (batch, length)."""
+    mask = mask.to(values.dtype)
+    return ((values * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+
+
+def layer_similarity(model: nn.Module, batch: Mapping[str, Any], side: str = "encoder") -> dict[str, list[float]]:
+    """SDT §3 (Li et al. 2020): for the layer outputs y_0 (embedding), y_1, ..., y_L of one stack,
+
+        sim(i, j)   = 1/n sum_l cos(y_i(l), y_j(l))
+        sim_in(i)   = 1/n sum_l cos(y_i(l), mean_l' y_i(l'))
+
+    over the n non-padding positions l of each sequence, then averaged over the sequences of the batch. Returns
+    `{"to_embedding": [sim(i, 0) for i = 1..L], "adjacent": [sim(i, i-1) for i = 1..L],
+    "inter": [sim_in(i) for i = 0..L]}`.
+    """
+    states = layer_outputs(model, batch, side)
+    if side == "encoder":
+        mask = batch.get("attention_mask")
+        reference = batch["input_ids"]
+    else:
+        mask = batch.get("decoder_attention_mask")
+        reference = batch["labels"] if "labels" in batch else batch["decoder_input_ids"]
+        if mask is None and "labels" in batch:
+            mask = batch["labels"] != -100  # target positions, including the one that predicts </s>
+    mask = torch.ones(reference.shape, dtype=torch.bool) if mask is None else mask.bool()
+    return similarity_from_states(states, mask)
+
+
+def similarity_from_states(states: list[torch.Tensor], mask: torch.Tensor) -> dict[str, list[float]]:
+    """The SDT similarities of `layer_similarity` from layer outputs `states` = [y_0, ..., y_L], each
+    (batch, length, d), and a (batch, length) mask of the positions that count (1) and padding (0)."""
+    if len(states) < 2:
+        raise ValueError(f"Need the embedding and at least one layer output, got {len(states)} tensor(s).")
+    mask = mask.bool().to(states[0].device)
+    if mask.shape != states[0].shape[:2]:
+        raise ValueError(f"`mask` must have shape {tuple(states[0].shape[:2])}, got {tuple(mask.shape)}.")
+    states = [state.float() for state in states]
+
+    def sim(a, b):
+        return float(_sequence_mean(torch.nn.functional.cosine_similarity(a, b, dim=-1), mask))
+
+    def inter(state):
+        weights = mask.to(state.dtype)[..., None]
+        centre = (state * weights).sum(1, keepdim=True) / weights.sum(1, keepdim=True).clamp(min=1)
+        return sim(state, centre.expand_as(state))
+
+    return {
+        "to_embedding": [sim(states[i], states[0]) for i in range(1, len(states))],
+        "adjacent": [sim(states[i], states[i - 1]) for i in range(1, len(states))],
+        "inter": [inter(state) for state in states],
+    }
+
+
+# --- plots -------------------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as error:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            'Plotting needs matplotlib: pip install "hf-deep-nmt[plots]" (or pip install matplotlib).'
+        ) from error
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _integer_ticks(axis, y: bool = False) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if y:
+        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _save(figure, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    _pyplot().close(figure)
+    return path
+
+
+def plot_gradient_norms(
+    curves: Mapping[str, Mapping[str, list[float]]], path: str | Path, title: str = "", dashed=()
+) -> Path:
+    """Per-layer gradient norms, one panel per stack (encoder top, decoder bottom, as DS-Init Fig. 1).
+
+    `curves` maps a label (e.g. "post-norm 12L") to the output of `layer_gradient_norms`; the labels in `dashed` are
+    drawn dashed (the paper's convention for its method)."""
+    plt = _pyplot()
+    sides = [side for side in STACKS if any(side in norms for norms in curves.values())]
+    figure, axes = plt.subplots(len(sides), 1, figsize=(6.4, 2.8 * len(sides)), squeeze=False)
+    for axis, side in zip(axes[:, 0], sides):
+        for label, norms in curves.items():
+            if side in norms:
+                values = norms[side]
+                style = "--" if label in dashed else "-"
+                axis.plot(range(1, len(values) + 1), values, style, marker=".", label=label)
+        axis.set_xlabel(f"{side} layer")
+        _integer_ticks(axis)
+        axis.set_ylabel("gradient norm")
+        axis.legend(fontsize=7)
+    if title:
+        axes[0, 0].set_title(title)
+    return _save(figure, path)
+
+
+def plot_combination_weights(
+    weight: torch.Tensor, path: str | Path, title: str = "", absolute: float = 0.1, relative: float = 0.05
+) -> Path:
+    """Heatmap of a combination matrix with the small entries masked (`mask_small_weights`), as DLCL Fig. 5:
+    x = the stored output j (0 = embedding), y = the layer / block whose input the row builds."""
+    plt = _pyplot()
+    masked = mask_small_weights(weight, absolute, relative).numpy()
+    size = masked.shape[0]
+    figure, axis = plt.subplots(figsize=(3 + 0.18 * size, 2.6 + 0.16 * size))
+    image = axis.imshow(masked, cmap="viridis", origin="upper")
+    _integer_ticks(axis, y=True)
+    figure.colorbar(image, ax=axis)
+    axis.set_xlabel("stored output j (0 = embedding)")
+    axis.set_ylabel("input of block r+1 (last row: stack output)")
+    axis.set_title(title or f"combination weights (|w| < {absolute} or < {relative:.0%} of row max masked)")
+    return _save(figure, path)
+
+
+def plot_layer_similarity(curves: Mapping[str, Mapping[str, list[float]]], path: str | Path, title: str = "") -> Path:
+    """SDT Fig. 2: (a) sim(i, 0), (b) sim(i, i-1), (c) inter-similarity, one line per model in `curves`."""
+    plt = _pyplot()
+    figure, axes = plt.subplots(1, 3, figsize=(12, 3.2))
+    for label, sims in curves.items():
+        layers = len(sims["to_embedding"])
+        axes[0].plot(range(1, layers + 1), sims["to_embedding"], marker=".", label=label)
+        axes[1].plot(range(1, layers + 1), sims["adjacent"], marker=".", label=label)
+        axes[2].plot(range(0, layers + 1), sims["inter"], marker=".", label=label)
+    for axis, name in zip(axes, ("(a) sim(i, 0)", "(b) sim(i, i-1)", "(c) inter-similarity")):
+        axis.set_title(name)
+        axis.set_xlabel("layer i (0 = embedding)")
+        _integer_ticks(axis)
+        axis.legend(fontsize=7)
+    if title:
+        figure.suptitle(title)
+    return _save(figure, path)
+
+
+# --- one call: everything of a saved model ---------------------------------------------------------------------------
+
+INSPECT_JSON = "inspect.json"
+
+
+def inspect_model(
+    model,
+    output_dir: str | Path,
+    data: str | Path | None = None,
+    tokenizer=None,
+    source_lang: str = "src",
+    target_lang: str = "tgt",
+    num_sentences: int = 32,
+    max_length: int = 128,
+    dropout: bool = False,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Gradient norms (parameters and layer outputs), layer similarities of both stacks and the combination weights
+    of `model` (a model or a saved folder / Hub id, whose tokenizer is loaded with it) on the first `num_sentences`
+    pairs of `data` (default: the bundled validation set). Writes `inspect.json` and PNG plots to `output_dir`;
+    refuses to replace files of an earlier run unless `overwrite`. Returns what the JSON holds."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
+
+    import hf_deep_nmt  # noqa: F401  (registers the model classes)
+    from hf_deep_nmt.data import read_parallel_file, sample_corpus_dir
+
+    if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
+        raise ValueError(f"`num_sentences` must be a positive integer, got {num_sentences!r}.")
+    name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+    if isinstance(model, (str, Path)):
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model)
+    if tokenizer is None:
+        raise ValueError("Give `tokenizer` with a model object (a saved folder brings its own).")
+    output_dir = Path(output_dir)
+    planned = [INSPECT_JSON, "gradient_norms.png", "layer_similarity.png"] + [
+        f"combination_weights_{side}.png" for side in combination_weights(model)
+    ]
+    existing = [file for file in planned if (output_dir / file).exists()]
+    if existing and not overwrite:
+        raise FileExistsError(
+            f"{output_dir} already holds {', '.join(existing)} from an earlier run; choose another output folder or "
+            "pass overwrite=True (--overwrite)."
+        )
+
+    pairs = read_parallel_file(data or sample_corpus_dir() / "valid.tsv", source_lang, target_lang)
+    sources, targets = pairs["source"][:num_sentences], pairs["target"][:num_sentences]
+    encoded = tokenizer(sources, text_target=targets, truncation=True, max_length=max_length)
+    rows = [
+        {"input_ids": i, "attention_mask": m, "labels": t}
+        for i, m, t in zip(encoded["input_ids"], encoded["attention_mask"], encoded["labels"])
+    ]
+    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(rows)
+
+    was_training = model.training
+    model.train(dropout)
+    try:
+        gradients = layer_gradient_norms(model, batch, "parameters")
+        output_gradients = layer_gradient_norms(model, batch, "outputs")
+    finally:
+        model.train(was_training)
+    similarity = {side: layer_similarity(model, batch, side) for side in STACKS}
+    weights = combination_weights(model)
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    files = [
+        plot_gradient_norms({"parameters": gradients}, output_dir / "gradient_norms.png", f"{name}").name,
+        plot_layer_similarity(similarity, output_dir / "layer_similarity.png", f"{name}").name,
+    ]
+    for side, entry in weights.items():
+        path = plot_combination_weights(entry["weight"], output_dir / f"combination_weights_{side}.png", f"{side}")
+        files.append(path.name)
+    summary = {
+        "model": name,
+        "model_type": model.config.model_type,
+        "num_sentences": len(rows),
+        "target_tokens": int((batch["labels"] != -100).sum()),
+        "dropout": dropout,
+        "gradient_norms": gradients,
+        "output_gradient_norms": output_gradients,
+        "layer_similarity": similarity,
+        "combination_weights": {
+            side: {"weight": entry["weight"].tolist(), "boundaries": entry["boundaries"]}
+            for side, entry in weights.items()
+        },
+        "files": [INSPECT_JSON] + files,
+    }
+    (output_dir / INSPECT_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
+
+
+__all__ = [
+    "GRADIENT_KINDS",
+    "GradientNormCallback",
+    "combination_weights",
+    "inspect_model",
+    "layer_gradient_norms",
+    "layer_outputs",
+    "layer_similarity",
+    "mask_small_weights",
+    "parameter_gradient_norms",
+    "plot_combination_weights",
+    "plot_gradient_norms",
+    "plot_layer_similarity",
+    "similarity_from_states",
+    "stack_layers",
+]
