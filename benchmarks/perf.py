@@ -487,6 +487,14 @@ def print_tables(results: dict) -> None:
         for name, seconds in deep["median_seconds"].items():
             print(f"| {name} encoder layers | {seconds:.3f} |")
         print()
+    memory = results.get("memory")
+    if memory and not (decoding or training):
+        print("| peak memory above the loaded model | MB |")
+        print("|---|---:|")
+        for task, by_kind in memory.items():
+            for kind, peak in by_kind.items():
+                print(f"| {task}: {kind} | {peak / 2**20:.0f} |")
+        print()
     print("| target | measured | target | met |")
     print("|---|---:|---:|:---:|")
     for figure, value, target, met in ratio_rows(results):
