@@ -6,13 +6,14 @@ them for auto-class saving, so that `save_pretrained` writes `auto_map` and the 
 
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig
+from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTForConditionalGeneration,
     DeepNMTModel,
     DeepNMTPreTrainedModel,
     DlclForConditionalGeneration,
     DsInitForConditionalGeneration,
+    MscForConditionalGeneration,
     SdtForConditionalGeneration,
 )
 
@@ -23,6 +24,7 @@ MODEL_CLASSES: dict[type, type] = {
     DlclConfig: DlclForConditionalGeneration,
     DsInitConfig: DsInitForConditionalGeneration,
     SdtConfig: SdtForConditionalGeneration,
+    MscConfig: MscForConditionalGeneration,
 }
 
 
@@ -46,6 +48,8 @@ __all__ = [
     "DsInitConfig",
     "DsInitForConditionalGeneration",
     "MODEL_CLASSES",
+    "MscConfig",
+    "MscForConditionalGeneration",
     "SdtConfig",
     "SdtForConditionalGeneration",
 ]

@@ -65,6 +65,11 @@ def grow_encoder(
     config = getattr(model, "config", None)
     if not isinstance(config, DeepNMTConfig) or type(config) not in MODEL_CLASSES:
         raise TypeError(f"grow_encoder needs a model of this package, got {type(model).__name__}.")
+    if config.msc_block_layers is not None:
+        raise ValueError(
+            f"grow_encoder does not apply to MSC models (msc_block_layers={config.msc_block_layers!r}): each encoder "
+            "block is tied to a decoder layer, so a new block would need a new decoder layer too."
+        )
     aggregation, old_layers = config.encoder_layer_aggregation, config.encoder_layers
     if num_new_layers is None:
         if aggregation != "sparse":

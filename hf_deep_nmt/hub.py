@@ -14,7 +14,13 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 CITATION_MARKER = "<!-- citation -->"
-METHOD_CARDS = {"deep_nmt": "deep_nmt", "deep_nmt_dlcl": "dlcl", "deep_nmt_dsinit": "dsinit", "deep_nmt_sdt": "sdt"}
+METHOD_CARDS = {
+    "deep_nmt": "deep_nmt",
+    "deep_nmt_dlcl": "dlcl",
+    "deep_nmt_dsinit": "dsinit",
+    "deep_nmt_sdt": "sdt",
+    "deep_nmt_msc": "msc",
+}
 
 
 def _card_file(name: str) -> str:

@@ -16,6 +16,10 @@ DS_INIT_MODES = ("paper", "code")
 DECODER_SELF_ATTENTIONS = ("multi_head", "merged_average", "average")
 # Cache-layer type of decoders whose state is a running sum (MAtt, AAN); the class lives in the modeling file.
 AVERAGE_CACHE_LAYER_TYPE = "deep_nmt_average"
+# Cache-layer type of MSC decoders: also holds the keys/values of the context state each decoder layer attends.
+MSC_CACHE_LAYER_TYPE = "deep_nmt_msc"
+MSC_CONTEXT_CELLS = ("gru", "ffn")
+MSC_FUSIONS = ("gate", "add")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 
 
@@ -52,7 +56,8 @@ class DeepNMTConfig(PreTrainedConfig):
         d_model (`int`, *optional*, defaults to 512):
             Width of every layer.
         encoder_layers / decoder_layers (`int`, *optional*, defaults to 6):
-            Number of layers in each stack.
+            Number of layers in each stack. With MSC (`msc_block_layers`) `encoder_layers` is the sum of the block
+            sizes: leave it unset, or it must equal that sum.
         encoder_attention_heads / decoder_attention_heads (`int`, *optional*, defaults to 8):
             Attention heads; must divide `d_model`.
         encoder_ffn_dim / decoder_ffn_dim (`int`, *optional*, defaults to 2048):
@@ -113,6 +118,30 @@ class DeepNMTConfig(PreTrainedConfig):
             self-attention with clipping distance k: score_ij = q_i . (k_j + a_clip(j-i, -k, k)) / sqrt(d_h), one
             table of 2k+1 vectors per layer shared across heads, keys only. 0 turns them off. Absolute sinusoidal
             positions are kept either way.
+        msc_block_layers (`int` or `list[int]`, *optional*):
+            Multiscale collaboration (MSC, Wei et al. 2020) when set: the encoder is N blocks, N = `decoder_layers`,
+            of M layers each (an int M) or of the listed sizes (a list of N ints). Decoder layer n cross-attends to
+            the LayerNorm-ed output of encoder block n (block-scale collaboration). `None` turns MSC off.
+        msc_context_attention (`bool`, *optional*, defaults to `True`):
+            Contextual collaboration: a context state `C^n` per source position is carried across blocks; encoder
+            layers of block n attend to `C^{n-1}` and decoder layer n to `C^n`, next to their usual attention, and
+            the two results are fused. `False` removes the context attention (and so the context) altogether.
+        msc_contextual_collaboration (`bool`, *optional*, defaults to `True`):
+            Compute `C^n = Q(C^{n-1}, B^n)` with the cell `msc_context_cell`, `C^0` the encoder input. `False` is the
+            ablation without it: layers still attend a context, but `C^n` is the normalised output of block n.
+        msc_context_cell (`str`, *optional*, defaults to `"gru"`):
+            The cell Q: `"gru"` (a `torch.nn.GRUCell` run position-wise across blocks, hidden state `C^{n-1}`,
+            input `B^n`) or `"ffn"` (the ablation `Q(c, x) = W_2 relu(W_1 [c; x] + b_1) + b_2`, inner width d).
+        msc_share_gru (`bool`, *optional*, defaults to `True`):
+            One cell shared by all blocks (what the paper's parameter counts imply) or one per block.
+        msc_fusion (`str`, *optional*, defaults to `"gate"`):
+            `"gate"`: `g * A_h + (1 - g) * A_c` with `g = sigmoid(W [A_h; A_c] + b)`; `"add"`: `A_h + A_c`.
+        msc_decoder_context (`bool`, *optional*, defaults to `True`):
+            Whether decoder layers attend to the context states too (encoder-side only when `False`).
+        encoder_l2_lambda (`float`, *optional*, defaults to 0.0):
+            Coupled L2 regularisation of the encoder, added to the training loss: lambda times the sum of squares of
+            every encoder weight matrix (`nn.Linear` and GRU weights; not biases, LayerNorms, embeddings, DLCL
+            weights or relative-position tables). MSC's 72-layer IWSLT system uses 1e-5.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
@@ -131,7 +160,7 @@ class DeepNMTConfig(PreTrainedConfig):
     vocab_size: int = 32000
     decoder_vocab_size: int | None = None
     d_model: int = 512
-    encoder_layers: int = 6
+    encoder_layers: int | None = None
     decoder_layers: int = 6
     encoder_attention_heads: int = 8
     decoder_attention_heads: int = 8
@@ -160,6 +189,14 @@ class DeepNMTConfig(PreTrainedConfig):
     aan_ffn: bool = False
     decoder_layer_types: list[str] | None = None
     relative_position_window: int = 0
+    msc_block_layers: int | list[int] | None = None
+    msc_context_attention: bool = True
+    msc_contextual_collaboration: bool = True
+    msc_context_cell: str = "gru"
+    msc_share_gru: bool = True
+    msc_fusion: str = "gate"
+    msc_decoder_context: bool = True
+    encoder_l2_lambda: float = 0.0
     layer_norm_eps: float = 1e-5
     use_cache: bool = True
     is_encoder_decoder: bool = True
@@ -175,14 +212,69 @@ class DeepNMTConfig(PreTrainedConfig):
             self.encoder_layer_aggregation = self.layer_aggregation
         if self.decoder_layer_aggregation is None:
             self.decoder_layer_aggregation = self.layer_aggregation
+        self._resolve_msc_layout()
         self.validate_settings()
         # `generate()` builds its cache from this field (read as `layer_types` of the decoder view of the config):
-        # running-sum decoders get the cache layer that holds their state. Always derived, never set by hand.
-        if self.decoder_self_attention == "multi_head":
+        # running-sum decoders and MSC decoders attending context states get the cache layer that holds their
+        # state. Always derived, never set by hand.
+        if self.msc_blocks is not None and self.msc_context_attention and self.msc_decoder_context:
+            self.decoder_layer_types = [MSC_CACHE_LAYER_TYPE] * self.decoder_layers
+        elif self.decoder_self_attention == "multi_head":
             self.decoder_layer_types = None
         else:
             self.decoder_layer_types = [AVERAGE_CACHE_LAYER_TYPE] * self.decoder_layers
         super().__post_init__(**kwargs)
+
+    @property
+    def msc_blocks(self) -> list[int] | None:
+        """Layers per encoder block under MSC (`msc_block_layers` resolved to a list), else None."""
+        layers = self.msc_block_layers
+        if layers is None:
+            return None
+        return [layers] * self.decoder_layers if isinstance(layers, int) else list(layers)
+
+    def msc_block_boundaries(self) -> list[int] | None:
+        """`[0, b_1, ..., encoder_layers]`: where each MSC encoder block starts and ends, else None."""
+        blocks = self.msc_blocks
+        if blocks is None:
+            return None
+        boundaries = [0]
+        for size in blocks:
+            boundaries.append(boundaries[-1] + size)
+        return boundaries
+
+    def _resolve_msc_layout(self) -> None:
+        """Check `msc_block_layers` against `decoder_layers` and derive (or check) `encoder_layers`."""
+        layers = self.msc_block_layers
+        if layers is None:
+            if self.encoder_layers is None:
+                self.encoder_layers = 6
+            return
+        _check_positive_int("decoder_layers", self.decoder_layers)
+        is_int = isinstance(layers, int) and not isinstance(layers, bool)
+        is_list = isinstance(layers, (list, tuple)) and all(
+            isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in layers
+        )
+        if not (is_int and layers >= 1) and not (is_list and layers):
+            raise ValueError(
+                "`msc_block_layers` must be a positive integer (layers per encoder block) or a non-empty list of "
+                f"positive integers (one per block), got {layers!r}."
+            )
+        if is_list:
+            self.msc_block_layers = layers = list(layers)
+            if len(layers) != self.decoder_layers:
+                raise ValueError(
+                    f"MSC pairs decoder layer n with encoder block n: `decoder_layers` ({self.decoder_layers}) must "
+                    f"equal the number of encoder blocks in `msc_block_layers` ({len(layers)}: {layers!r})."
+                )
+        total = sum(self.msc_blocks)
+        if self.encoder_layers is None:
+            self.encoder_layers = total
+        elif self.encoder_layers != total:
+            raise ValueError(
+                f"`encoder_layers` ({self.encoder_layers!r}) must equal the total of the MSC encoder blocks, "
+                f"{self.msc_blocks} = {total}; leave `encoder_layers` unset to derive it."
+            )
 
     def validate_settings(self) -> None:
         """Raise `ValueError` naming the field and the value for every bad setting or combination."""
@@ -210,8 +302,17 @@ class DeepNMTConfig(PreTrainedConfig):
             "pre_norm",
             "dlcl_history_norm",
             "aan_ffn",
+            "msc_context_attention",
+            "msc_contextual_collaboration",
+            "msc_share_gru",
+            "msc_decoder_context",
         ):
             _check_bool(field, getattr(self, field))
+        _check_choice("msc_context_cell", self.msc_context_cell, MSC_CONTEXT_CELLS)
+        _check_choice("msc_fusion", self.msc_fusion, MSC_FUSIONS)
+        l2 = self.encoder_l2_lambda
+        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0.0 or l2 == float("inf"):
+            raise ValueError(f"`encoder_l2_lambda` must be a finite number >= 0 (0 = off), got {l2!r}.")
         _check_choice("activation_function", self.activation_function, ACTIVATIONS)
         _check_choice("layer_aggregation", self.layer_aggregation, LAYER_AGGREGATIONS)
         _check_choice("encoder_layer_aggregation", self.encoder_layer_aggregation, LAYER_AGGREGATIONS)
@@ -260,6 +361,7 @@ class DeepNMTConfig(PreTrainedConfig):
                 "to DLCL; set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
                 "to 'dlcl' or 'sparse', or leave them at their defaults ('learned', True)."
             )
+        self._validate_msc()
         # pad/bos/eos are used on both sides; decoding starts in the target vocabulary.
         shared_ids = min(self.vocab_size, self.decoder_vocab_size)
         for field, limit in (
@@ -274,6 +376,47 @@ class DeepNMTConfig(PreTrainedConfig):
                     isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < limit
                 ):
                     raise ValueError(f"`{field}` must be an id in [0, {limit}), got {value!r}.")
+
+    def _validate_msc(self) -> None:
+        defaults = dict(
+            msc_context_attention=True,
+            msc_contextual_collaboration=True,
+            msc_context_cell="gru",
+            msc_share_gru=True,
+            msc_fusion="gate",
+            msc_decoder_context=True,
+        )
+        changed = {field: getattr(self, field) for field, value in defaults.items() if getattr(self, field) != value}
+        if self.msc_block_layers is None:
+            if changed:
+                raise ValueError(
+                    f"{', '.join(f'`{k}={v!r}`' for k, v in changed.items())} only apply to MSC; set "
+                    "`msc_block_layers` (layers per encoder block) or leave them at their defaults."
+                )
+            return
+        if self.encoder_layer_aggregation != "residual":
+            raise ValueError(
+                "MSC encoder blocks are residual stacks read block by block; `encoder_layer_aggregation` must be "
+                f"'residual' with `msc_block_layers`, got {self.encoder_layer_aggregation!r}."
+            )
+        if self.decoder_self_attention == "merged_average":
+            raise ValueError(
+                "MSC decoder layers fuse two cross-attentions (encoder block n and context n), which merged "
+                "attention cannot take: `decoder_self_attention` must be 'multi_head' or 'average' with "
+                "`msc_block_layers`, got 'merged_average'."
+            )
+        if not self.msc_context_attention:
+            unused = {k: v for k, v in changed.items() if k != "msc_context_attention"}
+            if unused:
+                raise ValueError(
+                    f"{', '.join(f'`{k}={v!r}`' for k, v in unused.items())} configure the MSC context, which "
+                    "`msc_context_attention=False` removes; leave them at their defaults."
+                )
+        elif not self.msc_contextual_collaboration and (self.msc_context_cell != "gru" or not self.msc_share_gru):
+            raise ValueError(
+                f"`msc_context_cell={self.msc_context_cell!r}` / `msc_share_gru={self.msc_share_gru!r}` configure the "
+                "context cell, which `msc_contextual_collaboration=False` removes; leave them at their defaults."
+            )
 
     def _resolve_block_boundaries(self, side: str) -> None:
         field, layers = f"{side}_block_boundaries", getattr(self, f"{side}_layers")
@@ -361,6 +504,22 @@ class SdtConfig(DeepNMTConfig):
     activation_dropout: float = 0.1
 
 
+class MscConfig(DeepNMTConfig):
+    r"""
+    MSC, "Multiscale Collaborative Deep Models for Neural Machine Translation" (Wei et al., ACL 2020): the paper's
+    WMT base system as defaults — pre-norm, 6 encoder blocks of 6 layers (a 36-layer encoder), 6-layer decoder whose
+    layer n attends to encoder block n, a GRU context shared by the blocks, gated fusion on both sides, base width,
+    shared vocabulary. The IWSLT systems: `d_model=256, encoder_ffn_dim=512, decoder_ffn_dim=512, 4 heads`, with
+    `msc_block_layers` 1, 6, 9 or 12 (and `encoder_l2_lambda=1e-5` at 12).
+    """
+
+    model_type = "deep_nmt_msc"
+
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    msc_block_layers: int | list[int] | None = 6
+
+
 __all__ = [
     "DECODER_SELF_ATTENTIONS",
     "DLCL_WEIGHTS",
@@ -370,5 +529,6 @@ __all__ = [
     "DeepNMTConfig",
     "DlclConfig",
     "DsInitConfig",
+    "MscConfig",
     "SdtConfig",
 ]

@@ -8,6 +8,7 @@ repository of the package: it imports only the standard library, torch and trans
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -21,7 +22,15 @@ from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging
 
-from .configuration_deep_nmt import AVERAGE_CACHE_LAYER_TYPE, DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig
+from .configuration_deep_nmt import (
+    AVERAGE_CACHE_LAYER_TYPE,
+    MSC_CACHE_LAYER_TYPE,
+    DeepNMTConfig,
+    DlclConfig,
+    DsInitConfig,
+    MscConfig,
+    SdtConfig,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -41,6 +50,24 @@ def padding_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> t
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(), torch.finfo(dtype).min)[
         :, None, None, :
     ]
+
+
+@dataclass
+class DeepNMTEncoderOutput(BaseModelOutput):
+    r"""
+    Encoder output. `last_hidden_state` is what a plain decoder attends to. Under MSC it is the normalised output of
+    the top block, and two batch-first stacks are added (so that `generate()` expands them for beams like any other
+    encoder tensor):
+
+    block_outputs (`torch.FloatTensor` of shape `(batch, num_blocks, source_length, d_model)`, *optional*):
+        `LN_n(B^n)`, the normalised output of encoder block n, attended by decoder layer n.
+    context_states (`torch.FloatTensor` of shape `(batch, num_blocks, source_length, d_model)`, *optional*):
+        The context states `C^1 .. C^N`, attended by decoder layer n (`C^n`); present when the decoder attends to
+        the context.
+    """
+
+    block_outputs: torch.FloatTensor | None = None
+    context_states: torch.FloatTensor | None = None
 
 
 class DeepNMTSinusoidalPositions(nn.Module):
@@ -122,6 +149,39 @@ class DeepNMTAverageCacheLayer(DynamicLayer):
         super().crop(tokens_to_remove)
 
 
+class DeepNMTMscCacheLayer(DeepNMTAverageCacheLayer):
+    """Cache layer of MSC decoders: besides what [`DeepNMTAverageCacheLayer`] holds, the keys/values of the context
+    state `C^n` that decoder layer n attends (computed once, on the first decoding call), next to the inherited
+    storage of the encoder-block keys/values. Beam reordering and batch selection move both."""
+
+    _layer_type = MSC_CACHE_LAYER_TYPE
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.context_keys: torch.Tensor | None = None
+        self.context_values: torch.Tensor | None = None
+
+    def _select_context(self, select) -> None:
+        if self.context_keys is not None:
+            self.context_keys, self.context_values = select(self.context_keys), select(self.context_values)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._select_context(lambda tensor: tensor.index_select(0, beam_idx.to(tensor.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._select_context(lambda tensor: tensor[indices.to(tensor.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._select_context(lambda tensor: tensor.repeat_interleave(repeats, dim=0))
+
+    def reset(self) -> None:
+        super().reset()
+        self.context_keys = self.context_values = None
+
+
 def causal_average(states: torch.Tensor, past_key_values: Cache | None, layer_idx: int) -> torch.Tensor:
     """Mean of `states` (batch, len, d) over positions 0..t, current included, for every t (AAN / MAtt average).
 
@@ -143,13 +203,23 @@ def causal_average(states: torch.Tensor, past_key_values: Cache | None, layer_id
 class DeepNMTAttention(nn.Module):
     """Multi-head scaled dot-product attention (SDPA). Decoding state goes to the `EncoderDecoderCache` only."""
 
-    def __init__(self, config: DeepNMTConfig, num_heads: int, is_cross_attention: bool, layer_idx: int | None):
+    def __init__(
+        self,
+        config: DeepNMTConfig,
+        num_heads: int,
+        is_cross_attention: bool,
+        layer_idx: int | None,
+        context_memory: bool = False,
+    ):
         super().__init__()
         self.embed_dim = config.d_model
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads
         self.dropout = config.attention_dropout
         self.is_cross_attention = is_cross_attention
+        # MSC context attention: a second cross-attention of the layer, whose keys/values are cached in the
+        # `context_keys`/`context_values` of the layer's MSC cache layer.
+        self.context_memory = context_memory
         self.is_causal = False  # causality comes from the explicit mask built by the decoder
         self.layer_idx = layer_idx
         self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
@@ -191,7 +261,9 @@ class DeepNMTAttention(nn.Module):
         """Concatenated heads before the output projection, (batch, len, d_model)."""
         batch, length, _ = hidden_states.shape
         query = self._split_heads(self.q_proj(hidden_states))
-        if self.is_cross_attention:
+        if self.context_memory:
+            key, value = self._context_memory(key_value_states, past_key_values)
+        elif self.is_cross_attention:
             cache = past_key_values.cross_attention_cache if past_key_values is not None else None
             if cache is not None and past_key_values.is_updated.get(self.layer_idx, False):
                 key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
@@ -213,6 +285,28 @@ class DeepNMTAttention(nn.Module):
             query, key, value, attn_mask=attention_mask, dropout_p=self.dropout if self.training else 0.0
         )
         return output.transpose(1, 2).reshape(batch, length, self.embed_dim)
+
+    def _context_memory(
+        self, states: torch.Tensor, past_key_values: Cache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the MSC context states, projected once per decoding and then read from the cache."""
+        cache_layer = None
+        if past_key_values is not None:
+            layers = past_key_values.cross_attention_cache.layers
+            if self.layer_idx >= len(layers) or not isinstance(layers[self.layer_idx], DeepNMTMscCacheLayer):
+                raise TypeError(
+                    "MSC decoder layers also attend to context states, kept in their own cache layer: build the "
+                    "cache from the model config, `EncoderDecoderCache(DynamicCache(config=model.config), "
+                    "DynamicCache(config=model.config))`, or let the model or `generate()` create it."
+                )
+            cache_layer = layers[self.layer_idx]
+            if cache_layer.context_keys is not None:
+                return cache_layer.context_keys, cache_layer.context_values
+        key = self._split_heads(self.k_proj(states))
+        value = self._split_heads(self.v_proj(states))
+        if cache_layer is not None:
+            cache_layer.context_keys, cache_layer.context_values = key, value
+        return key, value
 
     def _relative_key_scores(self, query: torch.Tensor, key_length: int) -> torch.Tensor:
         """q_i . a_clip(j - i) / sqrt(d_h) for every query i and key j, (batch, heads, query_len, key_len).
@@ -320,6 +414,23 @@ class DeepNMTSublayer(GradientCheckpointingLayer):
             if isinstance(module, nn.Linear) and hasattr(module, "glorot_fan"):
                 module.init_scale = scale
 
+    def _add_context_attention(self, config: DeepNMTConfig, num_heads: int, enabled: bool) -> None:
+        """MSC: a second attention, to the context states, fused with the layer's own attention (Wei et al. 2020,
+        Eq. 10-13): `g * A_h + (1 - g) * A_c` with `g = sigmoid(W [A_h; A_c] + b)`, or `A_h + A_c`."""
+        self.context_attn = self.fusion_gate = None
+        if not enabled:
+            return
+        self.context_attn = DeepNMTAttention(config, num_heads, True, self.layer_idx, context_memory=True)
+        if config.msc_fusion == "gate":
+            self.fusion_gate = nn.Linear(2 * config.d_model, config.d_model)
+            self.fusion_gate.glorot_fan = 3 * config.d_model
+
+    def _fuse(self, primary: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
+        if self.fusion_gate is None:
+            return primary + context
+        gate = torch.sigmoid(self.fusion_gate(torch.cat([primary, context], dim=-1)))
+        return gate * primary + (1.0 - gate) * context
+
     def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation_fn(self.fc1(hidden_states))
         hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
@@ -337,13 +448,33 @@ class DeepNMTEncoderLayer(DeepNMTSublayer):
         super().__init__(config, layer_idx, config.encoder_ffn_dim)
         self.self_attn = DeepNMTAttention(config, config.encoder_attention_heads, False, layer_idx)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        msc_context = config.msc_block_layers is not None and config.msc_context_attention
+        self._add_context_attention(config, config.encoder_attention_heads, msc_context)
         self._scale_initialisation(config)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        hidden_states = self._residual(
-            hidden_states, self.self_attn_layer_norm, self.self_attn, attention_mask=attention_mask
-        )
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        context_states: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self.context_attn is None:
+            hidden_states = self._residual(
+                hidden_states, self.self_attn_layer_norm, self.self_attn, attention_mask=attention_mask
+            )
+        else:
+            hidden_states = self._residual(
+                hidden_states, self.self_attn_layer_norm, self._attend_with_context, attention_mask, context_states
+            )
         return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
+
+    def _attend_with_context(
+        self, normed: torch.Tensor, attention_mask: torch.Tensor | None, context_states: torch.Tensor
+    ) -> torch.Tensor:
+        # The context states are per source position: the source padding mask applies to them as well.
+        primary = self.self_attn(normed, attention_mask=attention_mask)
+        context = self.context_attn(normed, key_value_states=context_states, attention_mask=attention_mask)
+        return self._fuse(primary, context)
 
 
 class DeepNMTDecoderLayer(DeepNMTSublayer):
@@ -362,6 +493,10 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
             self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
             self.encoder_attn = DeepNMTAttention(config, heads, True, layer_idx)
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        msc_context = (
+            config.msc_block_layers is not None and config.msc_context_attention and config.msc_decoder_context
+        )
+        self._add_context_attention(config, heads, msc_context)
         self._scale_initialisation(config)
 
     def forward(
@@ -371,6 +506,7 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
         self_attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
+        context_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
         if self.self_attn is not None:
             hidden_states = self._residual(
@@ -380,15 +516,48 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
                 attention_mask=self_attention_mask,
                 past_key_values=past_key_values,
             )
-        hidden_states = self._residual(
-            hidden_states,
-            self.encoder_attn_layer_norm,
-            self.encoder_attn,
+        if self.context_attn is None:
+            hidden_states = self._residual(
+                hidden_states,
+                self.encoder_attn_layer_norm,
+                self.encoder_attn,
+                key_value_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+                past_key_values=past_key_values,
+            )
+        else:
+            hidden_states = self._residual(
+                hidden_states,
+                self.encoder_attn_layer_norm,
+                self._cross_attend_with_context,
+                encoder_hidden_states,
+                encoder_attention_mask,
+                past_key_values,
+                context_states,
+            )
+        return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
+
+    def _cross_attend_with_context(
+        self,
+        normed: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        context_states: torch.Tensor,
+    ) -> torch.Tensor:
+        primary = self.encoder_attn(
+            normed,
             key_value_states=encoder_hidden_states,
             attention_mask=encoder_attention_mask,
             past_key_values=past_key_values,
         )
-        return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
+        context = self.context_attn(
+            normed,
+            key_value_states=context_states,
+            attention_mask=encoder_attention_mask,
+            past_key_values=past_key_values,
+        )
+        return self._fuse(primary, context)
 
 
 class DeepNMTResidualHistory(nn.Module):
@@ -494,6 +663,48 @@ LAYER_AGGREGATION_CLASSES = {
 }
 
 
+class DeepNMTContextFeedForward(nn.Module):
+    """MSC ablation cell: `Q(c, x) = W_2 relu(W_1 [c; x] + b_1) + b_2` (inner width d) in place of the GRU."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.fc1 = nn.Linear(2 * d_model, d_model)
+        self.fc2 = nn.Linear(d_model, d_model)
+        self.fc1.glorot_fan = 3 * d_model
+        self.fc2.glorot_fan = 2 * d_model
+
+    def forward(self, inputs: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return self.fc2(F.relu(self.fc1(torch.cat([hidden, inputs], dim=-1))))
+
+
+class DeepNMTMscContext(nn.Module):
+    r"""
+    MSC contextual collaboration (Wei et al. 2020, Eq. 9; SPEC §4.2): `C^n = Q(C^{n-1}, B^n)`, run position-wise
+    across the blocks (each source position is its own recurrence of length N), `C^0` the encoder input. Q is a
+    `GRUCell(d, d)` with hidden state `C^{n-1}` and input `B^n` (one shared by all blocks, or one per block), or the
+    feed-forward ablation; without contextual collaboration `C^n` is `B^n` itself.
+    """
+
+    def __init__(self, config: DeepNMTConfig):
+        super().__init__()
+        self.cells = None
+        if config.msc_contextual_collaboration:
+            count = 1 if config.msc_share_gru else len(config.msc_blocks)
+            if config.msc_context_cell == "gru":
+                self.cells = nn.ModuleList(nn.GRUCell(config.d_model, config.d_model) for _ in range(count))
+            else:
+                self.cells = nn.ModuleList(DeepNMTContextFeedForward(config.d_model) for _ in range(count))
+
+    def forward(self, previous: torch.Tensor, block_output: torch.Tensor, block: int) -> torch.Tensor:
+        if self.cells is None:
+            return block_output
+        cell = self.cells[block if len(self.cells) > 1 else 0]
+        width = block_output.shape[-1]
+        # GRUCell takes (rows, d): every (sentence, position) pair is one row.
+        state = cell(block_output.reshape(-1, width), previous.reshape(-1, width))
+        return state.view(block_output.shape)
+
+
 class DeepNMTPreTrainedModel(PreTrainedModel):
     config_class = DeepNMTConfig
     config: DeepNMTConfig
@@ -531,6 +742,11 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
             init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights))
         elif isinstance(module, DeepNMTAttention) and module.relative_keys is not None:
             init.xavier_uniform_(module.relative_keys)
+        elif isinstance(module, nn.GRUCell):
+            # torch's own GRU convention: every weight and bias uniform in +-1/sqrt(hidden size)
+            bound = module.hidden_size**-0.5
+            for tensor in (module.weight_ih, module.weight_hh, module.bias_ih, module.bias_hh):
+                init.uniform_(tensor, -bound, bound)
 
 
 class DeepNMTStack(DeepNMTPreTrainedModel):
@@ -580,9 +796,25 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
 
 
 class DeepNMTEncoder(DeepNMTStack):
+    r"""
+    Encoder stack. Under MSC (`config.msc_block_layers`, Wei et al. 2020, SPEC §4) the layers form N blocks; block n
+    ends with its own LayerNorm, `LN_n(B^n)`, whose output decoder layer n attends (the last one is the encoder's
+    final LayerNorm), while the residual stream goes on from the un-normalised `B^n`. With the context, layers of
+    block n also attend to `C^{n-1}`, and `C^n = Q(C^{n-1}, LN_n(B^n))`, `C^0` the encoder input.
+    """
+
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, "encoder")
         self.layers = nn.ModuleList(DeepNMTEncoderLayer(config, i) for i in range(config.encoder_layers))
+        self.block_boundaries = config.msc_block_boundaries()
+        self.block_layer_norms = self.context = None
+        if self.block_boundaries is not None:
+            self.layer_norm = None  # the top block's LayerNorm plays its part
+            self.block_layer_norms = nn.ModuleList(
+                nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) for _ in config.msc_blocks
+            )
+            if config.msc_context_attention:
+                self.context = DeepNMTMscContext(config)
         self.post_init()
 
     def forward(
@@ -598,10 +830,29 @@ class DeepNMTEncoder(DeepNMTStack):
             raise ValueError(f"`input_ids` must have shape (batch, source_length >= 1), got {tuple(input_ids.shape)}.")
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
+        if self.block_boundaries is not None:
+            return self._multiscale(hidden_states, mask)
         state = self.history.start(hidden_states)  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
             self.history.push(state, layer(self.history.layer_input(state, index), mask), index)
-        return BaseModelOutput(last_hidden_state=self.finish(state))
+        return DeepNMTEncoderOutput(last_hidden_state=self.finish(state))
+
+    def _multiscale(self, hidden_states: torch.Tensor, mask: torch.Tensor | None) -> DeepNMTEncoderOutput:
+        blocks, contexts = [], []
+        context = hidden_states if self.context is not None else None  # C^0 = the encoder input
+        for block, (start, end) in enumerate(zip(self.block_boundaries, self.block_boundaries[1:])):
+            for layer in self.layers[start:end]:
+                hidden_states = layer(hidden_states, mask, context)
+            normed = self.block_layer_norms[block](hidden_states)
+            blocks.append(normed)
+            if self.context is not None:
+                context = self.context(context, normed, block)
+                contexts.append(context)
+        return DeepNMTEncoderOutput(
+            last_hidden_state=blocks[-1],
+            block_outputs=torch.stack(blocks, dim=1),
+            context_states=torch.stack(contexts, dim=1) if contexts and self.config.msc_decoder_context else None,
+        )
 
 
 class DeepNMTDecoder(DeepNMTStack):
@@ -618,7 +869,11 @@ class DeepNMTDecoder(DeepNMTStack):
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         use_cache: bool = False,
+        encoder_block_outputs: torch.Tensor | None = None,
+        encoder_context_states: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, Cache | None]:
+        """Under MSC, decoder layer n attends `encoder_block_outputs[:, n]` (and `encoder_context_states[:, n]`)
+        instead of `encoder_hidden_states`."""
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
@@ -636,10 +891,11 @@ class DeepNMTDecoder(DeepNMTStack):
         for index, layer in enumerate(self.layers):
             output = layer(
                 self.history.layer_input(state, index),
-                encoder_hidden_states,
+                encoder_hidden_states if encoder_block_outputs is None else encoder_block_outputs[:, index],
                 self_mask,
                 cross_mask,
                 past_key_values=past_key_values if use_cache else None,
+                context_states=None if encoder_context_states is None else encoder_context_states[:, index],
             )
             self.history.push(state, output, index)
         return self.finish(state), (past_key_values if use_cache else None)
@@ -706,8 +962,8 @@ class DeepNMTModel(DeepNMTPreTrainedModel):
     ) -> Seq2SeqModelOutput:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(last_hidden_state=encoder_outputs[0])
+        else:
+            encoder_outputs = self._check_encoder_outputs(encoder_outputs)
         if decoder_input_ids is None:
             raise ValueError("`decoder_input_ids` (or `labels`) are required to run the decoder.")
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
@@ -718,12 +974,39 @@ class DeepNMTModel(DeepNMTPreTrainedModel):
             encoder_attention_mask=attention_mask,
             past_key_values=past_key_values,
             use_cache=use_cache,
+            encoder_block_outputs=getattr(encoder_outputs, "block_outputs", None),
+            encoder_context_states=getattr(encoder_outputs, "context_states", None),
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_states,
             past_key_values=cache,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
         )
+
+    def _check_encoder_outputs(self, encoder_outputs) -> BaseModelOutput:
+        """`encoder_outputs` given by the caller: a `BaseModelOutput` or a tuple in the order of
+        [`DeepNMTEncoderOutput`] (`last_hidden_state`, then under MSC `block_outputs` and `context_states`)."""
+        if not isinstance(encoder_outputs, BaseModelOutput):
+            names = ("last_hidden_state", "block_outputs", "context_states")
+            encoder_outputs = DeepNMTEncoderOutput(**dict(zip(names, tuple(encoder_outputs)[:3])))
+        blocks = self.config.msc_blocks
+        if blocks is None:
+            return encoder_outputs
+        needs_context = self.config.msc_context_attention and self.config.msc_decoder_context
+        block_outputs = getattr(encoder_outputs, "block_outputs", None)
+        context_states = getattr(encoder_outputs, "context_states", None)
+        expected = f"(batch, {len(blocks)}, source_length, {self.config.d_model})"
+        for name, tensor, needed in (
+            ("block_outputs", block_outputs, True),
+            ("context_states", context_states, needs_context),
+        ):
+            if needed and (tensor is None or tensor.dim() != 4 or tensor.shape[1] != len(blocks)):
+                got = "nothing" if tensor is None else f"shape {tuple(tensor.shape)}"
+                raise ValueError(
+                    f"This MSC model's decoder layers read one encoder block each: `encoder_outputs` must carry "
+                    f"`{name}` of shape {expected} (as its encoder returns them, a DeepNMTEncoderOutput), got {got}."
+                )
+        return encoder_outputs
 
 
 class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
@@ -821,12 +1104,30 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1).to(logits.device), ignore_index=-100
             )
+            if self.training and self.config.encoder_l2_lambda:
+                loss = loss + self.config.encoder_l2_lambda * self.encoder_l2_penalty()
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
             past_key_values=outputs.past_key_values,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
         )
+
+    def encoder_l2_penalty(self) -> torch.Tensor:
+        """Sum of squares of the encoder's weight matrices (`nn.Linear` and GRU weights; no biases, LayerNorms,
+        embeddings, DLCL weights or relative-position tables), in float32. Training adds
+        `config.encoder_l2_lambda` times this to the loss; evaluation losses stay the plain cross-entropy."""
+        total = torch.zeros((), device=self.lm_head.weight.device)
+        for module in self.model.encoder.modules():
+            if isinstance(module, nn.Linear):
+                weights = (module.weight,)
+            elif isinstance(module, nn.GRUCell):
+                weights = (module.weight_ih, module.weight_hh)
+            else:
+                continue
+            for weight in weights:
+                total = total + weight.float().pow(2).sum()
+        return total
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -863,12 +1164,20 @@ class SdtForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = SdtConfig
 
 
+class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """MSC (Wei et al., 2020). Same network as [`DeepNMTForConditionalGeneration`] with [`MscConfig`] defaults."""
+
+    config_class = MscConfig
+
+
 __all__ = [
+    "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",
     "DeepNMTForConditionalGeneration",
     "DlclForConditionalGeneration",
     "DsInitForConditionalGeneration",
+    "MscForConditionalGeneration",
     "SdtForConditionalGeneration",
     "LAYER_AGGREGATION_CLASSES",
 ]

@@ -15,7 +15,7 @@ for _variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")
 import pytest
 import torch
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 
 # Every size differs from every other one, so that a swapped axis or a transposed weight fails loudly.
 TINY_SIZES = dict(
@@ -82,6 +82,40 @@ ARCHITECTURES = [
     pytest.param(
         (DeepNMTConfig, dict(decoder_self_attention="average", aan_ffn=True, decoder_layer_aggregation="dlcl")),
         id="aan-ffn-prenorm-dlcl-decoder",
+    ),
+    # MSC: encoder blocks of 2 and 1 layers for the 2 decoder layers, across the ablation switches
+    pytest.param((MscConfig, dict(msc_block_layers=[2, 1])), id="MscConfig"),
+    pytest.param(
+        (
+            DeepNMTConfig,
+            dict(
+                msc_block_layers=[1, 2], pre_norm=False, msc_context_cell="ffn", msc_fusion="add", msc_share_gru=False
+            ),
+        ),
+        id="msc-postnorm-ffn-cell-add-fusion",
+    ),
+    pytest.param(
+        (
+            DeepNMTConfig,
+            dict(
+                msc_block_layers=[2, 1],
+                msc_decoder_context=False,
+                decoder_self_attention="average",
+                relative_position_window=2,
+            ),
+        ),
+        id="msc-encoder-context-only-aan-relative-keys",
+    ),
+    pytest.param(
+        (
+            DeepNMTConfig,
+            dict(msc_block_layers=[2, 1], msc_context_attention=False, decoder_layer_aggregation="dlcl"),
+        ),
+        id="msc-no-context-dlcl-decoder",
+    ),
+    pytest.param(
+        (DeepNMTConfig, dict(msc_block_layers=[1, 2], msc_contextual_collaboration=False, init_scheme="ds_init")),
+        id="msc-no-collaboration-dsinit",
     ),
 ]
 

@@ -9,7 +9,13 @@ import torch
 from torch.nn import functional as F
 from transformers import AutoModelForSeq2SeqLM
 
-from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt import (
+    DeepNMTConfig,
+    DeepNMTForConditionalGeneration,
+    DlclConfig,
+    DlclForConditionalGeneration,
+    MscConfig,
+)
 from hf_deep_nmt.modeling.configuration_deep_nmt import LAYER_AGGREGATIONS
 from hf_deep_nmt.modeling.modeling_deep_nmt import LAYER_AGGREGATION_CLASSES, shift_tokens_right
 
@@ -393,8 +399,13 @@ def test_tied_output_projection_is_the_shared_embedding(tiny_config):
 @pytest.mark.filterwarnings("ignore:`gradient_checkpointing_enable` is deprecated:FutureWarning")
 @pytest.mark.parametrize("enable", ["gradient_checkpointing_enable", "activation_checkpointing_enable"])
 @pytest.mark.parametrize("pre_norm", [True, False], ids=["prenorm", "postnorm"])
-def test_gradient_checkpointing_gives_the_same_gradients(tiny_config, random_model, padded_batch, pre_norm, enable):
-    model = random_model(tiny_config(DlclConfig, pre_norm=pre_norm)).train()
+@pytest.mark.parametrize(
+    ("config_class", "overrides"), [(DlclConfig, {}), (MscConfig, {"msc_block_layers": [2, 1]})], ids=["dlcl", "msc"]
+)
+def test_gradient_checkpointing_gives_the_same_gradients(
+    tiny_config, random_model, padded_batch, pre_norm, enable, config_class, overrides
+):
+    model = random_model(tiny_config(config_class, pre_norm=pre_norm, **overrides)).train()
     checkpointed = copy.deepcopy(model)
     getattr(checkpointed, enable)()  # the Trainer calls activation_checkpointing_enable in transformers 5.x
     calls = []
@@ -410,7 +421,11 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_config, random_mod
     checkpointed(**model_inputs(padded_batch)).loss.backward()
     assert len(calls) == len(layers)
     gradients = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
-    assert "model.encoder.history.weight" in gradients and "model.decoder.history.weight" in gradients
+    if config_class is DlclConfig:
+        assert "model.encoder.history.weight" in gradients and "model.decoder.history.weight" in gradients
+    else:  # the MSC context cell and gates, outside and inside the checkpointed layers
+        assert "model.encoder.context.cells.0.weight_hh" in gradients
+        assert "model.decoder.layers.1.fusion_gate.weight" in gradients
     checkpointed_gradients = {name: p.grad for name, p in checkpointed.named_parameters() if p.grad is not None}
     assert gradients.keys() == checkpointed_gradients.keys()
     for name, gradient in gradients.items():

@@ -14,7 +14,7 @@ import torch
 
 import hf_deep_nmt.modeling.configuration_deep_nmt
 import hf_deep_nmt.modeling.modeling_deep_nmt
-from hf_deep_nmt import DlclConfig, DsInitConfig
+from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
 CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py")
@@ -51,11 +51,16 @@ with open("results.json", "w") as handle:
 """
 
 
-@pytest.fixture(scope="module", params=[DlclConfig, DsInitConfig], ids=["dlcl", "dsinit"])
+@pytest.fixture(
+    scope="module",
+    params=[(DlclConfig, {}), (DsInitConfig, {}), (MscConfig, {"msc_block_layers": [2, 1]})],
+    ids=["dlcl", "dsinit", "msc"],
+)
 def saved_model(request, tmp_path_factory, tiny_config, random_model):
-    """A perturbed tiny model (DLCL; DS-Init + MAtt) saved with save_pretrained, the inputs used, its logits and its
-    beam-search output."""
-    model = random_model(tiny_config(request.param))
+    """A perturbed tiny model (DLCL; DS-Init + MAtt; MSC with its context cache layer) saved with save_pretrained, the
+    inputs used, its logits and its beam-search output."""
+    config_class, overrides = request.param
+    model = random_model(tiny_config(config_class, **overrides))
     source = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
     inputs = dict(
         input_ids=source,
@@ -112,7 +117,7 @@ def assert_remote_class_with_identical_outputs(result: dict, saved_model) -> Non
     assert result["class"] == class_name
     assert result["module"].startswith("transformers_modules.") and "hf_deep_nmt" not in result["module"]
     assert torch.equal(result["logits"], logits)
-    # beam search runs on the remote code's own cache classes (MAtt: its running-sum cache layer)
+    # beam search runs on the remote code's own cache classes (MAtt: its running-sum cache layer; MSC: context keys)
     assert torch.equal(result["beams"], beams)
 
 
