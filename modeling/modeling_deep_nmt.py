@@ -1137,6 +1137,17 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @staticmethod
+    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
+        """Beam search moves a hypothesis only among the rows of its own sentence, whose cross-attention keys and
+        values are equal copies (of one expanded encoder output): reordering them would copy them onto themselves,
+        so only the self-attention states (keys/values, running sums) are reordered."""
+        if isinstance(past_key_values, EncoderDecoderCache):
+            past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        else:
+            past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
 
 class DlclForConditionalGeneration(DeepNMTForConditionalGeneration):
     """DLCL (Wang et al., 2019). Same network as [`DeepNMTForConditionalGeneration`] with [`DlclConfig`] defaults."""

@@ -1,0 +1,573 @@
+"""Speed and memory of this package's models against Hugging Face's Marian and CTranslate2, measured in one run.
+
+Contenders at equal sizes (base by default: d 512, FFN 2048, 8 heads, 6 + 6 layers, 32k vocabulary, random
+weights):
+
+* ``own_multi_head``: `DeepNMTForConditionalGeneration`, pre-norm, multi-head decoder self-attention;
+* ``own_matt``: the same with merged attention (``decoder_self_attention="merged_average"``);
+* ``hf_marian``: `MarianMTModel` built from the same sizes (post-norm, as Marian is);
+* ``ctranslate2``: a CTranslate2 conversion of that Marian model (decoding only; skipped when the optional
+  ``ctranslate2`` package is not installed: ``pip install -e ".[bench]"``).
+
+Figures (every output is forced to the same length so that all contenders do equal work):
+
+* training: target tokens/s of one step (forward + backward + Adam step) on batch x length tokens, and the FLOP/s
+  of that step (counted once with `torch.utils.flop_counter`) against the machine's measured fp32 GEMM peak;
+* decoding: target tokens/s of cached greedy and beam-4 search, batch 32, 24-token sources, 24 output tokens;
+* peak memory: extra resident memory of one step / one beam-4 decoding, each in a fresh process;
+* deep stacks: training step time of dense DLCL-48L against plain pre-norm 48L, and of plain 24L against 48L.
+
+Contenders alternate (A, B, C, A, B, C, ...) after one warm-up each and medians are reported, since a shared
+machine is noisy. One command prints the table and writes JSON:
+
+    python benchmarks/perf.py                  # base sizes, writes benchmarks/results/perf.json
+    python benchmarks/perf.py --size smoke     # tiny sizes, one repeat: checks that it runs (CI)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import transformers
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import MarianConfig, MarianMTModel
+
+from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+
+SIZES = {
+    "base": dict(
+        d_model=512,
+        ffn=2048,
+        heads=8,
+        layers=6,
+        vocab=32000,
+        train_batch=64,
+        train_length=32,
+        batch=32,
+        source_length=24,
+        new_tokens=24,
+        deep_d_model=512,
+        deep_ffn=2048,
+        deep_heads=8,
+        deep_batch=16,
+        deep_length=32,
+        deep_layers=(24, 48),
+        repeats=3,
+        gemm=2048,
+    ),
+    "smoke": dict(
+        d_model=32,
+        ffn=64,
+        heads=4,
+        layers=2,
+        vocab=200,
+        train_batch=4,
+        train_length=8,
+        batch=4,
+        source_length=6,
+        new_tokens=5,
+        deep_d_model=32,
+        deep_ffn=64,
+        deep_heads=4,
+        deep_batch=2,
+        deep_length=8,
+        deep_layers=(2, 4),
+        repeats=1,
+        gemm=128,
+    ),
+}
+PAD, BOS, EOS = 1, 0, 2
+DECODERS = ("own_multi_head", "own_matt", "hf_marian", "ctranslate2")
+
+
+# ----------------------------------------------------------------------------------------------------- contenders
+def own_model(
+    size: dict, *, self_attention: str = "multi_head", layers: int | None = None, aggregation: str = "residual"
+) -> DeepNMTForConditionalGeneration:
+    torch.manual_seed(0)
+    config = DeepNMTConfig(
+        vocab_size=size["vocab"],
+        d_model=size["d_model"],
+        encoder_ffn_dim=size["ffn"],
+        decoder_ffn_dim=size["ffn"],
+        encoder_attention_heads=size["heads"],
+        decoder_attention_heads=size["heads"],
+        encoder_layers=layers or size["layers"],
+        decoder_layers=size["layers"],
+        pre_norm=True,
+        layer_aggregation=aggregation,
+        decoder_self_attention=self_attention,
+        pad_token_id=PAD,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        decoder_start_token_id=BOS,
+    )
+    return DeepNMTForConditionalGeneration(config)
+
+
+def marian_model(size: dict) -> MarianMTModel:
+    torch.manual_seed(0)
+    config = MarianConfig(
+        vocab_size=size["vocab"],
+        decoder_vocab_size=size["vocab"],
+        d_model=size["d_model"],
+        encoder_ffn_dim=size["ffn"],
+        decoder_ffn_dim=size["ffn"],
+        encoder_attention_heads=size["heads"],
+        decoder_attention_heads=size["heads"],
+        encoder_layers=size["layers"],
+        decoder_layers=size["layers"],
+        max_position_embeddings=max(256, size["source_length"] + size["new_tokens"] + 8),
+        activation_function="relu",
+        scale_embedding=True,
+        share_encoder_decoder_embeddings=True,
+        # Marian's convention, which CTranslate2's converter expects: <pad> is the last id and starts the decoder.
+        pad_token_id=size["vocab"] - 1,
+        eos_token_id=EOS,
+        bos_token_id=BOS,
+        decoder_start_token_id=size["vocab"] - 1,
+        forced_eos_token_id=None,
+    )
+    return MarianMTModel(config)
+
+
+def decoding_model(kind: str, size: dict, workdir: Path):
+    if kind == "own_multi_head":
+        return own_model(size).eval()
+    if kind == "own_matt":
+        return own_model(size, self_attention="merged_average").eval()
+    marian = marian_model(size).eval()
+    if kind == "hf_marian":
+        return marian
+    return ctranslate2_translator(marian, size, workdir)
+
+
+def ctranslate2_available() -> bool:
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def ctranslate2_translator(marian: MarianMTModel, size: dict, workdir: Path):
+    """Convert the Marian model to CTranslate2 (fp32). Token `i` of the vocabulary is the string `t{i}`; the last id
+    is `<pad>`, which CTranslate2 drops (its decoder starts from a zero embedding, as Marian's does)."""
+    import ctranslate2
+    from ctranslate2.converters.transformers import TransformersConverter
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    source = workdir / "marian"
+    output = workdir / "ctranslate2"
+    if not (output / "model.bin").is_file():
+        marian.save_pretrained(source)
+        pad = size["vocab"] - 1
+        vocab = {f"t{i}": i for i in range(pad) if i not in (BOS, EOS)}
+        vocab.update({"<s>": BOS, "</s>": EOS, "<pad>": pad})
+        tokenizer = PreTrainedTokenizerFast(
+            tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t3")),
+            bos_token="<s>",
+            pad_token="<pad>",
+            eos_token="</s>",
+            unk_token="t3",
+        )
+        tokenizer.save_pretrained(source)
+        TransformersConverter(str(source)).convert(str(output), quantization="float32", force=True)
+    return ctranslate2.Translator(str(output), device="cpu", inter_threads=1, intra_threads=torch.get_num_threads())
+
+
+# ----------------------------------------------------------------------------------------------------- measures
+def alternate(measures: dict[str, Callable[[], float]], repeats: int) -> dict[str, list[float]]:
+    """Warm every contender up once, then run them in turn `repeats` times; seconds per run."""
+    for measure in measures.values():
+        measure()
+    timings: dict[str, list[float]] = {name: [] for name in measures}
+    for _ in range(repeats):
+        for name, measure in measures.items():
+            timings[name].append(measure())
+    return timings
+
+
+def training_batch(size: dict, batch: int, length: int) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    source = torch.randint(4, size["vocab"] - 1, (batch, length), generator=generator)
+    labels = torch.randint(4, size["vocab"] - 1, (batch, length), generator=generator)
+    return {"input_ids": source, "attention_mask": torch.ones_like(source), "labels": labels}
+
+
+def training_step(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> Callable[[], float]:
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+
+    def step() -> float:
+        started = time.perf_counter()
+        loss = model(**batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return time.perf_counter() - started
+
+    return step
+
+
+def forward_flops_parts(
+    size: dict, batch: int, source_length: int, target_length: int, encoder_layers: int
+) -> tuple[int, int]:
+    """Matrix-product FLOPs of one forward pass of a multi-head encoder-decoder of these sizes (2 per
+    multiply-add): (projections, FFN and output layer; the two products of every attention)."""
+    d, f, v, decoder_layers = size["d_model"], size["ffn"], size["vocab"], size["layers"]
+    source, target = batch * source_length, batch * target_length
+    layer = 4 * d * d + 2 * d * f  # Q, K, V, O and the FFN
+    linear = source * encoder_layers * layer + target * decoder_layers * (layer + 2 * d * d) + target * d * v
+    linear += source * decoder_layers * 2 * d * d  # cross-attention K and V, on the encoder output
+    attention = (
+        2
+        * batch
+        * d
+        * (encoder_layers * source_length**2 + decoder_layers * (target_length**2 + target_length * source_length))
+    )
+    return 2 * linear, 2 * attention
+
+
+def forward_flops(size: dict, batch: int, source_length: int, target_length: int, encoder_layers: int) -> int:
+    return sum(forward_flops_parts(size, batch, source_length, target_length, encoder_layers))
+
+
+def training_flops(size: dict, batch: int, source_length: int, target_length: int, encoder_layers: int) -> int:
+    """Forward + backward: the backward pass costs two forward passes (gradients of inputs and of weights)."""
+    return 3 * forward_flops(size, batch, source_length, target_length, encoder_layers)
+
+
+def counted_forward_flops(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """FLOPs of one forward pass as `torch.utils.flop_counter` counts them: on CPU it has no rule for the fused
+    attention kernel, so this is the count of the other matrix products only."""
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(**batch)
+    return counter.get_total_flops()
+
+
+def gemm_peak(n: int, repeats: int) -> float:
+    """Measured fp32 matrix-multiply FLOP/s (n x n by n x n), the best of `repeats` timed runs of 5 products."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(max(3, repeats)):
+        started = time.perf_counter()
+        for _ in range(5):
+            torch.mm(a, b)
+        best = min(best, (time.perf_counter() - started) / 5)
+    return 2 * n**3 / best
+
+
+def decode(kind: str, model, source: torch.Tensor, beams: int, new_tokens: int) -> Callable[[], float]:
+    if kind == "ctranslate2":
+        tokens = [[f"t{i}" for i in row[:-1]] for row in source.tolist()]  # CTranslate2 appends </s> itself
+
+        def run() -> float:
+            started = time.perf_counter()
+            results = model.translate_batch(
+                tokens,
+                beam_size=beams,
+                max_batch_size=len(tokens),
+                min_decoding_length=new_tokens,
+                max_decoding_length=new_tokens,
+                return_scores=False,
+            )
+            elapsed = time.perf_counter() - started
+            lengths = {len(result.hypotheses[0]) for result in results}
+            if lengths != {new_tokens}:
+                raise RuntimeError(f"CTranslate2 produced hypotheses of lengths {sorted(lengths)}, not {new_tokens}")
+            return elapsed
+
+        return run
+
+    def run() -> float:
+        with torch.inference_mode():
+            started = time.perf_counter()
+            output = model.generate(
+                input_ids=source,
+                attention_mask=torch.ones_like(source),
+                num_beams=beams,
+                min_new_tokens=new_tokens,
+                max_new_tokens=new_tokens,
+                do_sample=False,
+                use_cache=True,
+            )
+            elapsed = time.perf_counter() - started
+        if output.shape != (source.shape[0], new_tokens + 1):
+            raise RuntimeError(f"{kind}: expected {new_tokens} forced new tokens, got shape {tuple(output.shape)}")
+        return elapsed
+
+    return run
+
+
+def decoding_source(size: dict) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(2)
+    source = torch.randint(4, size["vocab"] - 1, (size["batch"], size["source_length"] - 1), generator=generator)
+    return torch.cat([source, torch.full((size["batch"], 1), EOS)], dim=1)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_probe(task: str, kind: str, size: dict, workdir: Path) -> int:
+    """Run in a fresh process: peak resident memory above the resident memory after warm-up inputs are built."""
+    if task == "train":
+        model = own_model(size) if kind == "own_multi_head" else marian_model(size)
+        batch = training_batch(size, size["train_batch"], size["train_length"])
+        run = training_step(model, batch)
+    else:
+        model = decoding_model(kind, size, workdir)
+        run = decode(kind, model, decoding_source(size), 4, size["new_tokens"])
+    before = rss_bytes()
+    run()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return max(0, peak - before)
+
+
+def measure_memory(task: str, kind: str, args: argparse.Namespace, workdir: Path) -> int:
+    command = [sys.executable, __file__, "--size", args.size, "--workdir", str(workdir), "--memory-probe", task, kind]
+    if args.threads:
+        command += ["--threads", str(args.threads)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory probe {task}/{kind} failed:\n{done.stderr[-2000:]}")
+    return int(done.stdout.strip().splitlines()[-1])
+
+
+def machine() -> dict[str, object]:
+    cpu = platform.processor()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line]
+        cpu = names[0] if names else cpu
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+    }
+
+
+# ----------------------------------------------------------------------------------------------------- sections
+def run_training(size: dict, repeats: int) -> dict:
+    batch = training_batch(size, size["train_batch"], size["train_length"])
+    models = {"own_pre_norm": own_model(size), "hf_marian": marian_model(size)}
+    length = size["train_length"]
+    flops = {name: training_flops(size, size["train_batch"], length, length, size["layers"]) for name in models}
+    timings = alternate({name: training_step(model, batch) for name, model in models.items()}, repeats)
+    tokens = size["train_batch"] * size["train_length"]
+    medians = {name: statistics.median(values) for name, values in timings.items()}
+    return {
+        "seconds": timings,
+        "median_seconds": medians,
+        "tokens_per_second": {name: tokens / seconds for name, seconds in medians.items()},
+        "flops_per_step": flops,
+        "flops_per_second": {name: flops[name] / medians[name] for name in models},
+    }
+
+
+def run_decoding(size: dict, repeats: int, workdir: Path, kinds: list[str]) -> dict:
+    source = decoding_source(size)
+    models = {kind: decoding_model(kind, size, workdir) for kind in kinds}
+    results = {}
+    for beams in (1, 4):
+        timings = alternate(
+            {kind: decode(kind, model, source, beams, size["new_tokens"]) for kind, model in models.items()}, repeats
+        )
+        medians = {kind: statistics.median(values) for kind, values in timings.items()}
+        tokens = size["batch"] * size["new_tokens"]
+        results[f"beams_{beams}"] = {
+            "seconds": timings,
+            "median_seconds": medians,
+            "tokens_per_second": {kind: tokens / seconds for kind, seconds in medians.items()},
+        }
+    return results
+
+
+def run_deep(size: dict, repeats: int) -> dict:
+    shallow, deep = size["deep_layers"]
+    deep_size = size | {"d_model": size["deep_d_model"], "ffn": size["deep_ffn"], "heads": size["deep_heads"]}
+    batch = training_batch(deep_size, size["deep_batch"], size["deep_length"])
+    models = {
+        f"plain_{shallow}": own_model(deep_size, layers=shallow),
+        f"plain_{deep}": own_model(deep_size, layers=deep),
+        f"dlcl_{deep}": own_model(deep_size, layers=deep, aggregation="dlcl"),
+    }
+    timings = alternate({name: training_step(model, batch) for name, model in models.items()}, repeats)
+    medians = {name: statistics.median(values) for name, values in timings.items()}
+    return {"encoder_layers": [shallow, deep], "seconds": timings, "median_seconds": medians}
+
+
+def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool]]:
+    """(figure, ratio of medians, ratio of fastest runs, target, met by the medians) for every target measured.
+
+    On a shared machine the fastest run of each contender is the one least disturbed by others, so its ratio is
+    reported next to the ratio of medians."""
+    rows = []
+
+    def add(figure: str, seconds: dict, numerator: str, denominator: str, target: str, met) -> None:
+        median = statistics.median(seconds[numerator]) / statistics.median(seconds[denominator])
+        fastest = min(seconds[numerator]) / min(seconds[denominator])
+        rows.append((figure, median, fastest, target, met(median)))
+
+    decoding = results.get("decoding")
+    if decoding:
+        for beams in (1, 4):
+            seconds = decoding[f"beams_{beams}"]["seconds"]
+            name = "greedy" if beams == 1 else "beam 4"
+            # speed ratio A / B = time(B) / time(A)
+            add(f"decoding {name}: own multi-head / HF Marian", seconds, "hf_marian", "own_multi_head", ">= 1.20",
+                lambda value: value >= 1.2)  # fmt: skip
+            add(f"decoding {name}: own MAtt / own multi-head", seconds, "own_multi_head", "own_matt", ">= 1.50",
+                lambda value: value >= 1.5)  # fmt: skip
+            if "ctranslate2" in seconds:
+                target = ">= 1.00" if beams == 4 else "(no target)"
+                add(f"decoding {name}: own MAtt / CTranslate2", seconds, "ctranslate2", "own_matt", target,
+                    lambda value: value >= 1.0)  # fmt: skip
+    training = results.get("training")
+    if training:
+        add("training: own pre-norm / HF Marian tokens/s", training["seconds"], "hf_marian", "own_pre_norm",
+            ">= 1.10", lambda value: value >= 1.1)  # fmt: skip
+        flops = training["flops_per_step"]["own_pre_norm"]
+        median = flops / statistics.median(training["seconds"]["own_pre_norm"]) / results["gemm_peak_flops"]
+        fastest = flops / min(training["seconds"]["own_pre_norm"]) / results["gemm_peak_flops"]
+        rows.append(("training: own pre-norm FLOP/s / fp32 GEMM peak", median, fastest, ">= 0.75", median >= 0.75))
+    deep = results.get("deep")
+    if deep:
+        shallow, depth = deep["encoder_layers"]
+        add(f"deep: DLCL-{depth}L / plain-{depth}L step time", deep["seconds"], f"dlcl_{depth}", f"plain_{depth}",
+            "<= 1.10", lambda value: value <= 1.1)  # fmt: skip
+        limit = 1.05 * depth / shallow  # 2.10 for 48 against 24 layers
+        add(f"deep: plain-{depth}L / plain-{shallow}L step time", deep["seconds"], f"plain_{depth}",
+            f"plain_{shallow}", f"<= {limit:.2f}", lambda value: value <= limit)  # fmt: skip
+    return rows
+
+
+def print_tables(results: dict) -> None:
+    decoding = results.get("decoding")
+    if decoding:
+        heading = "| decoding (batch {batch}, {source_length} source, {new_tokens} output tokens) "
+        print(heading.format(**results["size"]) + "| greedy tok/s | beam 4 tok/s | peak MB (beam 4) |")
+        print("|---|---:|---:|---:|")
+        memory = results.get("memory", {}).get("decoding_beam_4", {})
+        for kind in decoding["beams_1"]["tokens_per_second"]:
+            greedy = decoding["beams_1"]["tokens_per_second"][kind]
+            beam = decoding["beams_4"]["tokens_per_second"][kind]
+            shown = f"{memory[kind] / 2**20:.0f}" if kind in memory else ""
+            print(f"| {kind} | {greedy:.1f} | {beam:.1f} | {shown} |")
+        print()
+    training = results.get("training")
+    if training:
+        size = results["size"]
+        print(f"| training ({size['train_batch']}x{size['train_length']} target tokens, Adam) | median s | "
+              "target tok/s | GFLOP/s | of GEMM peak | peak MB |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|")
+        memory = results.get("memory", {}).get("training", {})
+        for name in training["median_seconds"]:
+            flops = training["flops_per_second"][name]
+            shown = f"{memory[name] / 2**20:.0f}" if name in memory else ""
+            print(
+                f"| {name} | {training['median_seconds'][name]:.3f} | {training['tokens_per_second'][name]:.1f} | "
+                f"{flops / 1e9:.1f} | {flops / results['gemm_peak_flops']:.0%} | {shown} |"
+            )
+        print(f"\nmeasured fp32 GEMM peak: {results['gemm_peak_flops'] / 1e9:.1f} GFLOP/s\n")
+    deep = results.get("deep")
+    if deep:
+        print(f"| deep stacks (training step, batch {results['size']['deep_batch']}x{results['size']['deep_length']},"
+              " 6-layer decoder) | median s |")  # fmt: skip
+        print("|---|---:|")
+        for name, seconds in deep["median_seconds"].items():
+            print(f"| {name} encoder layers | {seconds:.3f} |")
+        print()
+    memory = results.get("memory")
+    if memory and not (decoding or training):
+        print("| peak memory above the loaded model | MB |")
+        print("|---|---:|")
+        for task, by_kind in memory.items():
+            for kind, peak in by_kind.items():
+                print(f"| {task}: {kind} | {peak / 2**20:.0f} |")
+        print()
+    print("| target | ratio of medians | ratio of fastest runs | target | met (medians) |")
+    print("|---|---:|---:|---:|:---:|")
+    for figure, median, fastest, target, met in ratio_rows(results):
+        print(f"| {figure} | {median:.2f} | {fastest:.2f} | {target} | {'yes' if met else 'no'} |")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="base")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per contender (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for every contender")
+    parser.add_argument(
+        "--sections", nargs="+", choices=("training", "decoding", "deep", "memory"),
+        default=["training", "decoding", "deep", "memory"],
+    )  # fmt: skip
+    parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/perf[_SIZE].json")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the CTranslate2 conversion is kept")
+    parser.add_argument("--report", type=Path, default=None, help="print the tables of a results JSON and exit")
+    parser.add_argument("--memory-probe", nargs=2, metavar=("TASK", "KIND"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.report:
+        results = json.loads(args.report.read_text())
+        print_tables(results)
+        return results
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    size = dict(SIZES[args.size])
+    repeats = args.repeats or size["repeats"]
+    with tempfile.TemporaryDirectory() as scratch:
+        workdir = args.workdir or Path(scratch)
+        if args.memory_probe:
+            print(memory_probe(*args.memory_probe, size, workdir))
+            return {}
+        kinds = [kind for kind in DECODERS if kind != "ctranslate2" or ctranslate2_available()]
+        results: dict = {"size": size | {"name": args.size}, "repeats": repeats, "machine": machine()}
+        if "ctranslate2" not in kinds:
+            results["skipped"] = ["ctranslate2 (not installed: pip install -e '.[bench]')"]
+        results["gemm_peak_flops"] = gemm_peak(size["gemm"], repeats)
+        if "training" in args.sections:
+            results["training"] = run_training(size, repeats)
+        if "decoding" in args.sections:
+            results["decoding"] = run_decoding(size, repeats, workdir, kinds)
+        if "deep" in args.sections:
+            results["deep"] = run_deep(size, repeats)
+        if "memory" in args.sections:
+            results["memory"] = {
+                "training": {kind: measure_memory("train", kind, args, workdir) for kind in ("own_multi_head",)},
+                "decoding_beam_4": {kind: measure_memory("decode", kind, args, workdir) for kind in kinds},
+            }
+            results["memory"]["training"]["own_pre_norm"] = results["memory"]["training"].pop("own_multi_head")
+            results["memory"]["training"]["hf_marian"] = measure_memory("train", "hf_marian", args, workdir)
+    results["ratios"] = [
+        {"figure": figure, "measured": median, "fastest_runs": fastest, "target": target, "met": met}
+        for figure, median, fastest, target, met in ratio_rows(results)
+    ]
+    print_tables(results)
+    name = "perf.json" if args.size == "base" else f"perf_{args.size}.json"
+    path = args.json or Path(__file__).parent / "results" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2) + "\n")
+    print(f"\nmachine: {results['machine']}\nraw timings: {path}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

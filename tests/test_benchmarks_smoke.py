@@ -1,0 +1,98 @@
+"""The performance harness (benchmarks/perf.py) at its smoke size: it runs, every contender does the same work, and
+the ratios it reports are the ones its raw timings give. No speed is asserted here (speed lives in benchmarks/)."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+PERF = Path(__file__).resolve().parent.parent / "benchmarks" / "perf.py"
+
+
+@pytest.fixture(scope="module")
+def perf():
+    spec = importlib.util.spec_from_file_location("perf", PERF)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def smoke_run(perf, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("perf")
+    threads = torch.get_num_threads()
+    try:
+        results = perf.main(
+            ["--size", "smoke", "--sections", "training", "decoding", "deep", "--json", str(folder / "perf.json"),
+             "--workdir", str(folder), "--threads", "1"]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    return results, folder
+
+
+def test_smoke_run_writes_every_figure(perf, smoke_run):
+    results, folder = smoke_run
+    assert json.loads((folder / "perf.json").read_text())["ratios"] == results["ratios"]
+    decoders = set(results["decoding"]["beams_4"]["tokens_per_second"])
+    expected = {"own_multi_head", "own_matt", "hf_marian"}
+    if perf.ctranslate2_available():
+        expected.add("ctranslate2")
+    else:
+        assert any("ctranslate2" in skipped for skipped in results["skipped"])
+    assert decoders == expected
+    assert set(results["training"]["tokens_per_second"]) == {"own_pre_norm", "hf_marian"}
+    assert set(results["deep"]["median_seconds"]) == {"plain_2", "plain_4", "dlcl_4"}
+    figures = [row["figure"] for row in results["ratios"]]
+    assert len(figures) == (10 if "ctranslate2" in decoders else 8)
+
+
+def test_reported_ratios_follow_from_raw_timings(smoke_run):
+    results, _ = smoke_run
+    size = results["size"]
+    beam = results["decoding"]["beams_4"]["median_seconds"]
+    ratios = {row["figure"]: row["measured"] for row in results["ratios"]}
+    # tokens/s = batch * new tokens / median seconds, so the speed ratio is the inverse ratio of medians
+    assert ratios["decoding beam 4: own MAtt / own multi-head"] == pytest.approx(
+        beam["own_multi_head"] / beam["own_matt"]
+    )
+    training = results["training"]
+    tokens = size["train_batch"] * size["train_length"]
+    assert training["tokens_per_second"]["hf_marian"] == pytest.approx(
+        tokens / training["median_seconds"]["hf_marian"]
+    )
+    deep = results["deep"]["median_seconds"]
+    assert ratios["deep: DLCL-4L / plain-4L step time"] == pytest.approx(deep["dlcl_4"] / deep["plain_4"])
+
+
+def test_flop_formula_matches_torch_flop_counter(perf):
+    """The harness's FLOP formula (used for FLOP/s against the GEMM peak): its matrix products against torch's own
+    count of a forward pass of this package's model and of Marian (source 5, target 4 tokens), its attention
+    products against a hand count (torch's counter has no rule for the CPU attention kernel)."""
+    size = perf.SIZES["smoke"]
+    inputs = perf.training_batch(size, 3, 5)
+    inputs["labels"] = inputs["labels"][:, :4].contiguous()
+    linear, attention = perf.forward_flops_parts(size, 3, 5, 4, size["layers"])
+    assert perf.counted_forward_flops(perf.own_model(size), inputs) == linear
+    assert perf.counted_forward_flops(perf.marian_model(size), inputs) == linear
+    # QK^T and AV, 2 * batch * query_len * key_len * d each: 2 encoder self (5x5), 2 decoder self (4x4), 2 cross (4x5)
+    assert attention == 2 * 2 * 3 * 32 * (2 * 25 + 2 * 16 + 2 * 20)
+    assert perf.training_flops(size, 3, 5, 4, size["layers"]) == 3 * (linear + attention)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="ctranslate2 is an optional extra")
+def test_ctranslate2_conversion_decodes_like_hf_marian(perf, tmp_path):
+    """The converted copy is the same model: greedy outputs of the forced length agree token for token."""
+    size = perf.SIZES["smoke"]
+    marian = perf.marian_model(size).eval()
+    translator = perf.ctranslate2_translator(marian, size, tmp_path)
+    source = perf.decoding_source(size)
+    with torch.inference_mode():
+        output = marian.generate(input_ids=source, num_beams=1, do_sample=False, min_new_tokens=5, max_new_tokens=5)
+    expected = output[:, 1:].tolist()
+    tokens = [[f"t{i}" for i in row[:-1]] for row in source.tolist()]
+    results = translator.translate_batch(tokens, beam_size=1, min_decoding_length=5, max_decoding_length=5)
+    produced = [[int(token[1:]) for token in result.hypotheses[0]] for result in results]
+    assert produced == expected
