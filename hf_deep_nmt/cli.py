@@ -51,7 +51,7 @@ def _translate(argv: list[str]) -> int:
 
     # what the user named is checked before the model is loaded
     if args.input != "-" and not Path(args.input).is_file():
-        raise SystemExit(f"hf-deep-nmt translate: input file not found: {args.input}")
+        raise FileNotFoundError(f"input file not found: {args.input}")
     check_local_path(args.model, "Model folder")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(device)
@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hf-deep-nmt: unknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}.", file=sys.stderr)
         usage = (
             "usage: hf-deep-nmt {train | train-staged} CONFIG [--field value ...] | translate --model DIR [...] | "
-            "average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run]"
+            "average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
+            "inspect --model DIR --output-dir DIR"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0
