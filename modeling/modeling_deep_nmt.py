@@ -640,10 +640,11 @@ class DeepNMTBlockHistory(nn.Module):
         row = len(stored) - 1
         weights = self.weight[row, : row + 1].to(stored[0].dtype)
         # A running weighted sum, not a stacked tensor: autograd then keeps only references to the stored outputs,
-        # where a stack would save an O(row) copy per layer, O(L^2) memory over the stack.
+        # where a stack would save an O(row) copy per layer, O(L^2) memory over the stack. One fused multiply-add per
+        # stored output (`addcmul`), not a product and a sum, each writing a new tensor.
         combined = weights[0] * stored[0]
         for weight, output in zip(weights[1:], stored[1:]):
-            combined = combined + weight * output
+            combined = torch.addcmul(combined, weight, output)
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
         return combined
