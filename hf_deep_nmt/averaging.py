@@ -2,12 +2,11 @@
 (or of a given list) written as an ordinary, loadable model folder.
 
 No library offers this for Trainer checkpoints (fairseq's `average_checkpoints.py` does it for fairseq files); the
-file handling is `safetensors` and `transformers.trainer_utils` (checkpoint discovery), the rest is written here.
+file handling is `safetensors`, checkpoint discovery that of `hf_deep_nmt.callbacks`, the rest is written here.
 """
 
 from __future__ import annotations
 
-import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,30 +14,23 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
+from hf_deep_nmt.callbacks import numbered_checkpoints
 from hf_deep_nmt.hub import check_export_folder
 
 logger = logging.get_logger(__name__)
 
 WEIGHTS_NAME = "model.safetensors"
-_CHECKPOINT = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 # What a saved model folder holds besides its weights; copied from the newest checkpoint.
 _COMPANION_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """`checkpoint-<step>` folders of a Trainer output folder that hold weights, oldest step first."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
+    if not Path(output_dir).is_dir():
         raise FileNotFoundError(f"Training output folder not found: {output_dir}")
-    found = [
-        (int(match.group(1)), path)
-        for path in output_dir.iterdir()
-        if (match := _CHECKPOINT.match(path.name)) and (path / WEIGHTS_NAME).is_file()
-    ]
-    return [path for _, path in sorted(found)]
+    return [path for path in numbered_checkpoints(output_dir) if (path / WEIGHTS_NAME).is_file()]
 
 
 def last_checkpoints(output_dir: str | Path, count: int) -> list[Path]:

@@ -128,18 +128,24 @@ def checkpoint_problem(folder: str | Path) -> str | None:
     return None
 
 
+def numbered_checkpoints(output_dir: str | Path) -> list[Path]:
+    """The `checkpoint-<step>` folders of a Trainer output folder, oldest step first (by number, not by name); none
+    when the folder does not exist."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    numbered = [
+        (int(match.group(1)), path)
+        for path in output_dir.iterdir()
+        if (match := _CHECKPOINT_NAME.match(path.name)) and path.is_dir()
+    ]
+    return [path for _, path in sorted(numbered)]
+
+
 def last_complete_checkpoint(output_dir: str | Path) -> str | None:
     """The newest complete `checkpoint-N` folder under `output_dir` (a warning names every newer incomplete one
     skipped), or None when there is none."""
-    output_dir = Path(output_dir)
-    if not output_dir.is_dir():
-        return None
-    numbered = []
-    for path in output_dir.iterdir():
-        match = _CHECKPOINT_NAME.match(path.name)
-        if match and path.is_dir():
-            numbered.append((int(match.group(1)), path))
-    for _, path in sorted(numbered, reverse=True):
+    for path in reversed(numbered_checkpoints(output_dir)):
         problem = checkpoint_problem(path)
         if problem is None:
             return str(path)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from transformers.utils import logging
 
+from hf_deep_nmt.diagnostics import load_pyplot, save_figure
+
 logger = logging.get_logger(__name__)
 
 CURVES_FILE = "training_curves.png"
@@ -32,10 +34,7 @@ def plot_training_curves(log_history: list[dict], output_dir: str | Path) -> Pat
         logger.warning("No loss or BLEU was logged during training: no training curves to plot.")
         return None
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from matplotlib import pyplot
+        pyplot = load_pyplot()
     except ImportError:
         logger.warning(
             "matplotlib is not installed: training curves skipped (pip install 'hf-deep-nmt[plots]' to get them)."
@@ -54,9 +53,4 @@ def plot_training_curves(log_history: list[dict], output_dir: str | Path) -> Pat
     bleu_axis.set(xlabel="step", ylabel="sacreBLEU", title="Validation BLEU")
     for axis in (loss_axis, bleu_axis):
         axis.grid(alpha=0.3)
-    figure.tight_layout()
-    path = Path(output_dir) / CURVES_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=100)
-    pyplot.close(figure)
-    return path
+    return save_figure(figure, Path(output_dir) / CURVES_FILE)

@@ -295,7 +295,8 @@ def similarity_from_states(states: list[torch.Tensor], mask: torch.Tensor) -> di
 # --- plots -------------------------------------------------------------------------------------------------------
 
 
-def _pyplot():
+def load_pyplot():
+    """`matplotlib.pyplot` on the file-only Agg backend; `ImportError` saying which extra to install without it."""
     try:
         import matplotlib
     except ImportError as error:  # pragma: no cover - depends on the environment
@@ -316,12 +317,13 @@ def _integer_ticks(axis, y: bool = False) -> None:
         axis.yaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _save(figure, path: str | Path) -> Path:
+def save_figure(figure, path: str | Path) -> Path:
+    """Lay out `figure`, write it to `path` as PNG (creating its folder) and close it; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    _pyplot().close(figure)
+    load_pyplot().close(figure)
     return path
 
 
@@ -332,7 +334,7 @@ def plot_gradient_norms(
 
     `curves` maps a label (e.g. "post-norm 12L") to the output of `layer_gradient_norms`; the labels in `dashed` are
     drawn dashed (the paper's convention for its method)."""
-    plt = _pyplot()
+    plt = load_pyplot()
     sides = [side for side in STACKS if any(side in norms for norms in curves.values())]
     figure, axes = plt.subplots(len(sides), 1, figsize=(6.4, 2.8 * len(sides)), squeeze=False)
     for axis, side in zip(axes[:, 0], sides):
@@ -347,7 +349,7 @@ def plot_gradient_norms(
         axis.legend(fontsize=7)
     if title:
         axes[0, 0].set_title(title)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_combination_weights(
@@ -355,7 +357,7 @@ def plot_combination_weights(
 ) -> Path:
     """Heatmap of a combination matrix with the small entries masked (`mask_small_weights`), as DLCL Fig. 5:
     x = the stored output j (0 = embedding), y = the layer / block whose input the row builds."""
-    plt = _pyplot()
+    plt = load_pyplot()
     masked = mask_small_weights(weight, absolute, relative).numpy()
     size = masked.shape[0]
     figure, axis = plt.subplots(figsize=(3 + 0.18 * size, 2.6 + 0.16 * size))
@@ -365,12 +367,12 @@ def plot_combination_weights(
     axis.set_xlabel("stored output j (0 = embedding)")
     axis.set_ylabel("input of block r+1 (last row: stack output)")
     axis.set_title(title or f"combination weights (|w| < {absolute} or < {relative:.0%} of row max masked)")
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def plot_layer_similarity(curves: Mapping[str, Mapping[str, list[float]]], path: str | Path, title: str = "") -> Path:
     """SDT Fig. 2: (a) sim(i, 0), (b) sim(i, i-1), (c) inter-similarity, one line per model in `curves`."""
-    plt = _pyplot()
+    plt = load_pyplot()
     figure, axes = plt.subplots(1, 3, figsize=(12, 3.2))
     for label, sims in curves.items():
         layers = len(sims["to_embedding"])
@@ -384,7 +386,7 @@ def plot_layer_similarity(curves: Mapping[str, Mapping[str, list[float]]], path:
         axis.legend(fontsize=7)
     if title:
         figure.suptitle(title)
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 # --- one call: everything of a saved model ---------------------------------------------------------------------------
@@ -486,11 +488,13 @@ __all__ = [
     "layer_gradient_norms",
     "layer_outputs",
     "layer_similarity",
+    "load_pyplot",
     "mask_small_weights",
     "parameter_gradient_norms",
     "plot_combination_weights",
     "plot_gradient_norms",
     "plot_layer_similarity",
+    "save_figure",
     "similarity_from_states",
     "stack_layers",
 ]

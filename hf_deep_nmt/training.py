@@ -44,7 +44,12 @@ from hf_deep_nmt.curves import plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS, corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
-from hf_deep_nmt.input_checks import check_config_overrides, check_local_path, check_recipe_values
+from hf_deep_nmt.input_checks import (
+    check_config_overrides,
+    check_local_path,
+    check_recipe_values,
+    check_tokenizer_matches,
+)
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
@@ -383,11 +388,9 @@ def prepare(
 
 
 def configure_generation(model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments) -> None:
-    """Beam size, length penalty and an output cap relative to the longest allowed source; vocabulary check."""
-    if model.config.vocab_size < len(tokenizer):
-        raise ValueError(
-            f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {model.config.vocab_size}."
-        )
+    """Beam size, length penalty and an output cap relative to the longest allowed source; the tokenizer must fit the
+    model (`check_tokenizer_matches`)."""
+    check_tokenizer_matches(model, tokenizer)
     model.generation_config.num_beams = export_args.num_beams
     # generate() applies the fairseq form; a GNMT-form alpha is kept as the recipe's value (the model card says which)
     model.generation_config.length_penalty = export_args.length_penalty

@@ -6,6 +6,8 @@ transformers.
 
 from __future__ import annotations
 
+import dataclasses
+
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2CLS
 
@@ -378,14 +380,12 @@ class DeepNMTConfig(PreTrainedConfig):
                     raise ValueError(f"`{field}` must be an id in [0, {limit}), got {value!r}.")
 
     def _validate_msc(self) -> None:
-        defaults = dict(
-            msc_context_attention=True,
-            msc_contextual_collaboration=True,
-            msc_context_cell="gru",
-            msc_share_gru=True,
-            msc_fusion="gate",
-            msc_decoder_context=True,
-        )
+        # the MSC switches and their defaults, as the fields of this class declare them
+        defaults = {
+            item.name: item.default
+            for item in dataclasses.fields(DeepNMTConfig)
+            if item.name.startswith("msc_") and item.name != "msc_block_layers"
+        }
         changed = {field: getattr(self, field) for field, value in defaults.items() if getattr(self, field) != value}
         if self.msc_block_layers is None:
             if changed:

@@ -1,9 +1,11 @@
 """Shared fixtures: tiny configs with characteristic sizes, an isolated offline Hugging Face home, seeding."""
 
+import hashlib
 import os
 import shutil
 import socket
 import tempfile
+from pathlib import Path
 
 # Set before anything imports transformers / huggingface_hub, which read these paths once at import time.
 _SESSION_HF_HOME = tempfile.mkdtemp(prefix="hf-deep-nmt-tests-")
@@ -209,3 +211,29 @@ def padded_batch():
         source_lengths=[5, 3],
         target_lengths=[4, 2],
     )
+
+
+HUB_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="session")
+def hub_cache():
+    """`hub_cache(folder, cache_dir, repo_id)` lays `folder` out as the Hub cache does it,
+    `cache_dir/models--org--name/{blobs, refs/main, snapshots/<commit>}` with the snapshot files linked to their
+    blobs, so that `from_pretrained(repo_id)` finds it offline; returns the snapshot folder."""
+
+    def lay_out(folder: Path, cache_dir: Path, repo_id: str, commit: str = HUB_COMMIT) -> Path:
+        repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+        snapshot = repo / "snapshots" / commit
+        (repo / "blobs").mkdir(parents=True)
+        (repo / "refs").mkdir()
+        snapshot.mkdir(parents=True)
+        (repo / "refs" / "main").write_text(commit)
+        for file in sorted(Path(folder).iterdir()):
+            content = file.read_bytes()
+            blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
+            blob.write_bytes(content)
+            (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+        return snapshot
+
+    return lay_out

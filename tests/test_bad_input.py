@@ -119,21 +119,10 @@ def test_a_source_far_longer_than_any_training_sentence_is_encoded_with_sinusoid
     assert torch.isfinite(outputs.encoder_last_hidden_state).all()
 
 
-def test_translate_handles_long_and_empty_sources_as_documented(tokenizer):
+def test_translate_handles_long_and_empty_sources_as_documented(tokenizer, tiny_config):
     """An empty or blank sentence translates to "" (the model is not run for it); a long one is not truncated: the
     output may be up to `max_length_a * source_tokens + max_length_b` tokens long."""
-    torch.manual_seed(0)
-    config = DeepNMTConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=8,
-        decoder_ffn_dim=8,
-    )
-    model = DeepNMTForConditionalGeneration(config)
+    model = DeepNMTForConditionalGeneration(tiny_config(vocab_size=len(tokenizer), encoder_layers=1, decoder_layers=1))
     long_sentence = " ".join(["hola mundo buenos días gracias"] * 20)
     outputs = translate(model, tokenizer, ["", "   ", "gracias", long_sentence], num_beams=2, max_length_b=3)
     assert outputs[:2] == ["", ""]
@@ -144,29 +133,16 @@ def test_translate_handles_long_and_empty_sources_as_documented(tokenizer):
 # ---- tokenizer / model mismatch ------------------------------------------------------------------------------------
 
 
-def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tokenizer):
-    config = DeepNMTConfig(
-        vocab_size=len(tokenizer) - 5,
-        d_model=8,
-        encoder_layers=1,
-        decoder_layers=1,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=8,
-        decoder_ffn_dim=8,
-    )
-    model = DeepNMTForConditionalGeneration(config)
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_refused(tokenizer, tiny_config):
+    model = DeepNMTForConditionalGeneration(tiny_config(vocab_size=len(tokenizer) - 5))
     pattern = rf"tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {len(tokenizer) - 5}"
     with pytest.raises(ValueError, match=pattern):
         translate(model, tokenizer, ["hola"])
 
 
 @pytest.mark.parametrize(("field", "value"), [("pad_token_id", 3), ("eos_token_id", 3)])
-def test_a_tokenizer_with_other_special_ids_is_refused(tokenizer, field, value):
-    config = DeepNMTConfig(vocab_size=len(tokenizer), d_model=8, encoder_layers=1, decoder_layers=1,
-                           encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=8, decoder_ffn_dim=8,
-                           **{field: value})  # fmt: skip
-    model = DeepNMTForConditionalGeneration(config)
+def test_a_tokenizer_with_other_special_ids_is_refused(tokenizer, tiny_config, field, value):
+    model = DeepNMTForConditionalGeneration(tiny_config(vocab_size=len(tokenizer), **{field: value}))
     with pytest.raises(
         ValueError, match=rf"tokenizer's {field} \({getattr(tokenizer, field)}\) differs .* \({value}\)"
     ):

@@ -83,17 +83,7 @@ def test_trainer_dataloader_yields_token_budget_batches(tmp_path):
     args = DeepNMTTrainingArguments(
         output_dir=str(tmp_path), max_tokens=300, use_cpu=True, report_to="none", per_device_train_batch_size=1
     )
-
-    class Pad:  # what DataCollatorForSeq2Seq needs of a tokenizer
-        pad_token_id, padding_side, model_input_names = 1, "right", ["input_ids"]
-
-        def pad(self, features, **kwargs):
-            width = max(len(feature["input_ids"]) for feature in features)
-            ids = [f["input_ids"] + [1] * (width - len(f["input_ids"])) for f in features]
-            masks = [f["attention_mask"] + [0] * (width - len(f["input_ids"])) for f in features]
-            return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(masks)}
-
-    collator = DataCollatorForSeq2Seq(Pad(), model=model, label_pad_token_id=-100)
+    collator = DataCollatorForSeq2Seq(_Pad(), model=model, label_pad_token_id=-100)
     trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset, data_collator=collator)
     loader = trainer.get_train_dataloader()
     batches = list(loader)

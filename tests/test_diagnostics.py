@@ -289,22 +289,13 @@ def test_layer_similarity_ignores_padding(tiny_config, random_model, side, overr
 # ---- CLI ------------------------------------------------------------------------------------------------------------
 
 
-def test_inspect_cli_writes_pngs_and_json(tmp_path):
+def test_inspect_cli_writes_pngs_and_json(tmp_path, tiny_config):
     from PIL import Image
 
     raw = load_parallel_dataset(sample_corpus_dir() / "train.tsv")["train"].select(range(400))
     tokenizer = train_joint_tokenizer(zip(raw["source"], raw["target"]), vocab_size=300)
     torch.manual_seed(0)
-    config = DlclConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=3,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=24,
-        decoder_ffn_dim=20,
-    )
+    config = tiny_config(DlclConfig, vocab_size=len(tokenizer))
     from hf_deep_nmt import DlclForConditionalGeneration
 
     model_dir = tmp_path / "model"

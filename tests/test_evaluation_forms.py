@@ -86,19 +86,9 @@ def tokenizer():
 
 
 @pytest.fixture
-def model(tokenizer):
+def model(tokenizer, tiny_config):
     torch.manual_seed(3)
-    config = DlclConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=24,
-        decoder_ffn_dim=24,
-        tie_word_embeddings=False,
-    )
+    config = tiny_config(DlclConfig, vocab_size=len(tokenizer), tie_word_embeddings=False)
     model = DlclForConditionalGeneration(config).eval()
     with torch.no_grad():
         for parameter in model.parameters():

@@ -6,7 +6,6 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -158,25 +157,13 @@ def test_growth_needs_a_model_of_this_package_and_a_size_without_blocks():
         grow_encoder(dlcl, 2, "interleave")
 
 
-def test_a_model_in_a_hub_cache_can_be_grown_by_repo_id(sdt, tmp_path):
-    """`$HF_HUB_CACHE/models--org--name/{blobs,refs/main,snapshots/<commit>}`, loaded offline by repo id."""
-    import hashlib
-
+def test_a_model_in_a_hub_cache_can_be_grown_by_repo_id(sdt, tmp_path, hub_cache):
+    """A model laid out in `$HF_HUB_CACHE` as the Hub cache does it, loaded offline by repo id."""
     from huggingface_hub import constants
 
     folder = tmp_path / "saved"
     sdt.save_pretrained(folder)
-    repo = Path(constants.HF_HUB_CACHE) / "models--org--sdt-grow-test"
-    commit = "0123456789abcdef0123456789abcdef01234567"
-    snapshot = repo / "snapshots" / commit
-    (repo / "blobs").mkdir(parents=True)
-    (repo / "refs").mkdir()
-    snapshot.mkdir(parents=True)
-    (repo / "refs" / "main").write_text(commit)
-    for file in sorted(folder.iterdir()):
-        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
-        blob.write_bytes(file.read_bytes())
-        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
+    hub_cache(folder, constants.HF_HUB_CACHE, "org/sdt-grow-test")
     grown = grow_encoder("org/sdt-grow-test")
     assert grown.config.encoder_layers == 4 and grown.config.encoder_block_boundaries == [0, 2, 4]
     assert all(torch.equal(v, layer_tensors(sdt, 0)[k]) for k, v in layer_tensors(grown, 2).items())

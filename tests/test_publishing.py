@@ -21,21 +21,10 @@ PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is no
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, tiny_config):
     tokenizer = train_joint_tokenizer(PAIRS * 20, vocab_size=120, min_frequency=1)
     torch.manual_seed(0)
-    config = DlclConfig(
-        vocab_size=len(tokenizer),
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=16,
-        decoder_ffn_dim=16,
-        tie_word_embeddings=False,
-    )
-    model = DlclForConditionalGeneration(config)
+    model = DlclForConditionalGeneration(tiny_config(DlclConfig, vocab_size=len(tokenizer), tie_word_embeddings=False))
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.5)

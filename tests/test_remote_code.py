@@ -2,7 +2,6 @@
 and from a Hub cache by repo id, and give the same logits as the package."""
 
 import ast
-import hashlib
 import json
 import os
 import subprocess
@@ -19,7 +18,6 @@ from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
 CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py")
 ALLOWED_PACKAGES = {"torch", "transformers", "__future__"}
-COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 LOAD_SCRIPT = """
 import json
@@ -138,25 +136,10 @@ def test_saved_folder_needs_trust_remote_code_without_the_package(folder_results
     assert "trust_remote_code=True" in folder_results[mode]["error"]
 
 
-def build_hub_cache(folder: Path, hf_home: Path, repo_id: str) -> None:
-    """`$HF_HOME/hub/models--org--name/{blobs,refs/main,snapshots/<commit>}`, snapshot files linked to blobs."""
-    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / COMMIT
-    (repo / "blobs").mkdir(parents=True)
-    (repo / "refs").mkdir()
-    snapshot.mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    for file in sorted(folder.iterdir()):
-        content = file.read_bytes()
-        blob = repo / "blobs" / hashlib.sha256(content).hexdigest()
-        blob.write_bytes(content)
-        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
-
-
-def test_hub_cache_loads_by_repo_id_offline_with_identical_logits(saved_model, tmp_path):
+def test_hub_cache_loads_by_repo_id_offline_with_identical_logits(saved_model, tmp_path, hub_cache):
     folder, inputs = saved_model[:2]
     hf_home = tmp_path / "hf_home"
-    build_hub_cache(folder, hf_home, "org/name")
+    hub_cache(folder, hf_home / "hub", "org/name")
     results = load_in_clean_process(tmp_path, "org/name", ["default", "true"], hf_home, inputs)
     assert "trust_remote_code=True" in results["default"]["error"]
     assert_remote_class_with_identical_outputs(results["true"], saved_model)

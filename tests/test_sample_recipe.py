@@ -2,7 +2,6 @@
 training, averages its last checkpoints, plots its curves and exports a folder that loads by repo id from an offline
 Hub cache in a process without hf_deep_nmt, with a model card whose metadata parses."""
 
-import hashlib
 import json
 import os
 import subprocess
@@ -19,7 +18,6 @@ from hf_deep_nmt import training
 from hf_deep_nmt.translate import translate
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "sample.json"
-COMMIT = "fedcba9876543210fedcba9876543210fedcba98"
 
 # The recipe's own keys; only sizes and lengths shrink, so that CI runs it in seconds.
 TINY = {
@@ -121,23 +119,10 @@ def test_export_carries_the_recipe_decoding_and_a_parsable_card(sample_run):
     assert "trust_remote_code=True" in card.text
 
 
-def _hub_cache(folder: Path, hub_cache: Path, repo_id: str) -> None:
-    repo = hub_cache / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / COMMIT
-    (repo / "blobs").mkdir(parents=True)
-    (repo / "refs").mkdir()
-    snapshot.mkdir(parents=True)
-    (repo / "refs" / "main").write_text(COMMIT)
-    for file in sorted(folder.iterdir()):
-        blob = repo / "blobs" / hashlib.sha256(file.read_bytes()).hexdigest()
-        blob.write_bytes(file.read_bytes())
-        (snapshot / file.name).symlink_to(os.path.relpath(blob, snapshot))
-
-
-def test_export_loads_by_repo_id_offline_without_the_package(sample_run, tmp_path):
+def test_export_loads_by_repo_id_offline_without_the_package(sample_run, tmp_path, hub_cache):
     root, config, summary = sample_run
     folder = root / "export"
-    _hub_cache(folder, tmp_path / "hub", "org/sample-dlcl")
+    hub_cache(folder, tmp_path / "hub", "org/sample-dlcl")
     (tmp_path / "load.py").write_text(LOAD_SCRIPT)
     env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
     env.pop("PYTHONPATH", None)

@@ -3,6 +3,7 @@ training loop with the fairseq inverse-sqrt schedule, validation loss and result
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -17,6 +18,22 @@ from hf_deep_nmt.schedules import inverse_sqrt_scheduler
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 RESULTS = Path(__file__).parent / "results"
+
+
+def add_script_arguments(parser: argparse.ArgumentParser, threads: int = 2) -> argparse.ArgumentParser:
+    """The options every reproduction script takes: `--threads`, `--out-dir`, `--smoke`."""
+    parser.add_argument("--threads", type=int, default=threads)
+    parser.add_argument("--out-dir", type=Path, default=RESULTS)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
+    return parser
+
+
+def script_settings(args: argparse.Namespace, **extra) -> dict:
+    """The command-line settings of a run for its result file (paths as text, the output folder left out), plus
+    `extra`."""
+    settings = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
+    settings.pop("out_dir", None)
+    return {**settings, **extra}
 
 
 def setup_threads(threads: int) -> None:

@@ -25,7 +25,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, Corpus, mean, setup_threads, train, validation_loss, write_results  # noqa: E402
+from common import (  # noqa: E402
+    Corpus,
+    add_script_arguments,
+    mean,
+    script_settings,
+    setup_threads,
+    train,
+    validation_loss,
+    write_results,
+)
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
 from hf_deep_nmt.diagnostics import combination_weights, plot_combination_weights  # noqa: E402
@@ -38,9 +47,9 @@ SYSTEMS = {
 
 
 def plot(curves: dict, path: Path, title: str) -> Path:
-    from hf_deep_nmt.diagnostics import _pyplot, _save
+    from hf_deep_nmt.diagnostics import load_pyplot, save_figure
 
-    plt = _pyplot()
+    plt = load_pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 3.6))
     for label, curve in curves.items():
         axis.plot([p["step"] for p in curve], [p["loss"] for p in curve], marker=".", label=label)
@@ -48,7 +57,7 @@ def plot(curves: dict, path: Path, title: str) -> Path:
     axis.set_ylabel("validation loss (nats/token)")
     axis.set_title(title)
     axis.legend()
-    return _save(figure, path)
+    return save_figure(figure, path)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -60,9 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peak-lr", type=float, default=2e-3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--eval-every", type=int, default=15)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
+    add_script_arguments(parser)
     args = parser.parse_args(argv)
     setup_threads(args.threads)
     args.out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,11 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "claim": "DLCL Table 1: at the deep-model learning rate a post-norm 20-layer encoder fails; pre-norm 20L and "
         "post-norm DLCL train",
-        "settings": {
-            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out_dir"},
-            "sizes": sizes,
-            "vocab_size": corpus.vocab_size,
-        },
+        "settings": script_settings(args, sizes=sizes, vocab_size=corpus.vocab_size),
         "systems": systems,
         "plot": path.name,
     }

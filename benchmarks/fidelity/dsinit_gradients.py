@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, Corpus, mean, setup_threads, write_results  # noqa: E402
+from common import Corpus, add_script_arguments, mean, setup_threads, write_results  # noqa: E402
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
 from hf_deep_nmt.diagnostics import layer_gradient_norms, plot_gradient_norms  # noqa: E402
@@ -49,9 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="gradient of the layer's parameters (Fig. 1) or of its output (the error signal of Table 1)",
     )
     parser.add_argument("--name", default="dsinit_gradients", help="name of the result files")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
+    add_script_arguments(parser)
     args = parser.parse_args(argv)
     setup_threads(args.threads)
     sizes = dict(d_model=512, encoder_ffn_dim=2048, decoder_ffn_dim=2048, encoder_attention_heads=8)

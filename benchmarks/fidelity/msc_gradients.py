@@ -24,15 +24,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, Corpus, setup_threads, train, write_results  # noqa: E402
+from common import Corpus, add_script_arguments, script_settings, setup_threads, train, write_results  # noqa: E402
 
 import hf_deep_nmt  # noqa: E402
 from hf_deep_nmt import DeepNMTConfig  # noqa: E402
-from hf_deep_nmt.diagnostics import _pyplot, _save, layer_gradient_norms, parameter_gradient_norms  # noqa: E402
-
-
-def msc_available() -> bool:
-    return hasattr(hf_deep_nmt, "MscConfig")
+from hf_deep_nmt.diagnostics import layer_gradient_norms, load_pyplot, parameter_gradient_norms, save_figure  # noqa: E402
 
 
 def summarise(norms: list[float]) -> dict:
@@ -51,14 +47,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--warmup", type=int, default=40)
     parser.add_argument("--peak-lr", type=float, default=1e-3)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
+    add_script_arguments(parser)
     args = parser.parse_args(argv)
-    if not msc_available():
-        raise SystemExit(
-            "msc_gradients.py needs MSC (hf_deep_nmt.MscConfig), which this version of the package lacks."
-        )
     setup_threads(args.threads)
     sizes = dict(d_model=64, encoder_ffn_dim=256, decoder_ffn_dim=256, encoder_attention_heads=4)
     sizes["decoder_attention_heads"] = 4
@@ -105,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"max/min {[round(p['max_min_ratio'], 2) for p in points]}"
         )
 
-    plt = _pyplot()
+    plt = load_pyplot()
     figure, axes = plt.subplots(1, len(curves), figsize=(6 * len(curves), 3.6), squeeze=False, sharey=True)
     for axis, (label, points) in zip(axes[0], curves.items()):
         for point in points:
@@ -115,15 +105,11 @@ def main(argv: list[str] | None = None) -> dict:
         axis.set_xlabel("encoder layer")
         axis.legend(fontsize=7)
     axes[0, 0].set_ylabel("gradient norm (window mean)")
-    plot = _save(figure, args.out_dir / "msc_gradients.png")
+    plot = save_figure(figure, args.out_dir / "msc_gradients.png")
     results = {
         "claim": "MSC Fig. 5: the per-layer gradient norms of a deep MSC encoder are balanced between bottom and top "
         "layers, compared with a plain stack of the same depth",
-        "settings": {
-            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out_dir"},
-            "sizes": sizes,
-            "vocab_size": corpus.vocab_size,
-        },
+        "settings": script_settings(args, sizes=sizes, vocab_size=corpus.vocab_size),
         "systems": systems,
         "plot": plot.name,
     }

@@ -29,10 +29,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import RESULTS, Corpus, setup_threads, train, validation_loss, write_results  # noqa: E402
+from common import Corpus, add_script_arguments, script_settings, setup_threads, train, validation_loss, write_results  # noqa: E402
 
 from hf_deep_nmt import SdtConfig, SdtForConditionalGeneration  # noqa: E402
-from hf_deep_nmt.diagnostics import _pyplot, _save, layer_similarity, plot_layer_similarity  # noqa: E402
+from hf_deep_nmt.diagnostics import layer_similarity, load_pyplot, plot_layer_similarity, save_figure  # noqa: E402
 from hf_deep_nmt.growing import grow_encoder  # noqa: E402
 from hf_deep_nmt.schedules import stage_start_step  # noqa: E402
 
@@ -69,9 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--peak-lr", type=float, default=2e-3)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--eval-every", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out-dir", type=Path, default=RESULTS)
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check that the script runs")
+    add_script_arguments(parser)
     args = parser.parse_args(argv)
     setup_threads(args.threads)
     sizes = dict(d_model=64, encoder_ffn_dim=256, decoder_ffn_dim=256, encoder_attention_heads=4)
@@ -128,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
         }
         print(f"{label:20s} final validation loss {final:.4f}")
 
-    plt = _pyplot()
+    plt = load_pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 3.6))
     for label, curve in curves.items():
         axis.plot([p["step"] for p in curve], [p["loss"] for p in curve], marker=".", label=label)
@@ -138,18 +136,14 @@ def main(argv: list[str] | None = None) -> dict:
     axis.set_ylabel("validation loss (nats/token)")
     axis.set_title("SDT growth ablation (Table 2)")
     axis.legend()
-    loss_plot = _save(figure, args.out_dir / "sdt_growth_ablation.png")
+    loss_plot = save_figure(figure, args.out_dir / "sdt_growth_ablation.png")
     sim_plot = plot_layer_similarity(
         similarities, args.out_dir / "sdt_layer_similarity.png", "Encoder layer similarity of the grown models"
     )
     ranking = sorted(variants, key=lambda k: variants[k]["final_validation_loss"])
     results = {
         "claim": "SDT Table 2: growing with copied top layers and LR restart beats random new layers at equal steps",
-        "settings": {
-            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "out_dir"},
-            "sizes": sizes,
-            "vocab_size": corpus.vocab_size,
-        },
+        "settings": script_settings(args, sizes=sizes, vocab_size=corpus.vocab_size),
         "first_stage": first_stage,
         "variants": variants,
         "ranking_by_validation_loss": ranking,
