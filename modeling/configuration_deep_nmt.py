@@ -146,6 +146,10 @@ class DeepNMTConfig(PreTrainedConfig):
             weights or relative-position tables). MSC's 72-layer IWSLT system uses 1e-5.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
+        sdpa_avoid_cudnn (`bool`, *optional*, defaults to `True`):
+            Keep attention calls that pass a mask on CUDA off PyTorch's cuDNN SDPA backend (flash, memory-efficient
+            and math kernels stay allowed): its backward returns NaN gradients at padded lengths of 64 mod 128
+            (pytorch/pytorch#196678). Set `False` on a torch release with the fix. No effect on CPU.
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
             Special token ids, defaults 1 / 0 / 2 / 0 (the tokenizer of the package puts `<s>`, `<pad>`, `</s>`,
             `<unk>` at ids 0-3).
@@ -200,6 +204,7 @@ class DeepNMTConfig(PreTrainedConfig):
     msc_decoder_context: bool = True
     encoder_l2_lambda: float = 0.0
     layer_norm_eps: float = 1e-5
+    sdpa_avoid_cudnn: bool = True
     use_cache: bool = True
     is_encoder_decoder: bool = True
     pad_token_id: int | None = 1
@@ -308,6 +313,7 @@ class DeepNMTConfig(PreTrainedConfig):
             "msc_contextual_collaboration",
             "msc_share_gru",
             "msc_decoder_context",
+            "sdpa_avoid_cudnn",
         ):
             _check_bool(field, getattr(self, field))
         _check_choice("msc_context_cell", self.msc_context_cell, MSC_CONTEXT_CELLS)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
@@ -50,6 +51,31 @@ def padding_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> t
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(), torch.finfo(dtype).min)[
         :, None, None, :
     ]
+
+
+# SDPA backends allowed for masked attention on CUDA when `config.sdpa_avoid_cudnn` is on: every one but cuDNN, whose
+# backward returns NaN gradients with an explicit mask at padded lengths of 64 mod 128 (pytorch/pytorch#196678).
+SDPA_BACKENDS_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+# Device types whose masked attention is restricted to those backends (the cuDNN backend only exists on CUDA).
+SDPA_RESTRICTED_DEVICE_TYPES = ("cuda",)
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    avoid_cudnn: bool,
+) -> torch.Tensor:
+    """`F.scaled_dot_product_attention`, kept off the cuDNN backend when a mask is passed on CUDA and `avoid_cudnn`.
+
+    The condition is on Python values and the device type only (no host synchronisation), so it costs nothing on
+    CPU and `torch.compile` traces the backend restriction as a context manager without a graph break."""
+    if avoid_cudnn and attention_mask is not None and query.device.type in SDPA_RESTRICTED_DEVICE_TYPES:
+        with sdpa_kernel(SDPA_BACKENDS_WITHOUT_CUDNN):
+            return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout)
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout)
 
 
 @dataclass
@@ -216,6 +242,7 @@ class DeepNMTAttention(nn.Module):
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads
         self.dropout = config.attention_dropout
+        self.avoid_cudnn = config.sdpa_avoid_cudnn
         self.is_cross_attention = is_cross_attention
         # MSC context attention: a second cross-attention of the layer, whose keys/values are cached in the
         # `context_keys`/`context_values` of the layer's MSC cache layer.
@@ -281,8 +308,8 @@ class DeepNMTAttention(nn.Module):
             if self.relative_keys is not None:
                 bias = self._relative_key_scores(query, key.shape[2])
                 attention_mask = bias if attention_mask is None else attention_mask + bias
-        output = F.scaled_dot_product_attention(
-            query, key, value, attn_mask=attention_mask, dropout_p=self.dropout if self.training else 0.0
+        output = scaled_dot_product_attention(
+            query, key, value, attention_mask, self.dropout if self.training else 0.0, self.avoid_cudnn
         )
         return output.transpose(1, 2).reshape(batch, length, self.embed_dim)
 
