@@ -16,8 +16,9 @@ CURVES_FILE = "training_curves.png"
 
 
 def curve_points(log_history: list[dict]) -> dict[str, list[tuple[int, float]]]:
-    """`(step, value)` pairs of the training loss, validation loss and validation BLEU found in `log_history`."""
-    series = {"loss": "loss", "eval_loss": "eval_loss", "eval_bleu": "eval_bleu"}
+    """`(step, value)` pairs of the training loss, validation loss and validation BLEU found in `log_history`, and
+    of the optimizer steps skipped for a non-finite loss or gradient (value: the running count)."""
+    series = {"loss": "loss", "eval_loss": "eval_loss", "eval_bleu": "eval_bleu", "skipped": "nonfinite_steps_skipped"}
     points: dict[str, list[tuple[int, float]]] = {name: [] for name in series}
     for record in log_history:
         for name, key in series.items():
@@ -44,6 +45,9 @@ def plot_training_curves(log_history: list[dict], output_dir: str | Path) -> Pat
     for name, label in (("loss", "training loss"), ("eval_loss", "validation loss")):
         if points[name]:
             loss_axis.plot(*zip(*points[name]), marker="." if name == "eval_loss" else None, label=label)
+    for number, (step, _) in enumerate(points["skipped"]):
+        label = f"skipped step, non-finite ({len(points['skipped'])})" if number == 0 else None
+        loss_axis.axvline(step, color="tab:red", alpha=0.4, linewidth=0.8, label=label)
     loss_axis.set(xlabel="step", ylabel="loss", title="Loss")
     loss_axis.legend()
     if points["eval_bleu"]:

@@ -21,7 +21,7 @@ from typing import Any
 from transformers import AutoModelForSeq2SeqLM
 from transformers.utils import logging
 
-from hf_deep_nmt.callbacks import last_complete_checkpoint
+from hf_deep_nmt.callbacks import last_complete_checkpoint, nonfinite_steps_skipped
 from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.training import (
@@ -72,7 +72,7 @@ class StageTrainer(DeepNMTTrainer):
         self.schedule_start_step = schedule_start_step
         self.stage_arguments = stage_arguments
 
-    def create_scheduler(self, num_training_steps: int, optimizer=None):
+    def _create_scheduler(self, num_training_steps: int, optimizer=None):
         if self.lr_scheduler is None:
             self.lr_scheduler = inverse_sqrt_scheduler(
                 optimizer or self.optimizer,
@@ -122,6 +122,7 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
             logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
         result = trainer.train(resume_from_checkpoint=checkpoint)
         done = {"stage": number, "encoder_layers": depth, "steps": result.global_step, "schedule_start": start_step}
+        done["nonfinite_steps_skipped"] = nonfinite_steps_skipped(trainer)
         if trainer.is_world_process_zero():
             trainer.save_model(stage_dir / "model")
             # written beside and renamed into place: a run killed meanwhile leaves no half-written record
@@ -137,4 +138,5 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
         configure_generation(model, prepared.tokenizer, data_args, export_args)
         trainer = make_trainer(model, training_args, prepared)
     summary.update(train_seconds=round(time.perf_counter() - started, 1), train_steps=completed_steps)
+    summary["nonfinite_steps_skipped"] = sum(stage.get("nonfinite_steps_skipped", 0) for stage in summary["stages"])
     return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)

@@ -39,7 +39,12 @@ from transformers.utils import logging
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
 from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
-from hf_deep_nmt.callbacks import NonFiniteGuard, resolve_resume_checkpoint
+from hf_deep_nmt.callbacks import (
+    DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS,
+    NonFiniteGuard,
+    nonfinite_steps_skipped,
+    resolve_resume_checkpoint,
+)
 from hf_deep_nmt.curves import plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS, corpus_scores, make_compute_metrics
@@ -158,9 +163,17 @@ class DeepNMTTrainingArguments(Seq2SeqTrainingArguments):
         },
     )
     warmup_init_lr: float = field(default=1e-7, metadata={"help": "Start of the fairseq inverse_sqrt warm-up."})
+    max_consecutive_nonfinite_steps: int = field(
+        default=DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS,
+        metadata={
+            "help": "Optimizer steps with a NaN/inf loss or gradient are skipped (no update, schedule held); more "
+            "than this many in a row stop the run with NonFiniteTrainingError (0: stop at the first)."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
+        NonFiniteGuard(self.max_consecutive_nonfinite_steps)  # validates the value
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -168,8 +181,18 @@ class DeepNMTTrainingArguments(Seq2SeqTrainingArguments):
 
 
 class DeepNMTTrainer(Seq2SeqTrainer):
-    """`Seq2SeqTrainer` with token-budget training batches (`args.max_tokens`, one share per process) and the
-    fairseq inverse-sqrt / Noam schedules (`args.lr_schedule`). Everything else is the library's."""
+    """`Seq2SeqTrainer` with token-budget training batches (`args.max_tokens`, one share per process), the fairseq
+    inverse-sqrt / Noam schedules (`args.lr_schedule`) and a `NonFiniteGuard` (skips non-finite steps, stops after
+    `args.max_consecutive_nonfinite_steps` in a row; one passed in `callbacks` is used instead). Everything else is
+    the library's."""
+
+    def __init__(self, *args, callbacks=None, **kwargs):
+        callbacks = list(callbacks or [])
+        if not any(isinstance(callback, NonFiniteGuard) for callback in callbacks):
+            training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+            limit = getattr(training_args, "max_consecutive_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS)
+            callbacks.insert(0, NonFiniteGuard(limit))
+        super().__init__(*args, callbacks=callbacks, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = getattr(self.args, "max_tokens", None)
@@ -204,6 +227,13 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         return loader
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
+        scheduler = self._create_scheduler(num_training_steps, optimizer)
+        # Callbacks get the optimizer and scheduler the handler was built with (None unless passed to the Trainer):
+        # hand over the ones in use, so that `NonFiniteGuard` can hold the schedule on a skipped step.
+        self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, scheduler
+        return scheduler
+
+    def _create_scheduler(self, num_training_steps: int, optimizer=None):
         schedule = getattr(self.args, "lr_schedule", "trainer")
         if schedule == "trainer" or self.lr_scheduler is not None:
             return super().create_scheduler(num_training_steps, optimizer)
@@ -416,7 +446,7 @@ def make_trainer(
         processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
         compute_metrics=make_compute_metrics(tokenizer, prepared.references) if prepared.eval_dataset else None,
-        callbacks=[NonFiniteGuard(), *(kwargs.pop("callbacks", None) or [])],
+        callbacks=kwargs.pop("callbacks", None),
         **kwargs,
     )
 
@@ -435,6 +465,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         "train_loss": round(train_result.training_loss, 4),
         "train_seconds": round(time.perf_counter() - started, 1),
         "train_steps": train_result.global_step,
+        "nonfinite_steps_skipped": nonfinite_steps_skipped(trainer),
     }
     if export_args.average_checkpoints:
         trainer.accelerator.wait_for_everyone()  # every checkpoint written before it is read

@@ -250,7 +250,7 @@ class PoisonedModel(DeepNMTForConditionalGeneration):
         return outputs
 
 
-def guarded_trainer(model, tmp_path, **settings) -> Seq2SeqTrainer:
+def guarded_trainer(model, tmp_path, guard=None, **settings) -> Seq2SeqTrainer:
     args = Seq2SeqTrainingArguments(
         output_dir=str(tmp_path),
         **{
@@ -271,13 +271,14 @@ def guarded_trainer(model, tmp_path, **settings) -> Seq2SeqTrainer:
         args=args,
         train_dataset=tiny_dataset(),
         data_collator=default_data_collator,
-        callbacks=[NonFiniteGuard()],
+        callbacks=[guard or NonFiniteGuard()],
     )
 
 
 def test_a_nan_loss_stops_training_naming_the_step_before_a_broken_checkpoint(tiny_config, tmp_path):
+    """With no skipping allowed (`max_consecutive_nonfinite_steps=0`) the first NaN loss stops the run."""
     model = PoisonedModel(tiny_config(DeepNMTConfig))
-    trainer = guarded_trainer(model, tmp_path)
+    trainer = guarded_trainer(model, tmp_path, guard=NonFiniteGuard(0))
     with pytest.raises(NonFiniteTrainingError, match=r"loss is nan at optimizer step 5; last checkpoint written: "):
         trainer.train()
     assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
@@ -303,7 +304,7 @@ def test_non_finite_gradients_stop_training_naming_the_step(tiny_config, tmp_pat
         return gradient * float("inf") if calls["n"] >= 3 else gradient
 
     model.model.encoder.layers[1].fc1.weight.register_hook(poison)
-    trainer = guarded_trainer(model, tmp_path, max_grad_norm=0.0)
+    trainer = guarded_trainer(model, tmp_path, guard=NonFiniteGuard(0), max_grad_norm=0.0)
     with pytest.raises(
         NonFiniteTrainingError,
         match=r"Non-finite gradients \(total norm (inf|nan)\) at optimizer step 3; last checkpoint written: .*-2",
@@ -367,7 +368,7 @@ def test_in_a_multi_process_run_a_nan_loss_is_reported_by_the_gradient_check_on_
     raises naming it."""
     model = PoisonedModel(tiny_config(DeepNMTConfig))
     model.poison_at = 1
-    guard = NonFiniteGuard()
+    guard = NonFiniteGuard(0)
     args, state = SimpleNamespace(world_size=2, fp16=False, output_dir="out"), SimpleNamespace(global_step=6)
     guard.on_train_begin(args, state, None, model=model)
     guard.on_step_begin(args, state, None)

@@ -139,7 +139,9 @@ HISTORY = [
     {"loss": 9.5, "step": 1},
     {"loss": 8.0, "step": 2},
     {"eval_loss": 7.9, "eval_bleu": 0.4, "step": 2},
+    {"nonfinite_steps_skipped": 1, "step": 3},
     {"loss": 6.5, "step": 3},
+    {"nonfinite_steps_skipped": 2, "step": 4},
     {"eval_loss": 6.8, "eval_bleu": 1.7, "step": 4},
     {"train_runtime": 3.0, "step": 4},
 ]
@@ -149,6 +151,7 @@ def test_curve_points_come_from_the_log_history():
     points = curve_points(HISTORY)
     assert points["loss"] == [(1, 9.5), (2, 8.0), (3, 6.5)]
     assert points["eval_bleu"] == [(2, 0.4), (4, 1.7)] and points["eval_loss"] == [(2, 7.9), (4, 6.8)]
+    assert points["skipped"] == [(3, 1), (4, 2)]  # optimizer steps skipped for a non-finite loss or gradient
 
 
 def test_curves_png_is_written(tmp_path):
