@@ -1,4 +1,5 @@
-"""`hf-deep-nmt train|train-staged|translate|average|push|inspect`: thin command-line front ends over the library."""
+"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor`: thin command-line front ends over the
+library."""
 
 from __future__ import annotations
 
@@ -160,6 +161,12 @@ def _inspect(argv: list[str]) -> int:
     return 0
 
 
+def _doctor(argv: list[str]) -> int:
+    from hf_deep_nmt.doctor import main as doctor
+
+    return doctor(argv)
+
+
 COMMANDS = {
     "train": _train,
     "train-staged": _train_staged,
@@ -167,6 +174,7 @@ COMMANDS = {
     "average": _average,
     "push": _push,
     "inspect": _inspect,
+    "doctor": _doctor,
 }
 
 
@@ -178,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         usage = (
             "usage: hf-deep-nmt {train | train-staged} CONFIG [--field value ...] | translate --model DIR [...] | "
             "average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
-            "inspect --model DIR --output-dir DIR"
+            "inspect --model DIR --output-dir DIR | doctor [--device cuda]"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

@@ -1,0 +1,455 @@
+"""`hf-deep-nmt doctor`: check a machine before a long run on it.
+
+Prints the versions that matter (torch, CUDA, cuDNN, transformers, accelerate, the GPU), which SDPA backend each
+attention path of the model takes with and without a padding mask, runs the exactness and numerics checks per model
+family on the device, a short `Seq2SeqTrainer` bf16 run with attention dropout, and a bf16 training of a base-width
+model on the bundled sample; it ends with a pass/fail table. Without CUDA the device checks run on the CPU at tiny
+size, and the bf16 Trainer run and the base-width training are reported as skipped.
+
+The checks are plain functions (`CHECKS`) that raise `AssertionError` with the numbers when they fail; the CUDA test
+module (`tests/test_cuda.py`) runs the same functions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# The families tried on a GPU, as overrides of `DeepNMTConfig`.
+FAMILIES: dict[str, dict] = {
+    "prenorm": {},
+    "postnorm": dict(pre_norm=False),
+    "dlcl-prenorm": dict(layer_aggregation="dlcl"),
+    "dlcl-postnorm": dict(layer_aggregation="dlcl", pre_norm=False),
+    "dsinit-matt": dict(init_scheme="ds_init", pre_norm=False, decoder_self_attention="merged_average"),
+    "aan": dict(decoder_self_attention="average", aan_ffn=True),
+    "sdt-sparse-rpr": dict(layer_aggregation="sparse", sparse_block_size=2, relative_position_window=4),
+    "msc": dict(msc_block_layers=[2, 2]),
+}
+TINY = dict(
+    vocab_size=61,
+    d_model=32,
+    encoder_layers=4,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=64,
+    decoder_ffn_dim=48,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+)
+PAD, BOS, EOS = 1, 0, 2
+PADDED_LENGTHS = (64, 128, 192)  # the cuDNN bug shows at 64 mod 128
+
+
+def family_config(family: str, **overrides):
+    """A tiny config of the named family (the MSC family gets `MscConfig`'s model class through `MODEL_CLASSES`)."""
+    from hf_deep_nmt import DeepNMTConfig, MscConfig
+
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(FAMILIES)}.")
+    settings = {**TINY, **FAMILIES[family], **overrides}
+    if "msc_block_layers" in settings:
+        settings.pop("encoder_layers")
+        return MscConfig(**settings)
+    return DeepNMTConfig(**settings)
+
+
+def family_model(family: str, device: str, seed: int = 0, **overrides):
+    from hf_deep_nmt import MODEL_CLASSES
+
+    config = family_config(family, **overrides)
+    torch.manual_seed(seed)
+    model = MODEL_CLASSES[type(config)](config)
+    with torch.no_grad():  # away from the initialisation, so that no check passes on symmetric weights
+        generator = torch.Generator().manual_seed(seed)
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.05)
+    return model.to(device).eval()
+
+
+def padded_batch(device: str, lengths: list[int], vocab: int, target_length: int = 7, seed: int = 0) -> dict:
+    """Sources of the given lengths (the last token EOS), right-padded to the longest, and targets."""
+    generator = torch.Generator().manual_seed(seed)
+    width = max(lengths)
+    input_ids = torch.full((len(lengths), width), PAD)
+    for row, length in enumerate(lengths):
+        input_ids[row, : length - 1] = torch.randint(3, vocab, (length - 1,), generator=generator)
+        input_ids[row, length - 1] = EOS
+    labels = torch.randint(3, vocab, (len(lengths), target_length), generator=generator)
+    labels[:, -1] = EOS
+    labels[0, -2:] = -100  # padded label rows too
+    return {
+        "input_ids": input_ids.to(device),
+        "attention_mask": input_ids.ne(PAD).long().to(device),
+        "labels": labels.to(device),
+    }
+
+
+# ---- checks: each raises AssertionError with the numbers when it fails ----------------------------------------------
+
+
+def check_cached_equals_uncached(family: str, device: str) -> str:
+    """Greedy decoding with the cache == without it (tokens), and the cached step logits match a full forward."""
+    model = family_model(family, device)
+    batch = padded_batch(device, [9, 6, 4], model.config.vocab_size)
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    settings = dict(max_new_tokens=10, num_beams=1, do_sample=False, min_new_tokens=10)
+    with torch.no_grad():
+        cached = model.generate(**inputs, **settings, use_cache=True)
+        uncached = model.generate(**inputs, **settings, use_cache=False)
+        assert torch.equal(cached, uncached), f"greedy tokens differ: {cached.tolist()} vs {uncached.tolist()}"
+        full = model(**inputs, decoder_input_ids=cached).logits
+        encoder_outputs = model.get_encoder()(**inputs)
+        cache, steps = None, []
+        for position in range(cached.shape[1]):
+            outputs = model(
+                encoder_outputs=encoder_outputs,
+                attention_mask=inputs["attention_mask"],
+                decoder_input_ids=cached[:, position : position + 1],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            cache = outputs.past_key_values
+            steps.append(outputs.logits)
+    difference = (torch.cat(steps, dim=1) - full).abs().max().item()
+    assert difference <= 1e-4, f"cached step logits differ from the full forward by {difference:.2e} (> 1e-4)"
+    return f"{cached.shape[1] - 1} tokens, max logit difference {difference:.1e}"
+
+
+def check_beam_cache(family: str, device: str) -> str:
+    """Beam search (4 beams) returns the same sequences and scores with and without the cache."""
+    model = family_model(family, device)
+    batch = padded_batch(device, [8, 5], model.config.vocab_size)
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
+    settings = dict(max_new_tokens=8, num_beams=4, num_return_sequences=2, output_scores=True)
+    settings.update(return_dict_in_generate=True, do_sample=False)
+    with torch.no_grad():
+        cached = model.generate(**inputs, **settings, use_cache=True)
+        uncached = model.generate(**inputs, **settings, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences), (
+        f"beam sequences differ: {cached.sequences.tolist()} vs {uncached.sequences.tolist()}"
+    )
+    difference = (cached.sequences_scores - uncached.sequences_scores).abs().max().item()
+    assert difference <= 1e-4, f"beam scores differ by {difference:.2e}"
+    return f"{cached.sequences.shape[0]} hypotheses equal, score difference {difference:.1e}"
+
+
+def _autocast(device: str):
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def check_bf16_padded_lengths(family: str, device: str, **overrides) -> str:
+    """bf16 autocast forward + backward with padding masks at padded lengths 64, 128, 192: loss and every gradient
+    finite (`overrides`: config fields)."""
+    model = family_model(family, device, **{"attention_dropout": 0.1, "dropout": 0.1, **overrides}).train()
+    for width in PADDED_LENGTHS:
+        batch = padded_batch(device, [width, width - 17, width // 2, 5], model.config.vocab_size, seed=width)
+        model.zero_grad(set_to_none=True)
+        with _autocast(device):
+            loss = model(**batch).loss
+        loss.backward()
+        assert torch.isfinite(loss).item(), f"bf16 loss {loss.item()} at padded length {width}"
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f"non-finite gradients at padded length {width} in {bad[:5]}"
+    return f"padded lengths {', '.join(map(str, PADDED_LENGTHS))}: finite"
+
+
+def check_fused_matches_math(family: str, device: str) -> str:
+    """Under bf16 autocast, the gradients with the backends SDPA picks (the model's restriction included) are as close
+    to fp32 math-backend gradients as those of the math backend under bf16: bf16 tolerance is the math path's own
+    bf16 error, and the fused path may be at most twice as far (plus 1%)."""
+    model = family_model(family, device).train()
+    batch = padded_batch(device, [64, 40, 9], model.config.vocab_size, seed=3)
+
+    def gradients(backends=None, bf16=True) -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        with sdpa_kernel(backends) if backends else _null(), _autocast(device) if bf16 else _null():
+            model(**batch).loss.backward()
+        return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
+
+    reference = gradients([SDPBackend.MATH], bf16=False)
+    fused, math = gradients(), gradients([SDPBackend.MATH])
+    fused_error = ((fused - reference).norm() / reference.norm()).item()
+    math_error = ((math - reference).norm() / reference.norm()).item()
+    assert fused_error <= 2 * math_error + 1e-2, (
+        f"bf16 gradients of the fused path are {fused_error:.2e} from fp32 (relative L2), the math path's "
+        f"{math_error:.2e}: more than twice as far"
+    )
+    return f"relative L2 from fp32: fused {fused_error:.1e}, math {math_error:.1e}"
+
+
+class _null:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def check_trainer_bf16(device: str, steps: int = 40) -> str:
+    """A `Seq2SeqTrainer` bf16 run with attention dropout 0.1 under the guard does not stop."""
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from hf_deep_nmt.callbacks import NonFiniteGuard, nonfinite_steps_skipped
+    from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+    from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+    raw = load_parallel_dataset(train_file=sample_corpus_dir() / "train.tsv")["train"].select(range(1024))
+    tokenizer = train_joint_tokenizer(zip(raw[SOURCE], raw[TARGET]), vocab_size=1000)
+    data: Dataset = tokenize_parallel(raw, tokenizer, 64, 64)
+    model = family_model("dlcl-prenorm", "cpu", vocab_size=len(tokenizer), attention_dropout=0.1, dropout=0.1)
+    with tempfile.TemporaryDirectory() as folder:
+        args = Seq2SeqTrainingArguments(
+            output_dir=folder,
+            max_steps=steps,
+            per_device_train_batch_size=32,
+            learning_rate=2e-3,
+            warmup_steps=10,
+            bf16=True,
+            use_cpu=torch.device(device).type == "cpu",
+            report_to="none",
+            save_strategy="no",
+            disable_tqdm=True,
+            logging_steps=10,
+        )
+        guard = NonFiniteGuard()
+        trainer = Seq2SeqTrainer(
+            model=model.train(),
+            args=args,
+            train_dataset=data,
+            data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+            callbacks=[guard],
+        )
+        result = trainer.train()
+    skipped = nonfinite_steps_skipped(trainer)
+    assert result.global_step == steps, f"stopped at step {result.global_step} of {steps}"
+    return f"{steps} steps, loss {result.training_loss:.3f}, {skipped} non-finite step(s) skipped"
+
+
+def train_sample(device: str, steps: int, output_dir: Path) -> str:
+    """`hf-deep-nmt train` of the DLCL preset (pre-norm 30+6, d 512) on the bundled sample in bf16, max source
+    length 64, 8k-token batches, dropout 0.1 everywhere."""
+    from hf_deep_nmt.training import run
+
+    recipe = {
+        "model_type": "deep_nmt_dlcl",
+        "model_overrides": {"attention_dropout": 0.1, "activation_dropout": 0.1},
+        "tokenizer_vocab_size": 8000,
+        "max_source_length": 64,
+        "max_target_length": 64,
+        "max_eval_samples": 100,
+        "output_dir": str(output_dir),
+        "max_steps": steps,
+        "max_tokens": 8192,
+        "bf16": True,
+        "learning_rate": 2e-3,
+        "lr_schedule": "inverse_sqrt",
+        "warmup_steps": min(4000, max(1, steps // 3)),
+        "adam_beta2": 0.98,
+        "label_smoothing_factor": 0.1,
+        "save_strategy": "no",
+        "logging_steps": 50,
+        "report_to": "none",
+        "plot_curves": False,
+        "translate_examples": 0,
+        "num_beams": 4,
+        "per_device_eval_batch_size": 64,
+    }
+    path = output_dir.with_suffix(".json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(recipe, indent=2))
+    summary = run([str(path)])
+    assert summary["train_steps"] == steps, f"stopped at step {summary['train_steps']} of {steps}"
+    return (
+        f"{steps} steps, loss {summary['train_loss']}, sacreBLEU {summary.get('bleu')}, "
+        f"{summary['nonfinite_steps_skipped']} skipped, {summary['train_seconds']} s"
+    )
+
+
+# ---- attention backends ---------------------------------------------------------------------------------------------
+
+
+ALL_BACKENDS = [
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+]
+
+
+def _backend_choice(query, key, value, mask, dropout: float) -> str:
+    """The backend SDPA dispatches these inputs to under the flags in effect (torch's own selection function)."""
+    try:
+        return SDPBackend(torch._fused_sdp_choice(query, key, value, mask, dropout, False)).name
+    except (AttributeError, RuntimeError, TypeError, ValueError) as error:
+        return f"unknown ({type(error).__name__})"
+
+
+def attention_backends(device: str) -> list[tuple[str, str, str]]:
+    """(attention path, backend SDPA takes as the model calls it, backend it would take without the model's cuDNN
+    restriction) for every path of a DLCL model, with a padded and an unpadded source batch."""
+    from hf_deep_nmt.modeling import modeling_deep_nmt
+
+    model = family_model("dlcl-prenorm", device)
+    labels, calls = {}, []
+    for name, module in model.named_modules():
+        if isinstance(module, modeling_deep_nmt.DeepNMTAttention):
+            side = "encoder" if ".encoder." in f".{name}." else "decoder"
+            kind = "cross-attention" if module.is_cross_attention else "self-attention"
+            labels[module] = f"{side} {kind}"
+    current = {"label": None}
+    hooks = [m.register_forward_pre_hook(lambda m, a: current.update(label=labels[m])) for m in labels]
+    original = F.scaled_dot_product_attention
+
+    def recording(query, key, value, attn_mask=None, dropout_p=0.0, **kwargs):
+        with_mask = "masked" if attn_mask is not None else "no mask"
+        chosen = _backend_choice(query, key, value, attn_mask, dropout_p)
+        with sdpa_kernel(ALL_BACKENDS):
+            free = _backend_choice(query, key, value, attn_mask, dropout_p)
+        calls.append((f"{current['label']} ({with_mask})", chosen, free))
+        return original(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, **kwargs)
+
+    F.scaled_dot_product_attention = recording
+    try:
+        with torch.no_grad(), _autocast(device) if torch.device(device).type == "cuda" else _null():
+            for lengths in ([64, 40], [64, 64]):
+                model(**padded_batch(device, lengths, model.config.vocab_size))
+    finally:
+        F.scaled_dot_product_attention = original
+        for hook in hooks:
+            hook.remove()
+    return sorted(set(calls))
+
+
+# ---- the command ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # PASS, FAIL or SKIP
+    detail: str
+
+
+def environment() -> dict[str, str]:
+    import accelerate
+    import transformers
+
+    cuda = torch.cuda.is_available()
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "CUDA (torch build)": str(torch.version.cuda),
+        "cuDNN": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none",
+        "transformers": transformers.__version__,
+        "accelerate": accelerate.__version__,
+        "GPU": torch.cuda.get_device_name(0) if cuda else "none (CUDA not available)",
+    }
+    if cuda:
+        info["bf16 supported"] = str(torch.cuda.is_bf16_supported())
+    return info
+
+
+def run_checks(device: str, train_steps: int, output_dir: Path, families: list[str]) -> list[Result]:
+    on_cuda = torch.device(device).type == "cuda"
+    results: list[Result] = []
+
+    def attempt(name: str, check: Callable[[], str]) -> None:
+        started = time.perf_counter()
+        try:
+            detail = check()
+            status = "PASS"
+        except AssertionError as error:
+            status, detail = "FAIL", str(error)
+        except Exception as error:  # a crash is a failed check, reported with its cause
+            status, detail = "FAIL", f"{type(error).__name__}: {error}"
+            traceback.print_exc(file=sys.stderr)
+        results.append(Result(name, status, f"{detail} [{time.perf_counter() - started:.1f} s]"))
+        print(f"{status:4}  {name}: {detail}", file=sys.stderr, flush=True)
+
+    for family in families:
+        precision = "fp32"
+        attempt(
+            f"{family}: cached == uncached ({precision})", lambda f=family: check_cached_equals_uncached(f, device)
+        )
+        attempt(f"{family}: beam with == without cache", lambda f=family: check_beam_cache(f, device))
+        attempt(f"{family}: bf16 fwd+bwd at padded 64/128/192", lambda f=family: check_bf16_padded_lengths(f, device))
+        attempt(f"{family}: fused == math gradients (bf16)", lambda f=family: check_fused_matches_math(f, device))
+    if on_cuda:
+        attempt("Seq2SeqTrainer bf16, attention dropout 0.1", lambda: check_trainer_bf16(device))
+        if train_steps > 0:
+            attempt(
+                f"train DLCL 30+6 (d 512) on the sample, bf16, {train_steps} steps",
+                lambda: train_sample(device, train_steps, output_dir / "sample-run"),
+            )
+        else:
+            results.append(Result("base-size bf16 training", "SKIP", "--train-steps 0"))
+    else:
+        results.append(Result("Seq2SeqTrainer bf16, attention dropout 0.1", "SKIP", "no CUDA device"))
+        results.append(Result("base-size bf16 training on the sample", "SKIP", "no CUDA device"))
+    return results
+
+
+def print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> None:
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+    line = "  ".join(f"{{:<{width}}}" for width in widths)
+    print(line.format(*headers))
+    print(line.format(*("-" * width for width in widths)))
+    for row in rows:
+        print(line.format(*row))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hf-deep-nmt doctor",
+        description="Check this machine: versions, SDPA backends per attention path, exactness and bf16 numerics per "
+        "model family, a bf16 Trainer run and a short base-size training on the bundled sample (CUDA only).",
+    )
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--train-steps", type=int, default=300, help="steps of the base-size training (0: skip)")
+    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, from {sorted(FAMILIES)}")
+    parser.add_argument("--output-dir", default=None, help="folder for the training run (default: a temporary one)")
+    args = parser.parse_args(argv)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ValueError(f"--device must be cpu or cuda[:N], got {args.device!r}.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__}).")
+    if args.train_steps < 0:
+        raise ValueError(f"--train-steps must be >= 0, got {args.train_steps}.")
+    families = [name.strip() for name in args.families.split(",") if name.strip()]
+    unknown = sorted(set(families) - set(FAMILIES))
+    if unknown or not families:
+        raise ValueError(f"--families: unknown {unknown or families}; choose from {sorted(FAMILIES)}.")
+
+    print("== environment")
+    print_table(list(environment().items()), ("component", "version"))
+    print(f"\n== SDPA backend per attention path on {device}")
+    print_table(attention_backends(device), ("attention path", "backend taken", "without the cuDNN restriction"))
+    print(f"\n== checks on {device}", flush=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        output_dir = Path(args.output_dir) if args.output_dir else Path(scratch)
+        results = run_checks(device, args.train_steps, output_dir, families)
+    print_table([(r.status, r.name, r.detail) for r in results], ("result", "check", "detail"))
+    failed = [r for r in results if r.status == "FAIL"]
+    skipped = [r for r in results if r.status == "SKIP"]
+    print(
+        f"\n{len(results) - len(failed) - len(skipped)} passed, {len(failed)} failed, {len(skipped)} skipped"
+        + (" (no CUDA device: the device checks ran on the CPU at tiny size)" if device == "cpu" else "")
+    )
+    return 1 if failed else 0

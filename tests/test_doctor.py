@@ -1,0 +1,79 @@
+"""`hf-deep-nmt doctor` on the CPU: the tables, what it skips without CUDA, and that its checks fail when the thing
+they check is broken (here a simulation of the cuDNN attention bug: NaN gradients at padded lengths of 64 mod 128)."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hf_deep_nmt import doctor
+from hf_deep_nmt.cli import main
+from hf_deep_nmt.modeling import modeling_deep_nmt
+
+
+def test_on_the_cpu_it_checks_one_family_and_says_what_it_skipped(capsys):
+    assert main(["doctor", "--device", "cpu", "--families", "dlcl-prenorm", "--train-steps", "0"]) == 0
+    out = capsys.readouterr().out
+    assert any(line.split() == ["torch", torch.__version__] for line in out.splitlines())
+    for check in ("cached == uncached", "beam with == without cache", "bf16 fwd+bwd at padded 64/128/192"):
+        assert f"PASS    dlcl-prenorm: {check}" in out
+    assert "SKIP    Seq2SeqTrainer bf16, attention dropout 0.1" in out and "no CUDA device" in out
+    assert "4 passed, 0 failed, 2 skipped (no CUDA device" in out
+    # every attention path is listed, masked and unmasked
+    for path in ("encoder self-attention", "decoder self-attention", "decoder cross-attention"):
+        assert f"{path} (masked)" in out
+    assert "encoder self-attention (no mask)" in out
+
+
+def test_a_failing_check_is_a_fail_row_and_exit_code_1(monkeypatch, capsys):
+    def broken(family, device):
+        raise AssertionError("beam sequences differ: [[0, 5]] vs [[0, 6]]")
+
+    monkeypatch.setattr(doctor, "check_beam_cache", broken)
+    assert main(["doctor", "--device", "cpu", "--families", "prenorm", "--train-steps", "0"]) == 1
+    out = capsys.readouterr().out
+    assert (
+        "FAIL    prenorm: beam with == without cache" in out and "beam sequences differ: [[0, 5]] vs [[0, 6]]" in out
+    )
+    assert "3 passed, 1 failed, 2 skipped" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "tpu"], "--device must be cpu or cuda[:N], got 'tpu'"),
+        (["--families", "dlcl,nope"], "--families: unknown ['dlcl', 'nope']"),
+        (["--train-steps", "-1"], "--train-steps must be >= 0, got -1"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(argv, message, capsys):
+    assert main(["doctor", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_asking_for_cuda_without_it_is_refused(capsys):
+    assert main(["doctor", "--device", "cuda"]) == 2
+    assert "CUDA is not available on this machine" in capsys.readouterr().err
+
+
+@pytest.fixture
+def simulated_cudnn_bug(monkeypatch):
+    """SDPA whose backward returns NaN when the cuDNN backend is allowed, a mask is passed and the key length is 64
+    mod 128 (the upstream bug's conditions); the model's restriction is pointed at the CPU device type."""
+    original = F.scaled_dot_product_attention
+
+    def buggy(query, key, value, attn_mask=None, **kwargs):
+        output = original(query, key, value, attn_mask=attn_mask, **kwargs)
+        bug = torch.backends.cuda.cudnn_sdp_enabled() and attn_mask is not None and key.shape[-2] % 128 == 64
+        if bug and output.requires_grad:
+            output.register_hook(lambda gradient: gradient * float("nan"))
+        return output
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", buggy)
+    monkeypatch.setattr(modeling_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
+
+
+def test_the_padded_length_check_passes_because_of_the_restriction(simulated_cudnn_bug):
+    assert "finite" in doctor.check_bf16_padded_lengths("prenorm", "cpu")
+    with pytest.raises(AssertionError, match=r"non-finite gradients at padded length 64"):
+        doctor.check_bf16_padded_lengths("prenorm", "cpu", sdpa_avoid_cudnn=False)
