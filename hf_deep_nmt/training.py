@@ -440,8 +440,8 @@ def prepare(
         raise ValueError("The training data holds no sentence pairs; give a corpus with at least one.")
     if len(train_dataset) == 0:
         raise ValueError(
-            f"None of the {len(raw['train'])} training pairs is within `max_source_length="
-            f"{data_args.max_source_length}` / `max_target_length={data_args.max_target_length}` tokens; raise them."
+            f"No training pair is within `max_source_length={data_args.max_source_length}` / "
+            f"`max_target_length={data_args.max_target_length}` tokens ({len(raw['train'])} pairs read); raise them."
         )
     references = raw["validation"][TARGET] if "validation" in raw else []
     eval_dataset = None
