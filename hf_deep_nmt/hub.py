@@ -170,7 +170,13 @@ def check_writable_location(folder: str | Path, what: str) -> None:
     existing = nearest_existing_parent(Path(folder))
     if not existing.is_dir():
         raise NotADirectoryError(f"{what} {str(folder)!r} cannot be created: {str(existing)!r} is a file.")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    writable = os.access(existing, os.W_OK | os.X_OK)
+    if writable:  # access() says yes to root even on read-only mounts: try it
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".hf-deep-nmt-probe.", dir=existing))
+        except OSError:
+            writable = False
+    if not writable:
         raise PermissionError(
             f"{what} {str(folder)!r} cannot be written: {str(existing)!r} is not writable by this user; choose "
             "another folder."
