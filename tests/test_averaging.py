@@ -14,8 +14,8 @@ from hf_deep_nmt.cli import main
 
 @pytest.fixture
 def trainer_output(tmp_path, tiny_config):
-    """A Trainer-style folder with checkpoint-5, -10, -20 and -100 (numeric, not text, order) of perturbed models, saved
-    with `save_only_model` (weights and trainer state)."""
+    """A Trainer-style folder with checkpoint-5, -10, -20 and -100 (numeric, not text, order) of perturbed models,
+    as `save_only_model` saves them (weights and trainer state)."""
     output = tmp_path / "run"
     for number, step in enumerate((5, 100, 20, 10)):
         torch.manual_seed(number)
