@@ -16,21 +16,49 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.utils import logging
 
-from hf_deep_nmt.callbacks import numbered_checkpoints
-from hf_deep_nmt.hub import check_export_folder
+from hf_deep_nmt.callbacks import (
+    RNG_STATE_PATTERN,
+    TRAINER_STATE_FILE,
+    TRAINING_STATE_FILES,
+    checkpoint_problem,
+    numbered_checkpoints,
+    safetensors_problem,
+)
+from hf_deep_nmt.hub import check_export_folder, write_marked_folder
 
 logger = logging.get_logger(__name__)
 
 WEIGHTS_NAME = "model.safetensors"
-# What a saved model folder holds besides its weights; copied from the newest checkpoint.
-_COMPANION_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json")
+# The tokenizer files of a saved model folder; copied from the newest input that has them.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+AVERAGE_FLAG = "`--overwrite` on the command line, `overwrite=True` in Python"
 
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
-    """`checkpoint-<step>` folders of a Trainer output folder that hold weights, oldest step first."""
+    """Complete `checkpoint-<step>` folders of a Trainer output folder, oldest step first; incomplete or damaged ones
+    are left out with a warning (the rule of `hf_deep_nmt.callbacks.checkpoint_problem`, where a checkpoint saved
+    with `save_only_model` counts as complete)."""
     if not Path(output_dir).is_dir():
         raise FileNotFoundError(f"Training output folder not found: {output_dir}")
-    return [path for path in numbered_checkpoints(output_dir) if (path / WEIGHTS_NAME).is_file()]
+    complete = []
+    for path in numbered_checkpoints(output_dir):
+        problem = checkpoint_problem(path, model_only_allowed=True)
+        if problem is None:
+            complete.append(path)
+        elif any(path.iterdir()):
+            logger.warning(f"Not averaging incomplete checkpoint: {problem}.")
+    return complete
+
+
+def input_problem(folder: Path) -> str | None:
+    """Why `folder` cannot be averaged: a Trainer checkpoint must be complete, a plain model folder needs whole
+    weights."""
+    if not (folder / WEIGHTS_NAME).is_file():
+        return f"No {WEIGHTS_NAME} in checkpoint folder {str(folder)!r}"
+    state_files = [TRAINER_STATE_FILE, *TRAINING_STATE_FILES]
+    if any((folder / name).exists() for name in state_files) or list(folder.glob(RNG_STATE_PATTERN)):
+        return checkpoint_problem(folder, model_only_allowed=True)
+    return safetensors_problem(folder / WEIGHTS_NAME)
 
 
 def last_checkpoints(output_dir: str | Path, count: int) -> list[Path]:
@@ -84,8 +112,10 @@ def average_checkpoints(
     """The mean of `checkpoints` (model folders), or of the `last` N checkpoints of the Trainer folder `output_dir`.
 
     Returns the averaged model, built from the newest checkpoint's config; with `save_to`, also writes it there as a
-    model folder (weights, config, generation config, tokenizer files of the newest checkpoint). An existing
-    non-empty `save_to` is refused unless `overwrite`.
+    model folder (weights, config, generation config, and the tokenizer files of the newest input that has them). An
+    existing non-empty `save_to` is refused unless `overwrite`, and even then unless every file in it was written by
+    an earlier export or average; `save_to` may not be one of the inputs or the Trainer output folder holding them.
+    Incomplete or damaged checkpoints are refused (named) or, when found through `output_dir`, skipped.
     """
     if (checkpoints is None) == (output_dir is None):
         raise ValueError("Give either `checkpoints` (a list of folders) or `output_dir` with `last`.")
@@ -95,10 +125,17 @@ def average_checkpoints(
         checkpoints = last_checkpoints(output_dir, last)
     paths = [Path(path) for path in checkpoints]
     for path in paths:
-        if not (path / WEIGHTS_NAME).is_file():
-            raise FileNotFoundError(f"No {WEIGHTS_NAME} in checkpoint folder {str(path)!r}.")
+        problem = input_problem(path)
+        if problem is not None:
+            error = FileNotFoundError if problem.startswith("No ") else ValueError
+            raise error(f"{problem}; it cannot be averaged.")
+    protected: dict[str, str | Path] = {}
+    for path in paths:
+        protected[f"one of the averaged checkpoints ({str(path)!r})"] = path
+        if numbered_checkpoints(path.parent):
+            protected[f"the Trainer output folder holding the checkpoint {str(path)!r}"] = path.parent
     if save_to is not None:
-        check_export_folder(save_to, overwrite)
+        check_export_folder(save_to, overwrite, flag=AVERAGE_FLAG, protected=protected)
     averaged = average_state_dicts([load_file(path / WEIGHTS_NAME) for path in paths])
     model = AutoModelForSeq2SeqLM.from_pretrained(paths[-1])
     missing, unexpected = model.load_state_dict(averaged, strict=False)
@@ -107,11 +144,13 @@ def average_checkpoints(
         raise ValueError(f"Averaged weights do not fit the model: missing {missing}, unexpected {unexpected}.")
     logger.warning(f"Averaged {len(paths)} checkpoints: {[path.name for path in paths]}.")
     if save_to is not None:
-        save_to = Path(save_to)
-        if save_to.exists() and overwrite:
-            shutil.rmtree(save_to)  # asked for; stale files of an earlier average must not survive
-        model.save_pretrained(save_to)
-        for name in _COMPANION_FILES:
-            if (paths[-1] / name).is_file() and not (save_to / name).exists():
-                shutil.copy2(paths[-1] / name, save_to / name)
+        with_tokenizer = [path for path in reversed(paths) if (path / "tokenizer_config.json").is_file()]
+
+        def write(staging: Path) -> None:
+            model.save_pretrained(staging)
+            for name in TOKENIZER_FILES if with_tokenizer else ():
+                if (with_tokenizer[0] / name).is_file():
+                    shutil.copyfile(with_tokenizer[0] / name, staging / name)
+
+        write_marked_folder(save_to, write, overwrite=overwrite, flag=AVERAGE_FLAG, protected=protected)
     return model

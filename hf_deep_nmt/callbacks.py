@@ -4,14 +4,17 @@
 `Trainer` writes a checkpoint straight into its final folder (`checkpoint-N/`: weights, optimizer, scheduler, RNG
 state, and `trainer_state.json` last), so a run killed while writing leaves a folder that looks like the newest
 checkpoint but is not one; resuming from it would load half of a state, or restart the step count at 0 with the new
-weights. `last_complete_checkpoint` skips such folders, and `resolve_resume_checkpoint` refuses an incomplete one that
-was asked for by name.
+weights. A copied or damaged folder can also hold a truncated file. `last_complete_checkpoint` skips such folders
+(checking file sizes and headers, never loading the weights), and `resolve_resume_checkpoint` refuses an incomplete
+one that was asked for by name.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import struct
+import zipfile
 from pathlib import Path
 
 import torch
@@ -24,6 +27,9 @@ logger = logging.get_logger(__name__)
 
 TRAINER_STATE_FILE = "trainer_state.json"
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+# what `Trainer._save_checkpoint` writes besides weights and state unless `save_only_model` (scaler.pt only with fp16)
+TRAINING_STATE_FILES = ("optimizer.pt", "scheduler.pt")
+RNG_STATE_PATTERN = "rng_state*.pth"
 _CHECKPOINT_NAME = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
 
@@ -212,9 +218,52 @@ def nonfinite_steps_skipped(trainer) -> int:
     )
 
 
-def checkpoint_problem(folder: str | Path) -> str | None:
-    """Why `folder` is not a complete Trainer checkpoint (None when it is): the weights and a readable
-    `trainer_state.json` (written last) must be there."""
+def safetensors_problem(path: str | Path) -> str | None:
+    """Why the safetensors file `path` is damaged (None when it looks whole): its JSON header must parse and the file
+    must be exactly as long as the header's last data offset says (a truncated copy is shorter)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as handle:
+            prefix = handle.read(8)
+            if len(prefix) < 8:
+                return f"{str(path)!r} is truncated ({size} bytes, no safetensors header)"
+            header_size = struct.unpack("<Q", prefix)[0]
+            if header_size > size - 8:
+                return f"{str(path)!r} is truncated (its header alone needs {header_size + 8} bytes, it has {size})"
+            header = json.loads(handle.read(header_size))
+    except OSError as error:
+        return f"{str(path)!r} cannot be read ({error})"
+    except ValueError:
+        return f"{str(path)!r} has an unreadable safetensors header"
+    if not isinstance(header, dict):
+        return f"{str(path)!r} has an unreadable safetensors header"
+    offsets = [entry.get("data_offsets", [0, 0]) for name, entry in header.items() if name != "__metadata__"]
+    end = max((int(stop) for _, stop in offsets), default=0)
+    if 8 + header_size + end != size:
+        return f"{str(path)!r} is damaged ({size} bytes where its header describes {8 + header_size + end})"
+    return None
+
+
+def torch_file_problem(path: str | Path) -> str | None:
+    """Why the `torch.save` file `path` is damaged (None when it looks whole): such files are zip archives, and a
+    truncated one has lost the directory at its end."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            archive.namelist()
+    except (OSError, zipfile.BadZipFile) as error:
+        return f"{str(path)!r} is damaged or truncated ({error})"
+    return None
+
+
+def checkpoint_problem(folder: str | Path, model_only_allowed: bool = False) -> str | None:
+    """Why `folder` is not a complete Trainer checkpoint (None when it is).
+
+    Complete means: whole weights (safetensors header and size agree), a readable `trainer_state.json` (written
+    last), and whole `optimizer.pt`, `scheduler.pt` and `rng_state*.pth` files, the rest of the state a resumed run
+    needs. With `model_only_allowed` (averaging, which reads only weights) a checkpoint holding none of those three
+    (`save_only_model`) is complete too; one holding some of them but not all never is.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         return f"{str(folder)!r} is not a folder"
@@ -229,6 +278,23 @@ def checkpoint_problem(folder: str | Path) -> str | None:
         return f"{str(state_file)!r} cannot be read ({error}; the run stopped while writing it)"
     if not isinstance(state, dict) or not isinstance(state.get("global_step"), int):
         return f"{str(state_file)!r} has no global_step"
+    for weights in sorted(folder.glob("model*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem is not None:
+            return problem
+    training_state = [folder / name for name in TRAINING_STATE_FILES] + sorted(folder.glob(RNG_STATE_PATTERN))
+    present = [path for path in training_state if path.is_file()]
+    if not present and model_only_allowed:
+        return None
+    missing = [path.name for path in training_state[: len(TRAINING_STATE_FILES)] if not path.is_file()]
+    if not list(folder.glob(RNG_STATE_PATTERN)):
+        missing.append(RNG_STATE_PATTERN)
+    if missing:
+        return f"{str(folder)!r} has no {', '.join(missing)} (a resumed run would not continue the same training)"
+    for path in present:
+        problem = torch_file_problem(path)
+        if problem is not None:
+            return problem
     return None
 
 
@@ -247,8 +313,8 @@ def numbered_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def last_complete_checkpoint(output_dir: str | Path) -> str | None:
-    """The newest complete `checkpoint-N` folder under `output_dir` (a warning names every newer incomplete one
-    skipped), or None when there is none."""
+    """The newest complete `checkpoint-N` folder under `output_dir` (a warning names every newer incomplete or damaged
+    one skipped), or None when there is none."""
     for path in reversed(numbered_checkpoints(output_dir)):
         problem = checkpoint_problem(path)
         if problem is None:

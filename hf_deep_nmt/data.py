@@ -10,12 +10,14 @@ from importlib import resources
 from pathlib import Path
 
 import datasets
+import huggingface_hub
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
 SOURCE, TARGET = "source", "target"
+NUL = b"\0"
 
 
 def sample_corpus_dir() -> Path:
@@ -24,10 +26,18 @@ def sample_corpus_dir() -> Path:
 
 
 def _lines(path: Path):
+    """(line number, text) of a UTF-8 file; a byte-order mark at its start is dropped, a NUL byte is an error."""
     if not path.is_file():
         raise FileNotFoundError(f"Parallel text file not found: {path}")
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
+            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]
+            if NUL in raw:
+                raise ValueError(
+                    f"{path}:{number}: NUL byte at column {raw.index(NUL) + 1}; a text corpus holds none (remove "
+                    "them, e.g. `tr -d '\\000'`, or fix the tool that wrote the file)."
+                )
             try:
                 yield number, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as error:
@@ -159,7 +169,7 @@ def load_parallel_dataset(
 ) -> datasets.DatasetDict:
     """A `DatasetDict` with `source`/`target` string columns, from local files or a `datasets` name."""
     if dataset_name:
-        raw = datasets.load_dataset(dataset_name, dataset_config)
+        raw = _load_named_dataset(dataset_name, dataset_config)
         if "train" not in raw:
             raise ValueError(f"Dataset {dataset_name!r} has no 'train' split; it has {sorted(raw)}.")
         if validation_split not in raw:
@@ -173,12 +183,51 @@ def load_parallel_dataset(
         return datasets.DatasetDict(splits)
     if train_file is None:
         raise ValueError("Give `train_file` (a local corpus) or `dataset_name` (a `datasets.load_dataset` name).")
-    splits = {"train": datasets.Dataset.from_dict(read_parallel_file(train_file, source_lang, target_lang))}
-    if validation_file is not None:
-        splits["validation"] = datasets.Dataset.from_dict(
-            read_parallel_file(validation_file, source_lang, target_lang)
+    if validation_file is not None and Path(validation_file).resolve() == Path(train_file).resolve():
+        logger.warning(
+            f"The validation file is the training file ({train_file}): the scores will not tell how the model does "
+            "on unseen text."
         )
+    splits = {}
+    for split, name, path in (("train", "train_file", train_file), ("validation", "validation_file", validation_file)):
+        if path is None:
+            continue
+        pairs = read_parallel_file(path, source_lang, target_lang)
+        if not pairs[SOURCE]:
+            raise ValueError(f"`{name}` {str(path)!r} holds no sentence pairs; give a corpus with at least one.")
+        _warn_on_header(path, pairs, source_lang, target_lang)
+        splits[split] = datasets.Dataset.from_dict(pairs)
     return datasets.DatasetDict(splits)
+
+
+HEADER_WORDS = {"source", "target", "src", "tgt", "source_text", "target_text", "input", "output"}
+
+
+def _warn_on_header(path, pairs: dict[str, list[str]], source_lang: str, target_lang: str) -> None:
+    first = (pairs[SOURCE][0].strip().lower(), pairs[TARGET][0].strip().lower())
+    names = HEADER_WORDS | {source_lang.lower(), target_lang.lower()}
+    if first[0] in names and first[1] in names:
+        logger.warning(
+            f"{path}:1 looks like a header ({pairs[SOURCE][0]!r} / {pairs[TARGET][0]!r}) but is read as a sentence "
+            "pair; remove it if it is not one."
+        )
+
+
+def _load_named_dataset(dataset_name: str, dataset_config: str | None) -> datasets.DatasetDict:
+    """`datasets.load_dataset`, with a one-line error when the Hub cannot be reached (offline) and the dataset is not
+    in the local cache."""
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
+    try:
+        return datasets.load_dataset(dataset_name, dataset_config)
+    except (ConnectionError, TimeoutError, OSError, ValueError) as error:
+        if not offline and not isinstance(error, (ConnectionError, TimeoutError)):
+            raise
+        state = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
+        raise ConnectionError(
+            f"Dataset {dataset_name!r} cannot be loaded: {state} and it is not in the local datasets cache "
+            f"({type(error).__name__}: {str(error)[:200]}). Download it once with network access, or train on local "
+            "files (`train_file`, `validation_file`)."
+        ) from None
 
 
 def tokenize_parallel(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import math
 import types
 import typing
 from pathlib import Path
@@ -107,3 +108,79 @@ def check_tokenizer_matches(model, tokenizer) -> None:
                 f"The tokenizer's {name} ({tokenizer_id}) differs from the model's ({model_id}). Use the tokenizer "
                 "saved with the model."
             )
+
+
+# An output cap above this many tokens per sentence (max_length_a * max_source_length + max_length_b) is refused:
+# no sentence of a translation corpus needs it, and decoding up to it would run for hours.
+MAX_OUTPUT_TOKENS = 4096
+
+
+def check_run_settings(data_args, export_args, training_args) -> None:
+    """`ValueError` for a setting that would fail or give nonsense only after training (or at its end): naming the
+    setting, its value and what is valid. Cheap: nothing is loaded or built."""
+    problems = []
+
+    def at_least_one(name: str, value) -> None:
+        if value is not None and value < 1:
+            problems.append(f"`{name}` must be >= 1, got {value}")
+
+    at_least_one("num_beams", export_args.num_beams)
+    at_least_one("max_eval_samples", data_args.max_eval_samples)
+    at_least_one("per_device_eval_batch_size", training_args.per_device_eval_batch_size)
+    at_least_one("per_device_train_batch_size", training_args.per_device_train_batch_size)
+    at_least_one("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
+    at_least_one("eval_max_tokens", export_args.eval_max_tokens)
+    at_least_one("max_source_length", data_args.max_source_length)
+    at_least_one("max_target_length", data_args.max_target_length)
+    for name in ("length_penalty", "max_length_a"):
+        value = getattr(export_args, name)
+        if not math.isfinite(value):
+            problems.append(f"`{name}` must be a finite number, got {value}")
+    if math.isfinite(export_args.max_length_a):
+        if export_args.max_length_a < 0:
+            problems.append(f"`max_length_a` must be >= 0, got {export_args.max_length_a}")
+        cap = export_args.max_length_a * data_args.max_source_length + export_args.max_length_b
+        if not 1 <= cap <= MAX_OUTPUT_TOKENS:
+            problems.append(
+                f"the output cap `max_length_a * max_source_length + max_length_b` = {export_args.max_length_a} * "
+                f"{data_args.max_source_length} + {export_args.max_length_b} = {cap:g} tokens must be between 1 and "
+                f"{MAX_OUTPUT_TOKENS}"
+            )
+    tokenizers = sacrebleu_tokenizers()
+    if export_args.bleu_tokenize not in tokenizers:
+        hint = difflib.get_close_matches(export_args.bleu_tokenize, tokenizers, n=1)
+        problems.append(
+            f"`bleu_tokenize` must be one of sacreBLEU's tokenizers {tokenizers}, got {export_args.bleu_tokenize!r}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        )
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
+
+
+def sacrebleu_tokenizers() -> list[str]:
+    from sacrebleu.metrics.bleu import BLEU
+
+    return list(BLEU.TOKENIZERS)
+
+
+def check_run_folders(output_dir: str, export_dir: str | None, corpus_files: list[str]) -> dict[str, Path]:
+    """Refuse an export folder that is the output folder, holds it, or is a corpus folder, and an output or export
+    folder that cannot be written. Returns the folders an export must never replace (for `check_export_folder`)."""
+    output = Path(output_dir).resolve()
+    protected = {f"the training output_dir ({output_dir!r}), which holds the checkpoints": output}
+    for corpus in corpus_files:
+        protected[f"the folder of the corpus file {corpus!r}"] = Path(corpus).resolve().parent
+    if export_dir:
+        export = Path(export_dir).resolve()
+        for description, folder in protected.items():
+            if export == folder:
+                raise ValueError(f"export_dir {export_dir!r} is {description}; give the export a folder of its own.")
+        if export in output.parents:
+            raise ValueError(
+                f"output_dir {output_dir!r} is inside export_dir {export_dir!r}: an overwritten export would take the "
+                "checkpoints with it; give the two separate folders."
+            )
+    from hf_deep_nmt.hub import check_writable_location
+
+    check_writable_location(output_dir, "output_dir")
+    return protected

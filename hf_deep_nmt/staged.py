@@ -4,9 +4,11 @@ layers, restart the learning rate, train again, ... up to the last depth, then e
     hf-deep-nmt train-staged recipes/configs/sdt_sample_staged.json
 
 Every stage writes its own folder under `output_dir` (`stage-1-2-layers/`, ...) with its Trainer checkpoints and, when
-it is done, its final model and `stage.json`. Running the command again resumes: finished stages are skipped, an
-interrupted stage continues from its last checkpoint. Each stage starts with a fresh optimizer; the schedule is the
-fairseq inverse square root with the SDT restart rule (`hf_deep_nmt.schedules`).
+it is done, its final model and `stage.json`. Running the same command again resumes: finished stages are skipped, an
+interrupted stage continues from its last checkpoint. A folder holding a run of another recipe is refused
+(`hf_deep_nmt.run_folder`), so a changed recipe never exports the old stages under its own card. Each stage starts
+with a fresh optimizer; the schedule is the fairseq inverse square root with the SDT restart rule
+(`hf_deep_nmt.schedules`).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from transformers.utils import logging
 
 from hf_deep_nmt.callbacks import last_complete_checkpoint, nonfinite_steps_skipped
 from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder
+from hf_deep_nmt.run_folder import RunFolder, run_recipe
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.training import (
     ARGUMENT_CLASSES,
     DeepNMTTrainer,
     build_model,
+    check_before_work,
+    check_explicit_run,
     configure_generation,
     evaluate_and_export,
     make_trainer,
@@ -85,11 +90,22 @@ class StageTrainer(DeepNMTTrainer):
 
 def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
     """Train every stage (skipping finished ones, resuming an interrupted one), then evaluate and export."""
-    model_args, data_args, export_args, training_args, stages = parse_arguments(
-        argv, (*ARGUMENT_CLASSES, StageArguments)
-    )
-    if stages.growth_strategy not in GROWTH_STRATEGIES:
-        raise ValueError(f"`growth_strategy` must be one of {GROWTH_STRATEGIES}, got {stages.growth_strategy!r}.")
+    arguments = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
+    check_explicit_run(argv, "train-staged")
+    if arguments[4].growth_strategy not in GROWTH_STRATEGIES:
+        raise ValueError(
+            f"`growth_strategy` must be one of {GROWTH_STRATEGIES}, got {arguments[4].growth_strategy!r}."
+        )
+    with RunFolder(arguments[3].output_dir, "train-staged", run_recipe(*arguments)) as folder:
+        summary = _run_staged(*arguments, folder)
+        folder.finish()
+    return summary
+
+
+def _run_staged(model_args, data_args, export_args, training_args, stages, folder: RunFolder) -> dict[str, Any]:
+    check_before_work(data_args, export_args, training_args)
+    # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
+    folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
     root = Path(training_args.output_dir)
     prepared = prepare(model_args, data_args, export_args, training_args, tokenizer_dir=root / "tokenizer")
     completed_steps, previous, trainer, summary = 0, None, None, {"stages": []}

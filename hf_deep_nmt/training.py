@@ -24,6 +24,7 @@ import torch
 import yaml
 from torch.utils.data import DataLoader
 from transformers import (
+    AutoConfig,
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
@@ -53,9 +54,12 @@ from hf_deep_nmt.input_checks import (
     check_config_overrides,
     check_local_path,
     check_recipe_values,
+    check_run_folders,
+    check_run_settings,
     check_tokenizer_matches,
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
+from hf_deep_nmt.run_folder import RunFolder, run_recipe
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.translate import translate
@@ -170,6 +174,13 @@ class DeepNMTTrainingArguments(Seq2SeqTrainingArguments):
             "than this many in a row stop the run with NonFiniteTrainingError (0: stop at the first)."
         },
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start afresh in an output_dir holding another run: remove what runs of this package wrote there "
+            "(checkpoints, results, curves, its record); other files are kept."
+        },
+    )
 
     def __post_init__(self):
         super().__post_init__()
@@ -247,6 +258,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, EvalExportArguments, DeepNMTTrainingArguments)
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def multi_process_launch_without_gpu() -> bool:
@@ -268,7 +280,7 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
     parser = HfArgumentParser(classes)
     cpu_default = {"use_cpu": True} if multi_process_launch_without_gpu() else {}
     parser.set_defaults(**cpu_default)
-    if argv and argv[0].endswith((".json", ".yaml", ".yml")):
+    if argv and argv[0].endswith(CONFIG_SUFFIXES):
         path = Path(argv.pop(0))
         if not path.is_file():
             raise FileNotFoundError(f"Config file not found: {path}")
@@ -293,6 +305,47 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
             outputs[0].model_overrides = {**values["model_overrides"], **outputs[0].model_overrides}
         return outputs
     return parser.parse_args_into_dataclasses(args=argv)
+
+
+def check_explicit_run(argv: list[str] | None, command: str = "train") -> None:
+    """`ValueError` unless the command line names a model (`model_type` or `model_name_or_path`) and an `output_dir`,
+    in a config file or as flags: without them the defaults would start a full-size job into ./trainer_output."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    given = {item[2:].split("=")[0] for item in argv if item.startswith("--")}
+    if argv and argv[0].endswith(CONFIG_SUFFIXES):
+        path = Path(argv[0])
+        values = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+        given |= set(values or {})
+    missing = []
+    if not given & {"model_type", "model_name_or_path"}:
+        missing.append(f"a model (`model_type`, one of {tuple(PRESETS)}, or `model_name_or_path`)")
+    if "output_dir" not in given:
+        missing.append("an `output_dir`")
+    if missing:
+        raise ValueError(
+            f"`hf-deep-nmt {command}` needs a recipe naming {' and '.join(missing)}: give a config file such as "
+            f"recipes/configs/sample.json (flags after it override it), or the flags. Without them the defaults "
+            f"would train a full-size model for thousands of steps into ./trainer_output."
+        )
+
+
+def corpus_files(data_args: DataArguments) -> list[str]:
+    return [path for path in (data_args.train_file, data_args.validation_file) if path]
+
+
+def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> None:
+    """A saved model with a separately given tokenizer must have exactly its vocabulary: a smaller tokenizer (another
+    run's) never produces the model's other ids, and its ids mean other pieces."""
+    if not (model_args.model_name_or_path and model_args.tokenizer_name_or_path):
+        return
+    config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+    vocab = getattr(config, "vocab_size", None)
+    if vocab is not None and len(tokenizer) != vocab:
+        raise ValueError(
+            f"The tokenizer {model_args.tokenizer_name_or_path!r} has {len(tokenizer)} tokens but the model "
+            f"{model_args.model_name_or_path!r} has a vocabulary of {vocab}: it is another model's tokenizer. Leave "
+            "`tokenizer_name_or_path` unset to use the one saved with the model."
+        )
 
 
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
@@ -344,18 +397,19 @@ class Prepared:
     references: list[str]
 
 
-def prepare(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    export_args: EvalExportArguments,
-    training_args: Seq2SeqTrainingArguments,
-    tokenizer_dir: Path | None = None,
-) -> Prepared:
-    """Check the export folder, load the corpus, get a tokenizer (saved model's, given, reloaded from `tokenizer_dir`,
-    or newly trained and saved there), tokenize both splits."""
-    # Fail before hours of training, not after, when the export folder would be refused.
+def check_before_work(
+    data_args: DataArguments, export_args: EvalExportArguments, training_args: Seq2SeqTrainingArguments
+) -> None:
+    """Everything that would otherwise fail only after training: settings (`check_run_settings`), folders
+    (`check_run_folders`, the export folder), checkpoint averaging without checkpoints. Fills in the bundled sample
+    corpus when no data is named."""
+    check_run_settings(data_args, export_args, training_args)
+    if not data_args.train_file and not data_args.dataset_name:
+        data_args.train_file = str(sample_corpus_dir() / "train.tsv")
+        data_args.validation_file = data_args.validation_file or str(sample_corpus_dir() / "valid.tsv")
+    protected = check_run_folders(training_args.output_dir, export_args.export_dir, corpus_files(data_args))
     if export_args.export_dir:
-        check_export_folder(export_args.export_dir, export_args.overwrite_export)
+        check_export_folder(export_args.export_dir, export_args.overwrite_export, protected=protected)
     if export_args.average_checkpoints:
         if training_args.save_strategy == "no":
             raise ValueError(
@@ -368,10 +422,19 @@ def prepare(
                 f"`save_total_limit={limit}` keeps fewer checkpoints than `average_checkpoints="
                 f"{export_args.average_checkpoints}` averages; raise it or unset it."
             )
+
+
+def prepare(
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    export_args: EvalExportArguments,
+    training_args: Seq2SeqTrainingArguments,
+    tokenizer_dir: Path | None = None,
+) -> Prepared:
+    """Check the settings and folders (`check_before_work`), load the corpus, get a tokenizer (saved model's, given,
+    reloaded from `tokenizer_dir`, or newly trained and saved there), tokenize both splits."""
+    check_before_work(data_args, export_args, training_args)
     set_seed(training_args.seed)
-    if not data_args.train_file and not data_args.dataset_name:
-        data_args.train_file = str(sample_corpus_dir() / "train.tsv")
-        data_args.validation_file = data_args.validation_file or str(sample_corpus_dir() / "valid.tsv")
     raw = load_parallel_dataset(
         train_file=data_args.train_file,
         validation_file=data_args.validation_file,
@@ -388,6 +451,7 @@ def prepare(
     if saved_tokenizer:
         check_local_path(saved_tokenizer, "Tokenizer folder")
         tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
+        check_tokenizer_vocabulary(model_args, tokenizer)
     elif tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     else:
@@ -402,6 +466,8 @@ def prepare(
     train_dataset = tokenize_parallel(
         raw["train"], tokenizer, data_args.max_source_length, data_args.max_target_length
     )
+    if len(raw["train"]) == 0:
+        raise ValueError("The training data holds no sentence pairs; give a corpus with at least one.")
     if len(train_dataset) == 0:
         raise ValueError(
             f"No training pair is within `max_source_length={data_args.max_source_length}` / "
@@ -453,13 +519,25 @@ def make_trainer(
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Train, evaluate (sacreBLEU), translate a few sentences and export a Hub-ready folder. Returns the summary."""
-    model_args, data_args, export_args, training_args = parse_arguments(argv)
+    arguments = parse_arguments(argv)
+    check_explicit_run(argv, "train")
+    with RunFolder(arguments[3].output_dir, "train", run_recipe(*arguments)) as folder:
+        summary = _run(*arguments, folder)
+        folder.finish()
+    return summary
+
+
+def _run(model_args, data_args, export_args, training_args, folder: RunFolder) -> dict[str, Any]:
+    check_before_work(data_args, export_args, training_args)
+    resume = folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
     prepared = prepare(model_args, data_args, export_args, training_args)
     model = build_model(model_args, prepared.tokenizer)
     configure_generation(model, prepared.tokenizer, data_args, export_args)
     trainer = make_trainer(model, training_args, prepared)
     started = time.perf_counter()
-    checkpoint = resolve_resume_checkpoint(training_args.resume_from_checkpoint, training_args.output_dir)
+    checkpoint = resolve_resume_checkpoint(resume, training_args.output_dir)
+    if checkpoint:
+        logger.warning(f"Resuming from {checkpoint}.")
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
     summary: dict[str, Any] = {
         "train_loss": round(train_result.training_loss, 4),
@@ -539,6 +617,7 @@ def evaluate_and_export(
                 training_data=_describe_data(data_args, len(raw["train"]), summary),
                 examples=summary.get("examples"),
                 length_penalty_form=export_args.length_penalty_form,
+                protected=check_run_folders(training_args.output_dir, export_args.export_dir, corpus_files(data_args)),
             )
             summary["export_dir"] = export_args.export_dir
         output_dir = Path(training_args.output_dir)

@@ -14,7 +14,8 @@ from hf_deep_nmt.cli import main
 
 @pytest.fixture
 def trainer_output(tmp_path, tiny_config):
-    """A Trainer-style folder with checkpoint-5, -10, -20 and -100 (numeric, not text, order) of perturbed models."""
+    """A Trainer-style folder with checkpoint-5, -10, -20 and -100 (numeric, not text, order) of perturbed models,
+    as `save_only_model` saves them (weights and trainer state)."""
     output = tmp_path / "run"
     for number, step in enumerate((5, 100, 20, 10)):
         torch.manual_seed(number)
@@ -23,6 +24,7 @@ def trainer_output(tmp_path, tiny_config):
             for parameter in model.parameters():
                 parameter.add_(torch.randn_like(parameter))
         model.save_pretrained(output / f"checkpoint-{step}")
+        (output / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     (output / "checkpoint-7").mkdir()  # no weights: not a checkpoint
     (output / "runs").mkdir()
     return output

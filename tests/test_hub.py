@@ -104,9 +104,13 @@ def test_export_into_an_empty_folder_and_overwrite_on_request(model, tokenizer, 
     folder = tmp_path / "repo"
     folder.mkdir()
     export_hub_folder(model, tokenizer, folder)  # an existing empty folder is fine
-    (folder / "stale.txt").write_text("old")
-    export_hub_folder(model, tokenizer, folder, overwrite=True)
-    assert not (folder / "stale.txt").exists() and (folder / "model.safetensors").is_file()
+    (folder / "README.md").write_text("old card")
+    export_hub_folder(model, tokenizer, folder, overwrite=True)  # every file in it was written by the export
+    assert (folder / "README.md").read_text() != "old card" and (folder / "model.safetensors").is_file()
+    (folder / "stale.txt").write_text("a file of the user's")
+    with pytest.raises(FileExistsError, match=r"holds files that no export or average of hf-deep-nmt wrote"):
+        export_hub_folder(model, tokenizer, folder, overwrite=True)
+    assert (folder / "stale.txt").read_text() == "a file of the user's"
 
 
 def test_exported_folder_loads_and_translates_identically(model, tokenizer, tmp_path):

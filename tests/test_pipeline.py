@@ -360,14 +360,17 @@ def test_build_model_sizes_the_vocabulary_from_the_tokenizer_and_checks_override
 def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypatch):
     from hf_deep_nmt import training
 
-    (tmp_path / "keep.txt").write_text("user data")
+    (tmp_path / "export").mkdir()
+    (tmp_path / "export" / "keep.txt").write_text("user data")
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"output_dir": str(tmp_path / "run"), "export_dir": str(tmp_path)}))
+    recipe = {"model_type": "deep_nmt", "output_dir": str(tmp_path / "run"), "export_dir": str(tmp_path / "export")}
+    config.write_text(json.dumps(recipe))
     monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         training.run([str(config)])
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["keep.txt", "run.json"]
-    assert (tmp_path / "keep.txt").read_text() == "user data"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["export", "run.json"]
+    assert [path.name for path in (tmp_path / "export").iterdir()] == ["keep.txt"]
+    assert (tmp_path / "export" / "keep.txt").read_text() == "user data"
 
 
 def test_overrides_cannot_be_combined_with_a_saved_model(tokenizer):
@@ -384,7 +387,8 @@ def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys
     export.mkdir()
     (export / "weights.safetensors").write_text("user data")
     config = tmp_path / "run.json"
-    config.write_text(json.dumps({"output_dir": str(tmp_path / "run"), "export_dir": str(export)}))
+    recipe = {"model_type": "deep_nmt", "output_dir": str(tmp_path / "run"), "export_dir": str(export)}
+    config.write_text(json.dumps(recipe))
     assert main(["train", str(config)]) == 2
     error = capsys.readouterr().err
     assert error.startswith("hf-deep-nmt train: error: Export folder") and "--overwrite_export true" in error

@@ -8,6 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from hf_deep_nmt.data import sample_corpus_dir
+from hf_deep_nmt.run_folder import RUN_RECORD
 from hf_deep_nmt.staged import run_staged
 
 
@@ -96,10 +97,14 @@ def test_an_interrupted_stage_resumes_from_its_checkpoint(tmp_path):
     stage_one = interrupted / "run" / "stage-1-2-layers" / "model" / "model.safetensors"
     stage_one_time = stage_one.stat().st_mtime_ns
     stage_two = interrupted / "run" / "stage-2-4-layers"
-    # as if killed after the checkpoint at step 3 of stage 2: no later checkpoint, no final model, no record
+    # as if killed after the checkpoint at step 3 of stage 2: no later checkpoint, no final model, no stage record,
+    # no results, and the run's record not marked finished
     shutil.rmtree(stage_two / "model")
     shutil.rmtree(stage_two / "checkpoint-6")
     (stage_two / "stage.json").unlink()
+    (interrupted / "run" / "results.json").unlink()
+    record = json.loads((interrupted / "run" / RUN_RECORD).read_text())
+    (interrupted / "run" / RUN_RECORD).write_text(json.dumps({**record, "finished": False}))
     summary = run_staged(arguments(interrupted, depths=("2", "4")))
     assert stage_one.stat().st_mtime_ns == stage_one_time  # the finished stage is not trained again
     assert summary["stages"][1]["steps"] == 6

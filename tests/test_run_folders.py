@@ -1,0 +1,402 @@
+"""Nothing a user has is lost: one run per output folder (lock, recipe record, resume / clear / refuse), overwrites
+that remove only what this package wrote, exports with the user's file modes, damaged checkpoints skipped, and mistakes
+refused before any work. Every refusal leaves each file that was there byte-identical."""
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.averaging import average_checkpoints, list_checkpoints
+from hf_deep_nmt.callbacks import checkpoint_problem, last_complete_checkpoint
+from hf_deep_nmt.cli import main
+from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir
+from hf_deep_nmt.hub import WRITTEN_MARKER, export_hub_folder
+from hf_deep_nmt.run_folder import LOCK_FILE, RUN_RECORD, RunFolder, RunFolderError
+from hf_deep_nmt.staged import StageArguments, run_staged
+from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.training import ARGUMENT_CLASSES, parse_arguments, run
+
+OVERRIDES = {
+    "d_model": 16,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 24,
+    "decoder_ffn_dim": 20,
+}
+STEPS = 4
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Relative path -> sha256 of every file under `folder` (folders as 'dir')."""
+    return {
+        path.relative_to(folder).as_posix(): "dir" if path.is_dir() else hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("corpus")
+    lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:48]
+    (folder / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / "valid.tsv").write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
+    train_joint_tokenizer([line.split("\t") for line in lines], vocab_size=400).save_pretrained(folder / "tokenizer")
+    return folder
+
+
+def recipe_arguments(corpus: Path, output_dir: Path, *extra: str) -> list[str]:
+    recipe = output_dir.parent / f"{output_dir.name}-recipe.json"
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    recipe.write_text(json.dumps({"model_type": "deep_nmt", "model_overrides": OVERRIDES}))
+    return [
+        str(recipe),
+        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
+        *("--tokenizer_name_or_path", str(corpus / "tokenizer"), "--max_length_b", "2", "--num_beams", "1"),
+        *("--max_source_length", "64", "--max_target_length", "64", "--max_steps", str(STEPS)),
+        *("--save_strategy", "steps", "--save_steps", "1", "--per_device_train_batch_size", "8"),
+        *("--output_dir", str(output_dir), "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true"),
+        *("--seed", "0", "--translate_examples", "0", "--plot_curves", "false"),
+        *extra,
+    ]
+
+
+@pytest.fixture(scope="module")
+def finished_run(corpus, tmp_path_factory):
+    """A finished `train` run: checkpoint-1 .. -4, results.json and its record."""
+    output_dir = tmp_path_factory.mktemp("finished") / "run"
+    run(recipe_arguments(corpus, output_dir))
+    return output_dir
+
+
+@pytest.fixture
+def old_run(finished_run, tmp_path):
+    """A private copy of the finished run, in a folder where the recipe file of `recipe_arguments` is written."""
+    copy = tmp_path / "run"
+    shutil.copytree(finished_run, copy)
+    return copy
+
+
+def fail_on_training(monkeypatch):
+    from hf_deep_nmt import training
+
+    monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("work started"))
+
+
+# ---- one run per output folder -------------------------------------------------------------------------------------
+
+
+def test_a_second_run_into_a_locked_output_dir_is_refused(corpus, old_run, monkeypatch, capsys):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = old_run / LOCK_FILE
+        lock.write_text(json.dumps({"pid": holder.pid, "host": os.uname().nodename, "command": "train"}))
+        before = tree(old_run)
+        fail_on_training(monkeypatch)
+        assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
+        error = capsys.readouterr().err
+        assert f"is in use by another hf-deep-nmt run (process {holder.pid}" in error and str(lock) in error
+        assert tree(old_run) == before
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over_and_every_lock_is_released(tmp_path, caplog):
+    dead_pid = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_pid.wait()
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / LOCK_FILE).write_text(json.dumps({"pid": dead_pid.pid, "host": os.uname().nodename}))
+    with caplog.at_level(logging.WARNING), RunFolder(folder, "train", {}):
+        assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
+        with pytest.raises(RunFolderError, match="in use by another hf-deep-nmt run"):
+            with RunFolder(folder, "train", {}):
+                pass
+    assert f"left by process {dead_pid.pid}, which has ended" in caplog.text
+    assert not (folder / LOCK_FILE).exists()
+    with pytest.raises(KeyError):  # released on error too
+        with RunFolder(folder, "train", {}):
+            raise KeyError("stop")
+    assert not (folder / LOCK_FILE).exists()
+
+
+def test_an_output_dir_holding_another_recipe_or_an_unrecorded_run_is_refused(corpus, old_run, monkeypatch, capsys):
+    fail_on_training(monkeypatch)
+    before = tree(old_run)
+    assert main(["train", *recipe_arguments(corpus, old_run, "--learning_rate", "0.01")]) == 2
+    error = capsys.readouterr().err
+    assert "holds a run of another recipe (learning_rate: 5e-05 -> 0.01)" in error
+    assert "--resume_from_checkpoint last" in error and "--overwrite_output_dir true" in error
+    (old_run / RUN_RECORD).unlink()
+    before.pop(RUN_RECORD)
+    assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
+    assert "outputs of an earlier run without a recipe record" in capsys.readouterr().err
+    assert tree(old_run) == before
+
+
+def test_the_same_command_on_a_finished_run_is_refused_with_the_way_out(corpus, old_run, monkeypatch, capsys):
+    fail_on_training(monkeypatch)
+    before = tree(old_run)
+    assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
+    error = capsys.readouterr().err
+    assert "holds a finished run of this same recipe" in error and "--overwrite_output_dir true" in error
+    assert tree(old_run) == before
+
+
+def test_the_same_command_after_a_kill_continues_from_the_last_whole_checkpoint(corpus, old_run, caplog):
+    # as a kill leaves it: no results, the record unfinished, the newest checkpoint's weights cut short
+    (old_run / "results.json").unlink()
+    record = json.loads((old_run / RUN_RECORD).read_text())
+    (old_run / RUN_RECORD).write_text(json.dumps({**record, "finished": False}))
+    weights = old_run / f"checkpoint-{STEPS}" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])
+    kept = {name: tree(old_run / f"checkpoint-{name}") for name in (1, 2, 3)}
+    with caplog.at_level(logging.WARNING):
+        summary = run(recipe_arguments(corpus, old_run))
+    assert "holds an interrupted run of this recipe: continuing it" in caplog.text
+    assert f"checkpoint-{STEPS}/model.safetensors' is damaged" in caplog.text and "Resuming from" in caplog.text
+    assert summary["train_steps"] == STEPS
+    assert {name: tree(old_run / f"checkpoint-{name}") for name in (1, 2, 3)} == kept
+    assert checkpoint_problem(old_run / f"checkpoint-{STEPS}") is None  # rewritten whole
+    assert json.loads((old_run / RUN_RECORD).read_text())["finished"] is True
+
+
+def test_overwrite_output_dir_removes_only_what_our_runs_wrote(corpus, old_run):
+    (old_run / "notes.txt").write_text("mine")
+    (old_run / "data").mkdir()
+    (old_run / "data" / "extra.tsv").write_text("a\tb\n")
+    kept = {name: tree(old_run)[name] for name in ("notes.txt", "data/extra.tsv")}
+    run(recipe_arguments(corpus, old_run, "--max_steps", "2", "--overwrite_output_dir", "true"))
+    assert {name: tree(old_run)[name] for name in kept} == kept
+    assert sorted(path.name for path in old_run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert json.loads((old_run / "results.json").read_text())["train_steps"] == 2
+
+
+def test_train_staged_refuses_a_folder_of_another_recipe(corpus, tmp_path, monkeypatch):
+    output_dir = tmp_path / "staged"
+    arguments = [*recipe_arguments(corpus, output_dir), "--stage_depths", "1", "2", "--stage_max_steps", "2"]
+    classes = (*ARGUMENT_CLASSES, StageArguments)
+    from hf_deep_nmt.run_folder import run_recipe
+
+    old = run_recipe(*parse_arguments([*arguments[:-1], "3"], classes))
+    (output_dir / "stage-1-1-layers").mkdir(parents=True)
+    (output_dir / "stage-1-1-layers" / "stage.json").write_text('{"stage": 1, "steps": 3}')
+    (output_dir / RUN_RECORD).write_text(json.dumps({"command": "train-staged", "finished": True, "recipe": old}))
+    before = tree(output_dir)
+    fail_on_training(monkeypatch)
+    with pytest.raises(RunFolderError, match=r"another recipe \(stage_max_steps: 3 -> 2\)"):
+        run_staged(arguments)
+    assert tree(output_dir) == before
+
+
+# ---- exports and averages ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["output_dir", "corpus", "holds_output"])
+def test_an_export_into_the_output_or_corpus_folder_is_refused_before_work(corpus, tmp_path, where, monkeypatch):
+    shutil.copytree(corpus, tmp_path / "corpus")
+    output_dir = tmp_path / "out" / "run"
+    export = {"output_dir": output_dir, "corpus": tmp_path / "corpus", "holds_output": tmp_path / "out"}[where]
+    arguments = recipe_arguments(tmp_path / "corpus", output_dir, "--export_dir", str(export))
+    arguments += ["--overwrite_export", "true"]
+    before = tree(tmp_path)
+    fail_on_training(monkeypatch)
+    message = {"output_dir": "is the training output_dir", "corpus": "is the folder of the corpus file"}
+    with pytest.raises(ValueError, match=message.get(where, "is inside export_dir")):
+        run(arguments)
+    assert tree(tmp_path) == before
+
+
+def test_an_export_under_an_unwritable_folder_is_refused_before_work(corpus, tmp_path, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    parent = Path("/sys") if os.geteuid() == 0 else locked  # root writes anywhere but on a read-only mount
+    fail_on_training(monkeypatch)
+    try:
+        with pytest.raises(PermissionError, match=rf"Export folder '{parent}/export' cannot be written"):
+            run(recipe_arguments(corpus, tmp_path / "run", "--export_dir", str(parent / "export")))
+    finally:
+        locked.chmod(0o755)
+
+
+@pytest.fixture
+def checkpoints(finished_run, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(finished_run, copy)
+    return copy
+
+
+def test_average_refuses_to_write_over_its_inputs_or_their_output_folder(checkpoints, capsys):
+    inputs = [str(checkpoints / "checkpoint-3"), str(checkpoints / "checkpoint-4")]
+    before = tree(checkpoints)
+    assert main(["average", *inputs, "--save-to", str(checkpoints), "--overwrite"]) == 2
+    error = capsys.readouterr().err
+    assert "is the Trainer output folder holding the checkpoint" in error
+    assert main(["average", *inputs, "--save-to", inputs[0], "--overwrite"]) == 2
+    assert "is one of the averaged checkpoints" in capsys.readouterr().err
+    assert tree(checkpoints) == before
+
+
+def test_an_average_overwrites_only_an_earlier_average_and_carries_the_tokenizer(checkpoints, tmp_path, capsys):
+    target = tmp_path / "averaged"
+    assert main(["average", "--output-dir", str(checkpoints), "--last", "2", "--save-to", str(target)]) == 0
+    assert (target / "tokenizer.json").is_file() and (target / WRITTEN_MARKER).is_file()
+    assert main(["average", "--output-dir", str(checkpoints), "--last", "2", "--save-to", str(target)]) == 2
+    error = capsys.readouterr().err
+    assert "`--overwrite` on the command line" in error and "overwrite_export" not in error
+    assert main(["average", str(checkpoints / "checkpoint-1"), "--save-to", str(target), "--overwrite"]) == 0
+    expected = load_file(checkpoints / "checkpoint-1" / "model.safetensors")
+    assert torch.equal(load_file(target / "model.safetensors")["model.shared.weight"], expected["model.shared.weight"])
+    (target / "notes.txt").write_text("mine")
+    before = tree(target)
+    assert main(["average", str(checkpoints / "checkpoint-2"), "--save-to", str(target), "--overwrite"]) == 2
+    assert "holds files that no export or average of hf-deep-nmt wrote (['notes.txt'])" in capsys.readouterr().err
+    assert tree(target) == before
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_exported_files_get_the_users_normal_mode(tiny_config, tmp_path, umask):
+    tokenizer = train_joint_tokenizer([("hola mundo", "hello world")] * 20, vocab_size=80, min_frequency=1)
+    model = DlclForConditionalGeneration(tiny_config(DlclConfig, vocab_size=len(tokenizer)))
+    previous = os.umask(umask)
+    try:
+        folder = export_hub_folder(model, tokenizer, tmp_path / "export")
+    finally:
+        os.umask(previous)
+    assert folder.stat().st_mode & 0o777 == 0o777 & ~umask
+    modes = {path.name: path.stat().st_mode & 0o777 for path in folder.iterdir()}
+    assert "model.safetensors" in modes and set(modes.values()) == {0o666 & ~umask}
+
+
+# ---- damaged checkpoints -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["truncated model.safetensors", "truncated optimizer.pt", "no scheduler.pt", "no rng_state.pth"],
+)
+def test_a_damaged_or_partial_newest_checkpoint_is_skipped_for_resume_and_averaging(checkpoints, damage, caplog):
+    newest = checkpoints / f"checkpoint-{STEPS}"
+    verb, name = damage.split(" ")
+    if verb == "truncated":
+        (newest / name).write_bytes((newest / name).read_bytes()[: (newest / name).stat().st_size // 2])
+    else:
+        (newest / name).unlink()
+    with caplog.at_level(logging.WARNING):
+        assert last_complete_checkpoint(checkpoints) == str(checkpoints / f"checkpoint-{STEPS - 1}")
+        assert [path.name for path in list_checkpoints(checkpoints)][-1] == f"checkpoint-{STEPS - 1}"
+    assert "damaged" in caplog.text or f"has no {name}" in caplog.text
+    with pytest.raises(ValueError, match=r"cannot be averaged"):
+        average_checkpoints([newest])
+
+
+# ---- mistakes refused before any work -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--max_eval_samples", "-3"), r"`max_eval_samples` must be >= 1, got -3"),
+        (("--num_beams", "0"), r"`num_beams` must be >= 1, got 0"),
+        (("--per_device_eval_batch_size", "0"), r"`per_device_eval_batch_size` must be >= 1, got 0"),
+        (("--gradient_accumulation_steps", "0"), r"`gradient_accumulation_steps` must be >= 1, got 0"),
+        (
+            ("--bleu_tokenize", "13b"),
+            r"`bleu_tokenize` must be one of sacreBLEU's tokenizers .*\(did you mean '13a'\?\)",
+        ),
+        (("--length_penalty", "nan"), r"`length_penalty` must be a finite number, got nan"),
+        (("--max_length_a", "inf"), r"`max_length_a` must be a finite number, got inf"),
+        (("--max_length_a", "1e6"), r"= 1000000.0 \* 64 \+ 2 = 6.4e\+07 tokens must be between 1 and 4096"),
+        (("--max_length_a", "0", "--max_length_b", "0"), r"= 0.0 \* 64 \+ 0 = 0 tokens must be between 1 and 4096"),
+    ],
+)
+def test_bad_settings_are_refused_before_any_work(corpus, tmp_path, flags, message, monkeypatch):
+    fail_on_training(monkeypatch)
+    before = tree(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        run(recipe_arguments(corpus, tmp_path / "run", *flags))
+    assert tree(tmp_path) == {**before, "run-recipe.json": tree(tmp_path)["run-recipe.json"]}
+
+
+@pytest.mark.parametrize("config", [None, "{}"])
+def test_train_without_a_recipe_is_refused_naming_what_is_missing(tmp_path, config, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    arguments = []
+    if config is not None:
+        (tmp_path / "empty.json").write_text(config)
+        arguments = ["empty.json"]
+    assert main(["train", *arguments]) == 2
+    error = capsys.readouterr().err
+    assert "needs a recipe naming a model (`model_type`" in error and "and an `output_dir`" in error
+    assert sorted(path.name for path in tmp_path.iterdir()) == (["empty.json"] if config else [])
+
+
+def test_an_empty_validation_file_is_refused_by_name(corpus, tmp_path):
+    (tmp_path / "valid.tsv").write_text("")
+    with pytest.raises(ValueError, match=rf"`validation_file` '{tmp_path}/valid.tsv' holds no sentence pairs"):
+        load_parallel_dataset(train_file=corpus / "train.tsv", validation_file=tmp_path / "valid.tsv")
+    (tmp_path / "train.tsv").write_text("\n\n")
+    with pytest.raises(ValueError, match=r"`train_file` .* holds no sentence pairs; give a corpus") as error:
+        load_parallel_dataset(train_file=tmp_path / "train.tsv")
+    assert "raise" not in str(error.value)
+
+
+def test_a_byte_order_mark_is_dropped_and_a_nul_byte_refused(tmp_path):
+    (tmp_path / "bom.tsv").write_bytes("\ufeffhola\thello\nadiós\tbye\n".encode())
+    assert load_parallel_dataset(train_file=tmp_path / "bom.tsv")["train"]["source"] == ["hola", "adiós"]
+    (tmp_path / "nul.tsv").write_bytes(b"hola\thello\nadi\x00os\tbye\n")
+    with pytest.raises(ValueError, match=r"nul.tsv:2: NUL byte at column 4"):
+        load_parallel_dataset(train_file=tmp_path / "nul.tsv")
+
+
+def test_a_header_line_and_training_on_the_validation_file_are_warned_about(corpus, tmp_path, caplog):
+    lines = (corpus / "train.tsv").read_text(encoding="utf-8")
+    (tmp_path / "train.tsv").write_text("source\ttarget\n" + lines, encoding="utf-8")
+    with caplog.at_level(logging.WARNING):
+        raw = load_parallel_dataset(
+            train_file=tmp_path / "train.tsv", validation_file=tmp_path / "train.tsv", source_lang="es"
+        )
+    assert raw["train"]["source"][0] == "source"  # kept: it is only a warning
+    assert "train.tsv:1 looks like a header ('source' / 'target')" in caplog.text
+    assert "The validation file is the training file" in caplog.text
+
+
+def test_a_dataset_name_offline_fails_at_once_saying_so(monkeypatch):
+    import datasets
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConnectionError, match=r"Dataset 'no-such/corpus' cannot be loaded: HF_HUB_OFFLINE is set"):
+        load_parallel_dataset(dataset_name="no-such/corpus")
+
+
+def test_a_saved_model_with_a_smaller_tokenizer_is_refused(corpus, finished_run, tmp_path, monkeypatch):
+    small = tmp_path / "small-tokenizer"
+    pairs = [line.split("\t") for line in (corpus / "train.tsv").read_text().splitlines()]
+    smaller = train_joint_tokenizer(pairs, vocab_size=300)
+    smaller.save_pretrained(small)
+    model_vocab = json.loads((finished_run / "checkpoint-4" / "config.json").read_text())["vocab_size"]
+    assert len(smaller) < model_vocab
+    from hf_deep_nmt import training
+
+    arguments = recipe_arguments(corpus, tmp_path / "run", "--model_name_or_path", str(finished_run / "checkpoint-4"))
+    arguments[arguments.index("--tokenizer_name_or_path") + 1] = str(small)
+    monkeypatch.setattr(training, "build_model", lambda *args: pytest.fail("model built"))
+    with pytest.raises(
+        ValueError, match=rf"has {len(smaller)} tokens but the model .* has a vocabulary of {model_vocab}"
+    ):
+        run(arguments)
