@@ -190,7 +190,7 @@ def _translate(argv: list[str]) -> int:
         "--buffer-size", type=_at_least(1), default=1000, help="input lines sorted into batches together"
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     args = parser.parse_args(argv)
 
     from hf_deep_nmt.translate import check_output_path, check_translation_options, read_lines, write_translations
@@ -215,7 +215,16 @@ def _translate(argv: list[str]) -> int:
     device = _device(args.device)
     lines = read_lines(args.input)
     _check_model_source(args.model)
-    model, tokenizer = _load(args.model, device)
+    from transformers.utils import logging
+
+    bars = logging.is_progress_bar_enabled()
+    if args.no_progress:
+        logging.disable_progress_bar()  # the loading bar too
+    try:
+        model, tokenizer = _load(args.model, device)
+    finally:
+        if bars:
+            logging.enable_progress_bar()
     generation = model.generation_config
     write_translations(
         model,

@@ -152,7 +152,8 @@ def iter_translations(
     )
     check_tokenizer_matches(model, tokenizer)
     wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
-    encoded = {index: tokenizer(sentences[index])["input_ids"] for index in wanted}
+    # the length check is ours (below): no tokenizer warning about its own maximum
+    encoded = {index: tokenizer(sentences[index], verbose=False)["input_ids"] for index in wanted}
     if max_source_tokens is not None:
         overlong = [index for index in wanted if len(encoded[index]) > max_source_tokens]
         if overlong:
