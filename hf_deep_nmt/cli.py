@@ -383,14 +383,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return COMMANDS[argv[0]](argv[1:])
     except KeyboardInterrupt as error:
-        code, message = (
-            130,
-            "interrupted" + (f" ({'; '.join(error.__notes__)})" if hasattr(error, "__notes__") else ""),
-        )
+        failure = error
+        notes = "; ".join(getattr(error, "__notes__", ()))
+        code, message = 130, f"interrupted ({notes})" if notes else "interrupted"
     except Exception as error:  # the CLI's edge: each failure becomes one line
+        failure = error
         code, message = describe_error(error)
     if debug:
-        traceback.print_exc()
+        traceback.print_exception(failure)
     print(f"hf-deep-nmt {argv[0]}: error: {message}", file=sys.stderr)
     return code
 
