@@ -163,51 +163,28 @@ def iter_translations(
                 f"{len(encoded[first])}); split them into sentences, or raise the limit (`max_source_tokens`, "
                 "`--max-source-tokens`) knowing that the time grows with the square of the length."
             )
-    return _translated_pieces(
-        model,
-        tokenizer,
-        sentences,
-        wanted,
-        encoded,
-        batch_size=batch_size,
+    decoding = dict(
         num_beams=num_beams,
         length_penalty=length_penalty,
         max_length_a=max_length_a,
         max_length_b=max_length_b,
-        max_tokens=max_tokens,
-        gnmt=length_penalty_form == "gnmt" and num_beams > 1,
         max_output_tokens=max_output_tokens,
-        buffer_size=buffer_size or max(len(sentences), 1),
-        progress=progress,
+        gnmt=length_penalty_form == "gnmt" and num_beams > 1,
+    )
+    size = buffer_size or max(len(wanted), 1)
+    windows = [wanted[start : start + size] for start in range(0, len(wanted), size)]
+    return _translated_pieces(
+        model, tokenizer, len(sentences), windows, encoded, batch_size, max_tokens, progress, decoding
     )
 
 
 def _translated_pieces(
-    model,
-    tokenizer,
-    sentences,
-    wanted,
-    encoded,
-    *,
-    batch_size,
-    num_beams,
-    length_penalty,
-    max_length_a,
-    max_length_b,
-    max_tokens,
-    gnmt,
-    max_output_tokens,
-    buffer_size,
-    progress,
+    model, tokenizer, count, windows, encoded, batch_size, max_tokens, progress, decoding
 ) -> Iterator[list[str]]:
-    eos = model.generation_config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) else eos
     model.eval()
     device = next(model.parameters()).device
-    outputs: dict[int, str] = {index: "" for index in range(len(sentences)) if index not in encoded}
-    done = 0  # sentences[:done] have been yielded
-    bar = tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not progress, file=sys.stderr)
-    bar.update(len(sentences) - len(wanted))
+    outputs: dict[int, str] = {index: "" for index in range(count) if index not in encoded}
+    done = 0  # translations 0 .. done - 1 have been yielded
 
     def ready() -> list[str]:
         nonlocal done
@@ -217,54 +194,28 @@ def _translated_pieces(
             done += 1
         return piece
 
-    for window_start in range(0, len(wanted), buffer_size):
-        window = wanted[window_start : window_start + buffer_size]
-        lengths = [len(encoded[index]) for index in window]
-        # No token budget: `batch_size` sentences a batch. A sentence longer than the budget is translated on its own.
-        budget = max(max_tokens or batch_size * max(lengths), max(lengths))
-        groups = token_batches(lengths, budget, max_sentences=batch_size)
-        for group in sorted(groups, key=min):
-            indices = [window[position] for position in group]
-            for index, text in zip(
-                indices,
-                _translate_batch(
-                    model,
-                    tokenizer,
-                    [encoded[i] for i in indices],
-                    device,
-                    eos,
-                    num_beams,
-                    length_penalty,
-                    max_length_a,
-                    max_length_b,
-                    gnmt,
-                    max_output_tokens,
-                ),
-            ):
-                outputs[index] = text
-            bar.update(len(indices))
-            piece = ready()
-            if piece:
-                yield piece
-    piece = ready()
-    if piece:
-        yield piece
-    bar.close()
+    with tqdm(total=count, desc="Translating", unit="sent", disable=not progress, file=sys.stderr) as bar:
+        bar.update(len(outputs))
+        for window in windows:
+            lengths = [len(encoded[index]) for index in window]
+            # No token budget: `batch_size` sentences a batch. A sentence longer than the budget goes on its own.
+            budget = max(max_tokens or batch_size * max(lengths), max(lengths))
+            for group in sorted(token_batches(lengths, budget, max_sentences=batch_size), key=min):
+                indices = [window[position] for position in group]
+                texts = _translate_batch(model, tokenizer, [encoded[index] for index in indices], device, **decoding)
+                outputs.update(zip(indices, texts))
+                bar.update(len(indices))
+                if piece := ready():
+                    yield piece
+        if piece := ready():
+            yield piece
 
 
 def _translate_batch(
-    model,
-    tokenizer,
-    sources,
-    device,
-    eos,
-    num_beams,
-    length_penalty,
-    max_length_a,
-    max_length_b,
-    gnmt,
-    max_output_tokens,
+    model, tokenizer, sources, device, num_beams, length_penalty, max_length_a, max_length_b, max_output_tokens, gnmt
 ) -> list[str]:
+    eos = model.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
     batch = tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(device)
     source_lengths = batch["attention_mask"].sum(dim=1)
     limits = (max_length_a * source_lengths + max_length_b).long().clamp(min=1, max=max_output_tokens)

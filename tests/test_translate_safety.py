@@ -339,3 +339,13 @@ def test_an_overlong_line_is_refused_naming_it_before_anything_is_translated(exp
     with pytest.raises(ValueError, match=rf"longer than {length - 1} tokens \(line 2 has {length}\)"):
         translate(model, tokenizer, ["hola", "el sol sale hola mundo"], max_source_tokens=length - 1)
     assert translate(model, tokenizer, ["el sol sale hola mundo"], num_beams=1, max_source_tokens=length)[0]
+
+
+@pytest.mark.parametrize(("buffer_size", "batches"), [(None, [4, 2]), (3, [3, 3]), (1, [1] * 6)])
+def test_batches_are_formed_within_windows_of_buffer_size_lines(exported, monkeypatch, buffer_size, batches):
+    folder, model, tokenizer = exported
+    stop = StopAfter(model, calls=100)
+    monkeypatch.setattr(model, "generate", stop)
+    lines = ["hola", "el sol", "la mar", "hola mundo", "el sol sale", "la mar no se llena"]
+    translate(model, tokenizer, lines, batch_size=4, num_beams=1, buffer_size=buffer_size)
+    assert stop.seen == batches
