@@ -1,12 +1,60 @@
 """`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor`: thin command-line front ends over the
-library."""
+library.
+
+Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
+what was asked (a bad value, a missing or existing file), 1 for a run that failed (out of memory, a write error, no
+network, a NaN in training). `hf-deep-nmt --debug COMMAND ...` or `HF_DEEP_NMT_DEBUG=1` adds the traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
+import math
+import os
+import re
 import sys
+import traceback
 from pathlib import Path
+
+DEBUG_VARIABLE = "HF_DEEP_NMT_DEBUG"
+# What `save_pretrained` of a tokenizer writes: the `tokenizers` file, or the files of a slow tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json")
+
+
+class UsageError(ValueError):
+    """A command line that cannot be run as written (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose mistakes are `UsageError`s, reported in one line like every other mistake."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _at_least(minimum: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def _train(argv: list[str]) -> int:
@@ -27,58 +75,176 @@ def _train_staged(argv: list[str]) -> int:
     return 0
 
 
-def _translate(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hf-deep-nmt translate", description="Translate lines of text.")
-    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
-    parser.add_argument("--input", default="-", help="text file, one sentence per line (default: stdin)")
-    parser.add_argument("--output", default="-", help="where to write translations (default: stdout)")
-    parser.add_argument("--num-beams", type=int, default=None, help="default: the model's generation config")
-    parser.add_argument("--length-penalty", type=float, default=None, help="alpha; default: the generation config")
-    parser.add_argument("--length-penalty-form", choices=("fairseq", "gnmt"), default="fairseq")
-    parser.add_argument("--batch-size", type=int, default=64, help="most sentences in a batch")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="most padded source tokens in a batch")
-    parser.add_argument("--max-length-a", type=float, default=1.5, help="output cap: a * source tokens + b")
-    parser.add_argument("--max-length-b", type=int, default=10)
-    parser.add_argument("--device", default=None, help="e.g. cuda, cpu (default: cuda when available)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
-    args = parser.parse_args(argv)
-
+def _device(text: str | None) -> str:
+    """The device to load the model on, checked before anything is loaded."""
     import torch
+
+    if text is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device {text!r} is not a device name; use cpu, cuda, cuda:N or mps.") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build of torch" if torch.version.cuda is None else "no GPU is visible"
+            raise UsageError(f"--device {text}: CUDA is not available here ({build}); use --device cpu.")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise UsageError(f"--device {text}: this machine has {count} CUDA device(s), cuda:0..cuda:{count - 1}.")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"--device {text}: MPS (Apple GPU) is not available here; use --device cpu.")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise UsageError(
+            f"--device {text}: device type {device.type!r} is not supported; use cpu, cuda, cuda:N or mps."
+        )
+    return text
+
+
+def _check_model_source(model: str) -> None:
+    """A local model folder must hold a config and tokenizer files; a name that is no local path must be a Hub
+    repository id, and in offline mode one in the local cache."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    from hf_deep_nmt.input_checks import check_local_path
+
+    check_local_path(model, "Model folder")
+    path = Path(model).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise NotADirectoryError(
+                f"--model {model} is a file; name the model folder (the one holding config.json)."
+            )
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"Model folder {model!r} has no config.json: it is not a saved model (name the exported folder, or a "
+                "checkpoint-<step> folder)."
+            )
+        if not any((path / name).is_file() for name in TOKENIZER_FILES):
+            raise FileNotFoundError(
+                f"Model folder {model!r} has no tokenizer files (expected tokenizer.json and tokenizer_config.json, "
+                "as an export or `tokenizer.save_pretrained` writes them); copy the tokenizer saved with the model "
+                "into it."
+            )
+        return
+    where = f"no such folder: {path.absolute()}"
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model):
+        raise FileNotFoundError(f"Model {model!r} is neither a local folder ({where}) nor a Hub repository id.")
+    if constants.is_offline_mode() and not isinstance(try_to_load_from_cache(model, "config.json"), str):
+        raise FileNotFoundError(
+            f"Model {model!r} is not a local folder ({where}), and in offline mode (HF_HUB_OFFLINE is set) it is "
+            "not a Hub repository in the local cache; give the folder's path, or unset HF_HUB_OFFLINE to download."
+        )
+
+
+def _load(model_name: str, device: str):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
-    from hf_deep_nmt.input_checks import check_local_path
-    from hf_deep_nmt.translate import translate_file
 
-    # what the user named is checked before the model is loaded
-    if args.input != "-" and not Path(args.input).is_file():
-        raise FileNotFoundError(f"input file not found: {args.input}")
-    check_local_path(args.model, "Model folder")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(device)
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    generation = model.generation_config
-    translate_file(
-        model,
-        tokenizer,
-        args.input,
-        args.output,
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_name)
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_name)
+    except OSError as error:
+        if isinstance(error, PermissionError) or Path(model_name).expanduser().exists():
+            raise
+        reason = " ".join(str(error).split())
+        raise FileNotFoundError(
+            f"Model {model_name!r} is not a local folder (no such folder: {Path(model_name).absolute()}) and could "
+            f"not be loaded as a Hub repository: {reason}"
+        ) from error
+    return model.to(device), tokenizer
+
+
+def _translate(argv: list[str]) -> int:
+    from hf_deep_nmt.translate import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS
+
+    parser = _Parser(prog="hf-deep-nmt translate", description="Translate lines of text.")
+    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument(
+        "--input", default="-", help="UTF-8 text file, one sentence per line (split on \\n alone; default: stdin)"
+    )
+    parser.add_argument("--output", default="-", help="file for the translations, streamed (default: stdout)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    parser.add_argument("--num-beams", type=_at_least(1), default=None, help="default: the model's generation config")
+    parser.add_argument("--length-penalty", type=_finite, default=None, help="alpha; default: the generation config")
+    parser.add_argument("--length-penalty-form", choices=("fairseq", "gnmt"), default="fairseq")
+    parser.add_argument("--batch-size", type=_at_least(1), default=64, help="most sentences in a batch")
+    parser.add_argument("--max-tokens", type=_at_least(1), default=4096, help="most padded source tokens in a batch")
+    parser.add_argument(
+        "--max-length-a",
+        type=_finite,
+        default=1.5,
+        help=f"output cap: a * source tokens + b (0 <= a <= {MAX_LENGTH_A:g})",
+    )
+    parser.add_argument("--max-length-b", type=_at_least(0), default=10)
+    parser.add_argument(
+        "--max-output-tokens", type=_at_least(1), default=MAX_OUTPUT_TOKENS, help="absolute cap on a translation"
+    )
+    parser.add_argument(
+        "--max-source-tokens",
+        type=_at_least(1),
+        default=MAX_SOURCE_TOKENS,
+        help="a longer input line is refused before anything is translated",
+    )
+    parser.add_argument(
+        "--buffer-size", type=_at_least(1), default=1000, help="input lines sorted into batches together"
+    )
+    parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    args = parser.parse_args(argv)
+
+    from hf_deep_nmt.translate import check_output_path, check_translation_options, read_lines, write_translations
+
+    # Everything the user named is checked, and the input read, before the model is loaded.
+    options = dict(
         batch_size=args.batch_size,
         max_tokens=args.max_tokens,
+        length_penalty_form=args.length_penalty_form,
+        max_length_a=args.max_length_a,
+        max_length_b=args.max_length_b,
+        max_output_tokens=args.max_output_tokens,
+        max_source_tokens=args.max_source_tokens,
+        buffer_size=args.buffer_size,
+    )
+    try:
+        check_translation_options(**options)
+    except ValueError as error:
+        flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
+        raise UsageError(flag) from None
+    check_output_path(args.output, args.input, args.overwrite)
+    device = _device(args.device)
+    lines = read_lines(args.input)
+    _check_model_source(args.model)
+    from transformers.utils import logging
+
+    bars = logging.is_progress_bar_enabled()
+    if args.no_progress:
+        logging.disable_progress_bar()  # the loading bar too
+    try:
+        model, tokenizer = _load(args.model, device)
+    finally:
+        if bars:
+            logging.enable_progress_bar()
+    generation = model.generation_config
+    write_translations(
+        model,
+        tokenizer,
+        lines,
+        args.output,
+        overwrite=args.overwrite,
         num_beams=args.num_beams or generation.num_beams or 1,
         length_penalty=next(
             value for value in (args.length_penalty, generation.length_penalty, 1.0) if value is not None
         ),
-        length_penalty_form=args.length_penalty_form,
-        max_length_a=args.max_length_a,
-        max_length_b=args.max_length_b,
         progress=not args.no_progress,
+        **options,
     )
     return 0
 
 
 def _average(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hf-deep-nmt average", description="Average model checkpoints into one loadable model folder."
     )
     parser.add_argument("checkpoints", nargs="*", help="checkpoint folders (or use --output-dir with --last)")
@@ -102,7 +268,7 @@ def _average(argv: list[str]) -> int:
 
 
 def _push(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="hf-deep-nmt push", description="Upload an exported folder to the Hub.")
+    parser = _Parser(prog="hf-deep-nmt push", description="Upload an exported folder to the Hub.")
     parser.add_argument("folder", help="an exported folder (`export_dir` of a recipe)")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-name/dlcl-es-en")
     parser.add_argument("--private", action="store_true")
@@ -122,7 +288,7 @@ def _push(argv: list[str]) -> int:
 
 
 def _inspect(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="hf-deep-nmt inspect",
         description="Per-layer gradient norms, layer similarities (SDT) and combination weights (DLCL) of a saved "
         "model on a batch of parallel text, as PNG plots and one JSON file.",
@@ -178,24 +344,63 @@ COMMANDS = {
 }
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def describe_error(error: BaseException) -> tuple[int, str]:
+    """The exit code (2: a mistake in what was asked, 1: a run that failed) and the one line reporting `error`."""
+    notes = "; ".join(getattr(error, "__notes__", ()))
+    message = str(error) or type(error).__name__
+    usage = (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
+    if isinstance(error, usage):
+        code = 2
+    elif type(error).__name__ == "OutOfMemoryError" or "out of memory" in message.lower():
+        code = 1
+        message = (
+            f"out of memory ({message.splitlines()[0]}); use smaller batches (translate: --batch-size, --max-tokens; "
+            "train: per_device_train_batch_size, max_tokens) or a smaller model."
+        )
+    elif isinstance(error, PermissionError):
+        code, message = 1, f"{message} (check the permissions of that path)"
+    elif isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        code, message = 1, f"no space left on the device: {message}; free some space and run again."
+    elif isinstance(error, OSError) or type(error).__module__.startswith("hf_deep_nmt"):
+        code = 1
+    else:
+        code, message = 1, f"{type(error).__name__}: {message} (unexpected; rerun with --debug for the traceback)"
+    return code, _one_line(f"{message} ({notes})" if notes else message)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get(DEBUG_VARIABLE, "").strip().lower() not in ("", "0", "false", "no")
+    while argv and argv[0] == "--debug":
+        debug = True
+        argv.pop(0)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"hf-deep-nmt: unknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}.", file=sys.stderr)
         usage = (
-            "usage: hf-deep-nmt {train | train-staged} CONFIG [--field value ...] | translate --model DIR [...] | "
-            "average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
+            "usage: hf-deep-nmt [--debug] {train | train-staged} CONFIG [--field value ...] | "
+            "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda]"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0
     try:
         return COMMANDS[argv[0]](argv[1:])
-    except (ValueError, TypeError, FileNotFoundError, FileExistsError) as error:
-        # Mistakes in what the user asked for: one clear line, no traceback.
-        print(f"hf-deep-nmt {argv[0]}: error: {error}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt as error:
+        failure = error
+        notes = "; ".join(getattr(error, "__notes__", ()))
+        code, message = 130, f"interrupted ({notes})" if notes else "interrupted"
+    except Exception as error:  # the CLI's edge: each failure becomes one line
+        failure = error
+        code, message = describe_error(error)
+    if debug:
+        traceback.print_exception(failure)
+    print(f"hf-deep-nmt {argv[0]}: error: {message}", file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

@@ -289,21 +289,52 @@ def export_hub_folder(
 
 def upload_operations(folder: str | Path) -> list[CommitOperationAdd]:
     """One `CommitOperationAdd` per file of an exported folder (hidden files and folders left out), sorted by path:
-    exactly what `push_to_hub` uploads."""
+    exactly what `push_to_hub` uploads. A symbolic link leading out of the folder (or nowhere), or to a folder, is
+    refused (`ValueError` naming it): an upload never carries files from elsewhere on the machine."""
+    import os
+
     folder = Path(folder)
     if not (folder / "config.json").is_file() or not (folder / "README.md").is_file():
         raise FileNotFoundError(
             f"{str(folder)!r} is not an exported model folder (no config.json and README.md); export it first."
         )
-    files = sorted(
-        path
-        for path in folder.rglob("*")
-        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts)
-    )
+    root = folder.resolve()
+    files = []
+    for parent, folders, names in os.walk(folder):
+        folders[:] = sorted(name for name in folders if not name.startswith("."))
+        for name in [*folders, *names]:
+            path = Path(parent) / name
+            if name.startswith(".") or not path.is_symlink():
+                continue
+            target = path.resolve()
+            if not target.is_relative_to(root) or not target.exists():
+                raise ValueError(
+                    f"{path} is a symbolic link to {os.readlink(path)!r}, outside the export folder {str(folder)!r} "
+                    "(or missing): nothing from elsewhere is uploaded; replace the link by a copy of the file, or "
+                    "remove it."
+                )
+            if target.is_dir():
+                raise ValueError(
+                    f"{path} is a symbolic link to a folder; replace it by a copy of the folder, or remove it."
+                )
+        files += [Path(parent) / name for name in names if not name.startswith(".")]
     return [
         CommitOperationAdd(path_in_repo=path.relative_to(folder).as_posix(), path_or_fileobj=str(path))
-        for path in files
+        for path in sorted(files, key=lambda path: path.relative_to(folder).as_posix())
     ]
+
+
+def _is_network_error(error: BaseException) -> bool:
+    """A failure to reach the Hub, whichever HTTP library `huggingface_hub` uses."""
+    from huggingface_hub.errors import OfflineModeIsEnabled
+
+    if isinstance(error, (ConnectionError, TimeoutError, OfflineModeIsEnabled)):
+        return True
+    return any(
+        cls.__name__ in ("TransportError", "ConnectionError", "Timeout")
+        and cls.__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3")
+        for cls in type(error).__mro__
+    )
 
 
 def push_to_hub(
@@ -320,12 +351,30 @@ def push_to_hub(
 
     A repository that already holds model files is refused (`FileExistsError`, naming them) unless `overwrite=True`;
     then the same commit also deletes its files that the folder does not have, so no stale file survives.
-    Returns the `CommitInfo` of `HfApi.create_commit`.
+    Offline mode (`HF_HUB_OFFLINE=1`) and a Hub that cannot be reached stop with a `ConnectionError` saying so,
+    before anything is sent. Returns the `CommitInfo` of `HfApi.create_commit`.
     """
+    from huggingface_hub import constants
+
     operations: list = upload_operations(folder)
+    if api is None and constants.is_offline_mode():
+        raise ConnectionError(
+            "pushing needs the Hugging Face Hub, but offline mode is on (HF_HUB_OFFLINE is set); unset "
+            "HF_HUB_OFFLINE and push again, or list the files with --dry-run."
+        )
     api = api or HfApi(token=token)
-    if api.repo_exists(repo_id, repo_type="model"):
-        existing = [name for name in api.list_repo_files(repo_id, repo_type="model") if name != ".gitattributes"]
+    try:
+        exists = api.repo_exists(repo_id, repo_type="model")
+        existing = api.list_repo_files(repo_id, repo_type="model") if exists else []
+    except Exception as error:
+        if not _is_network_error(error):
+            raise
+        raise ConnectionError(
+            f"cannot reach the Hugging Face Hub at {constants.ENDPOINT} ({type(error).__name__}: {error}); nothing "
+            "was uploaded. Check the network connection (and proxy settings), then push again."
+        ) from error
+    existing = [name for name in existing if name != ".gitattributes"]
+    if exists:
         if existing and not overwrite:
             raise FileExistsError(
                 f"Hub repository {repo_id!r} already holds {len(existing)} file(s) ({existing[:5]}); pass "

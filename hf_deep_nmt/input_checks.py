@@ -146,6 +146,13 @@ def check_run_settings(data_args, export_args, training_args) -> None:
                 f"{data_args.max_source_length} + {export_args.max_length_b} = {cap:g} tokens must be between 1 and "
                 f"{MAX_OUTPUT_TOKENS}"
             )
+    if not problems:  # the final evaluation's decoding options, as `translate` will check them after training
+        from hf_deep_nmt.translate import check_translation_options
+
+        try:
+            check_translation_options(**evaluation_options(export_args, training_args))
+        except ValueError as error:
+            problems.append(str(error).rstrip("."))
     tokenizers = sacrebleu_tokenizers()
     if export_args.bleu_tokenize not in tokenizers:
         hint = difflib.get_close_matches(export_args.bleu_tokenize, tokenizers, n=1)
@@ -155,6 +162,22 @@ def check_run_settings(data_args, export_args, training_args) -> None:
         )
     if problems:
         raise ValueError("; ".join(problems) + ".")
+
+
+def evaluation_options(export_args, training_args) -> dict:
+    """The decoding options of the final evaluation, for `translate` / `check_translation_options`: every validation
+    line is translated (no source length limit), outputs capped at `MAX_OUTPUT_TOKENS`."""
+    return dict(
+        batch_size=training_args.per_device_eval_batch_size,
+        num_beams=export_args.num_beams,
+        length_penalty=export_args.length_penalty,
+        length_penalty_form=export_args.length_penalty_form,
+        max_length_a=export_args.max_length_a,
+        max_length_b=export_args.max_length_b,
+        max_tokens=export_args.eval_max_tokens,
+        max_source_tokens=None,
+        max_output_tokens=MAX_OUTPUT_TOKENS,
+    )
 
 
 def sacrebleu_tokenizers() -> list[str]:

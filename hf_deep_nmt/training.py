@@ -57,6 +57,7 @@ from hf_deep_nmt.input_checks import (
     check_run_folders,
     check_run_settings,
     check_tokenizer_matches,
+    evaluation_options,
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.run_folder import RunFolder, run_recipe
@@ -575,18 +576,7 @@ def evaluate_and_export(
     if eval_dataset is not None and is_main_process:
         sources = raw["validation"][SOURCE]
         evaluation_started = time.perf_counter()
-        hypotheses = translate(
-            trainer.model,
-            tokenizer,
-            sources,
-            batch_size=training_args.per_device_eval_batch_size,
-            num_beams=export_args.num_beams,
-            length_penalty=export_args.length_penalty,
-            length_penalty_form=export_args.length_penalty_form,
-            max_length_a=export_args.max_length_a,
-            max_length_b=export_args.max_length_b,
-            max_tokens=export_args.eval_max_tokens,
-        )
+        hypotheses = translate(trainer.model, tokenizer, sources, **evaluation_options(export_args, training_args))
         scores = corpus_scores(hypotheses, references, export_args.tokenized_bleu_options())
         summary.update(scores)
         summary["eval_seconds"] = round(time.perf_counter() - evaluation_started, 1)

@@ -1,15 +1,19 @@
-"""Batch translation through `generate()` (the transformers translation pipeline no longer exists).
+r"""Batch translation through `generate()` (the transformers translation pipeline no longer exists).
 
 Written here, over `generate()`: batches formed by a token budget (`hf_deep_nmt.batching`), an output cap relative to
 each sentence's own source length (fairseq's `--max-len-a/b`, as a logits processor, so a sentence's translation
-does not depend on the batch it lands in), the GNMT length penalty (by rescoring the final beam), input order kept,
-empty lines passed through, a progress bar.
+does not depend on the batch it lands in) under an absolute cap, the GNMT length penalty (by rescoring the final
+beam), input order kept, empty lines passed through, a progress bar; and the file side: input split on `\n` alone,
+translations streamed to the output in input order as they are produced, no file replaced unless asked.
 """
 
 from __future__ import annotations
 
+import math
+import os
+import stat
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -20,6 +24,11 @@ from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.input_checks import check_tokenizer_matches
+
+# The positions are sinusoidal (no table, so no `max_position_embeddings`): these caps are what bounds the work.
+MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is translated
+MAX_OUTPUT_TOKENS = 1024  # no translation is longer, whatever `max_length_a` and `max_length_b` allow
+MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
 
 
 class SourceRelativeMaxLength(LogitsProcessor):
@@ -46,6 +55,193 @@ def _output_length(tokens: torch.Tensor, eos_token_id: int) -> int:
     return int(positions[0, 0]) + 1 if len(positions) else int(tokens.shape[0])
 
 
+def check_translation_options(
+    batch_size: int = 32,
+    num_beams: int = 4,
+    length_penalty: float = 1.0,
+    max_length_a: float = 1.5,
+    max_length_b: int = 10,
+    max_tokens: int | None = None,
+    length_penalty_form: str = "fairseq",
+    max_source_tokens: int | None = MAX_SOURCE_TOKENS,
+    max_output_tokens: int = MAX_OUTPUT_TOKENS,
+    buffer_size: int | None = None,
+) -> None:
+    """`ValueError` naming the first decoding option out of its range (the options of `translate`); nothing is
+    replaced by a default. Cheap: call it before loading a model or training one."""
+
+    def is_int(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    for name, value in (
+        ("batch_size", batch_size),
+        ("num_beams", num_beams),
+        ("max_output_tokens", max_output_tokens),
+    ):
+        if not is_int(value) or value < 1:
+            raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
+    for name, value in (
+        ("max_tokens", max_tokens),
+        ("max_source_tokens", max_source_tokens),
+        ("buffer_size", buffer_size),
+    ):
+        if value is not None and (not is_int(value) or value < 1):
+            raise ValueError(f"`{name}` must be an integer >= 1 (or None for no limit), got {value!r}.")
+    if length_penalty_form not in LENGTH_PENALTY_FORMS:
+        raise ValueError(f"`length_penalty_form` must be one of {LENGTH_PENALTY_FORMS}, got {length_penalty_form!r}.")
+    if not isinstance(length_penalty, (int, float)) or not math.isfinite(length_penalty):
+        raise ValueError(f"`length_penalty` must be a finite number, got {length_penalty!r}.")
+    if not isinstance(max_length_a, (int, float)) or not 0 <= max_length_a <= MAX_LENGTH_A:
+        raise ValueError(
+            f"`max_length_a` must be a number in [0, {MAX_LENGTH_A:g}] (output tokens per source token), "
+            f"got {max_length_a!r}."
+        )
+    if not is_int(max_length_b) or not 0 <= max_length_b <= max_output_tokens:
+        raise ValueError(
+            f"`max_length_b` must be an integer in [0, {max_output_tokens}] (`max_output_tokens`), "
+            f"got {max_length_b!r}."
+        )
+    if max_length_a == 0 and max_length_b < 1:
+        raise ValueError(
+            "The output cap `max_length_a * source_length + max_length_b` must allow >= 1 token; got "
+            f"a={max_length_a}, b={max_length_b}."
+        )
+
+
+def _check_sentences(sentences) -> None:
+    if isinstance(sentences, str) or not all(isinstance(sentence, str) for sentence in sentences):
+        raise TypeError("`sentences` must be a list of strings.")
+
+
+def iter_translations(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    sentences: Sequence[str],
+    batch_size: int = 32,
+    num_beams: int = 4,
+    length_penalty: float = 1.0,
+    max_length_a: float = 1.5,
+    max_length_b: int = 10,
+    max_tokens: int | None = None,
+    length_penalty_form: str = "fairseq",
+    max_source_tokens: int | None = MAX_SOURCE_TOKENS,
+    max_output_tokens: int = MAX_OUTPUT_TOKENS,
+    buffer_size: int | None = None,
+    progress: bool = False,
+) -> Iterator[list[str]]:
+    """The translations of `sentences` in input order, yielded in pieces as soon as they are known: after each batch,
+    the translations that now follow, without a gap, those already yielded.
+
+    The options are checked, every sentence is tokenized and an overlong one refused (`ValueError` naming its line)
+    when this function is called, before anything is translated. Batches are formed within windows of `buffer_size`
+    consecutive sentences (`None`: one window), sorted by length inside a window and run in the order of their first
+    sentence, so a stopped run has produced a prefix of the input. See `translate` for the options.
+    """
+    _check_sentences(sentences)
+    check_translation_options(
+        batch_size,
+        num_beams,
+        length_penalty,
+        max_length_a,
+        max_length_b,
+        max_tokens,
+        length_penalty_form,
+        max_source_tokens,
+        max_output_tokens,
+        buffer_size,
+    )
+    check_tokenizer_matches(model, tokenizer)
+    wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
+    # the length check is ours (below): no tokenizer warning about its own maximum
+    encoded = {index: tokenizer(sentences[index], verbose=False)["input_ids"] for index in wanted}
+    if max_source_tokens is not None:
+        overlong = [index for index in wanted if len(encoded[index]) > max_source_tokens]
+        if overlong:
+            first = overlong[0]
+            raise ValueError(
+                f"{len(overlong)} input line(s) are longer than {max_source_tokens} tokens (line {first + 1} has "
+                f"{len(encoded[first])}); split them into sentences, or raise the limit (`max_source_tokens`, "
+                "`--max-source-tokens`) knowing that the time grows with the square of the length."
+            )
+    decoding = dict(
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        max_length_a=max_length_a,
+        max_length_b=max_length_b,
+        max_output_tokens=max_output_tokens,
+        gnmt=length_penalty_form == "gnmt" and num_beams > 1,
+    )
+    size = buffer_size or max(len(wanted), 1)
+    windows = [wanted[start : start + size] for start in range(0, len(wanted), size)]
+    return _translated_pieces(
+        model, tokenizer, len(sentences), windows, encoded, batch_size, max_tokens, progress, decoding
+    )
+
+
+def _translated_pieces(
+    model, tokenizer, count, windows, encoded, batch_size, max_tokens, progress, decoding
+) -> Iterator[list[str]]:
+    model.eval()
+    device = next(model.parameters()).device
+    outputs: dict[int, str] = {index: "" for index in range(count) if index not in encoded}
+    done = 0  # translations 0 .. done - 1 have been yielded
+
+    def ready() -> list[str]:
+        nonlocal done
+        piece = []
+        while done in outputs:
+            piece.append(outputs.pop(done))
+            done += 1
+        return piece
+
+    with tqdm(total=count, desc="Translating", unit="sent", disable=not progress, file=sys.stderr) as bar:
+        bar.update(len(outputs))
+        for window in windows:
+            lengths = [len(encoded[index]) for index in window]
+            # No token budget: `batch_size` sentences a batch. A sentence longer than the budget goes on its own.
+            budget = max(max_tokens or batch_size * max(lengths), max(lengths))
+            for group in sorted(token_batches(lengths, budget, max_sentences=batch_size), key=min):
+                indices = [window[position] for position in group]
+                texts = _translate_batch(model, tokenizer, [encoded[index] for index in indices], device, **decoding)
+                outputs.update(zip(indices, texts))
+                bar.update(len(indices))
+                if piece := ready():
+                    yield piece
+        if piece := ready():
+            yield piece
+
+
+def _translate_batch(
+    model, tokenizer, sources, device, num_beams, length_penalty, max_length_a, max_length_b, max_output_tokens, gnmt
+) -> list[str]:
+    eos = model.generation_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    batch = tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(device)
+    source_lengths = batch["attention_mask"].sum(dim=1)
+    limits = (max_length_a * source_lengths + max_length_b).long().clamp(min=1, max=max_output_tokens)
+    with torch.inference_mode():
+        generated = model.generate(
+            **batch,
+            num_beams=num_beams,
+            num_return_sequences=num_beams if gnmt else 1,
+            length_penalty=0.0 if gnmt else length_penalty,
+            max_new_tokens=int(limits.max()) + 1,
+            logits_processor=LogitsProcessorList([SourceRelativeMaxLength(limits, eos)]),
+            do_sample=False,
+            return_dict_in_generate=True,
+            output_scores=gnmt,
+        )
+    sequences = generated.sequences
+    if gnmt:
+        penalties = torch.tensor(
+            [penalty_divisor(_output_length(row[1:], eos), length_penalty, "gnmt") for row in sequences],
+            device=sequences.device,
+        )
+        best = (generated.sequences_scores / penalties).view(len(sources), num_beams).argmax(dim=1)
+        sequences = sequences.view(len(sources), num_beams, -1)[torch.arange(len(sources)), best]
+    return [text.strip() for text in tokenizer.batch_decode(sequences, skip_special_tokens=True)]
+
+
 def translate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -57,6 +253,9 @@ def translate(
     max_length_b: int = 10,
     max_tokens: int | None = None,
     length_penalty_form: str = "fairseq",
+    max_source_tokens: int | None = MAX_SOURCE_TOKENS,
+    max_output_tokens: int = MAX_OUTPUT_TOKENS,
+    buffer_size: int | None = None,
     progress: bool = False,
 ) -> list[str]:
     """Translate `sentences`; output order follows the input, an empty line gives an empty line.
@@ -64,67 +263,183 @@ def translate(
     Batches hold sentences of similar length: at most `batch_size` sentences and, with `max_tokens`, at most that
     many padded source tokens. Each sentence may produce at most `max_length_a * source_tokens + max_length_b`
     tokens before `</s>` (source tokens counting its `</s>`), so long inputs are never cut at the 20-token default
-    of `generate()`. `length_penalty_form="fairseq"` divides a hypothesis' log-probability by `|Y|^alpha`
+    of `generate()`, and never more than `max_output_tokens` (`MAX_OUTPUT_TOKENS`, 1024). A sentence of more than
+    `max_source_tokens` tokens (`MAX_SOURCE_TOKENS`, 1024; `None`: no limit) is refused before anything is
+    translated. `length_penalty_form="fairseq"` divides a hypothesis' log-probability by `|Y|^alpha`
     (what `generate()` does); `"gnmt"` by `((5 + |Y|) / 6)^alpha`, applied by rescoring the `num_beams` finished
-    hypotheses that beam search (run without a penalty) returns.
-    A tokenizer whose vocabulary or padding / end ids do not match the model is refused (`ValueError`).
+    hypotheses that beam search (run without a penalty) returns. `buffer_size` sentences at a time are sorted into
+    batches (`None`: all of them). Options out of range are refused (`check_translation_options`), as is a tokenizer
+    whose vocabulary or padding / end ids do not match the model (`ValueError`).
     """
-    if isinstance(sentences, str) or not all(isinstance(sentence, str) for sentence in sentences):
-        raise TypeError("`sentences` must be a list of strings.")
-    if batch_size < 1 or num_beams < 1:
-        raise ValueError(f"`batch_size` and `num_beams` must be >= 1, got {batch_size} and {num_beams}.")
-    if length_penalty_form not in LENGTH_PENALTY_FORMS:
-        raise ValueError(f"`length_penalty_form` must be one of {LENGTH_PENALTY_FORMS}, got {length_penalty_form!r}.")
-    if max_length_a < 0 or max_length_b < 0 or (max_length_a == 0 and max_length_b < 1):
+    pieces = iter_translations(
+        model,
+        tokenizer,
+        sentences,
+        batch_size=batch_size,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        max_length_a=max_length_a,
+        max_length_b=max_length_b,
+        max_tokens=max_tokens,
+        length_penalty_form=length_penalty_form,
+        max_source_tokens=max_source_tokens,
+        max_output_tokens=max_output_tokens,
+        buffer_size=buffer_size,
+        progress=progress,
+    )
+    return [text for piece in pieces for text in piece]
+
+
+# ---- files ----------------------------------------------------------------------------------------------------------
+
+
+def split_lines(text: str) -> list[str]:
+    r"""Lines of `text` split on `\n` alone, so U+0085, U+2028, U+2029, form feed or `\x1c`-`\x1e` inside a line keep
+    it one line (`str.splitlines` would split there). A final `\n` ends the last line rather than starting an empty
+    one, and one `\r` before each `\n` (or at the very end) is dropped, so a CRLF file gives the same lines as its LF
+    copy; a `\r` elsewhere stays in its line."""
+    if not text:
+        return []
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """`split_lines` of UTF-8 `data` (a leading byte-order mark dropped); `ValueError` naming `name`, the line and
+    the byte offset of the first byte that is not UTF-8."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data.count(b"\n", 0, error.start) + 1
         raise ValueError(
-            "The output cap `max_length_a * source_length + max_length_b` must allow >= 1 token; got "
-            f"a={max_length_a}, b={max_length_b}."
+            f"{name} is not valid UTF-8: byte {error.start} (line {line}) is 0x{data[error.start]:02x} "
+            f"({error.reason}); convert it to UTF-8 first (e.g. `iconv -f latin1 -t utf-8`)."
+        ) from None
+    return split_lines(text.removeprefix("\ufeff"))
+
+
+def read_lines(source: str | Path = "-") -> list[str]:
+    """The lines of a UTF-8 text file (`-`: stdin), split as `split_lines` does. A missing path, a folder or
+    anything but a regular file (a FIFO, a device) is refused naming it, as are bytes that are not UTF-8."""
+    if str(source) == "-":
+        stream = getattr(sys.stdin, "buffer", None)
+        if stream is None:  # a text stream put in place of stdin
+            return split_lines(sys.stdin.read().removeprefix("\ufeff"))
+        return decode_lines(stream.read(), "stdin")
+    path = Path(source)
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"input file not found: {source}")
+    if not path.exists():
+        raise FileNotFoundError(f"input file not found: {source} is a symbolic link to a missing file")
+    if path.is_dir():
+        raise IsADirectoryError(f"input {source} is a folder, not a text file; name a file in it.")
+    if not path.is_file():
+        raise ValueError(
+            f"input {source} is not a regular file (a FIFO, socket or device); pass its text on stdin instead "
+            f"(`--input -` and `< {source}`)."
         )
-    check_tokenizer_matches(model, tokenizer)
-    outputs: list[str] = [""] * len(sentences)
-    wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
-    encoded = {index: tokenizer(sentences[index])["input_ids"] for index in wanted}
-    lengths = [len(encoded[index]) for index in wanted]
-    # No token budget: `batch_size` sentences a batch. A sentence longer than the budget is translated on its own.
-    budget = max(max_tokens or batch_size * max(lengths, default=1), max(lengths, default=1))
-    groups = token_batches(lengths, budget, max_sentences=batch_size) if wanted else []
-    eos = model.generation_config.eos_token_id
-    eos = eos[0] if isinstance(eos, list) else eos
-    gnmt = length_penalty_form == "gnmt" and num_beams > 1
-    model.eval()
-    device = next(model.parameters()).device
-    bar = tqdm(total=len(sentences), desc="Translating", unit="sent", disable=not progress, file=sys.stderr)
-    bar.update(len(sentences) - len(wanted))
-    for group in groups:
-        indices = [wanted[position] for position in group]
-        batch = tokenizer.pad({"input_ids": [encoded[index] for index in indices]}, return_tensors="pt").to(device)
-        source_lengths = batch["attention_mask"].sum(dim=1)
-        limits = (max_length_a * source_lengths + max_length_b).long().clamp(min=1)
-        with torch.inference_mode():
-            generated = model.generate(
-                **batch,
-                num_beams=num_beams,
-                num_return_sequences=num_beams if gnmt else 1,
-                length_penalty=0.0 if gnmt else length_penalty,
-                max_new_tokens=int(limits.max()) + 1,
-                logits_processor=LogitsProcessorList([SourceRelativeMaxLength(limits, eos)]),
-                do_sample=False,
-                return_dict_in_generate=True,
-                output_scores=gnmt,
+    try:
+        data = path.read_bytes()
+    except PermissionError:
+        raise PermissionError(f"cannot read the input file {source}: permission denied.") from None
+    return decode_lines(data, str(source))
+
+
+def _same_file(first: Path, second: Path) -> bool:
+    try:
+        return os.path.samefile(first, second)
+    except OSError:
+        return first.resolve() == second.resolve()
+
+
+def check_output_path(target: str | Path, source: str | Path = "-", overwrite: bool = False) -> None:
+    """Refuse an output path before any work: the input file itself (by any name: symbolic or hard link, relative
+    path; even with `overwrite`), an existing file unless `overwrite`, a folder, a missing or unwritable folder.
+    Devices and FIFOs (`/dev/null`) hold nothing that could be lost and are accepted."""
+    if str(target) == "-":
+        return
+    path = Path(target)
+    if str(source) != "-" and os.path.lexists(path) and _same_file(path, Path(source)):
+        raise ValueError(
+            f"output {target} is the input file {source}: the translations would replace the text being translated; "
+            "write them to another file."
+        )
+    if path.is_dir():
+        raise IsADirectoryError(f"output {target} is a folder; name a file (e.g. {path / 'translations.txt'}).")
+    if os.path.lexists(path):
+        if path.exists() and not stat.S_ISREG(path.stat().st_mode):
+            return
+        if not overwrite:
+            raise FileExistsError(
+                f"output file {target} exists; choose another name, or pass --overwrite (`overwrite=True`) to "
+                "replace it."
             )
-        sequences = generated.sequences
-        if gnmt:
-            penalties = torch.tensor(
-                [penalty_divisor(_output_length(row[1:], eos), length_penalty, "gnmt") for row in sequences],
-                device=sequences.device,
-            )
-            best = (generated.sequences_scores / penalties).view(len(indices), num_beams).argmax(dim=1)
-            sequences = sequences.view(len(indices), num_beams, -1)[torch.arange(len(indices)), best]
-        for index, text in zip(indices, tokenizer.batch_decode(sequences, skip_special_tokens=True)):
-            outputs[index] = text.strip()
-        bar.update(len(indices))
-    bar.close()
-    return outputs
+        if not os.access(path, os.W_OK):
+            raise PermissionError(f"cannot write the output file {target}: permission denied.")
+        return
+    folder = path.parent
+    if not folder.is_dir():
+        raise FileNotFoundError(f"the folder of output {target} does not exist ({folder}); create it first.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot create the output file {target}: the folder {folder} is not writable.")
+
+
+class _OutputFile:
+    """Opened at the first write, so that a run failing before its first translation leaves an existing file
+    untouched and creates none; `x` mode without `overwrite`, so a file appearing meanwhile is not replaced."""
+
+    def __init__(self, target: str | Path, overwrite: bool):
+        self.target, self.overwrite, self.stream, self.lines = target, overwrite, None, 0
+
+    def write(self, lines: list[str]) -> None:
+        if self.stream is None:
+            if str(self.target) == "-":
+                self.stream = sys.stdout
+            else:
+                special = os.path.exists(self.target) and not os.path.isfile(self.target)  # /dev/null, a FIFO
+                mode = "w" if self.overwrite or special else "x"
+                self.stream = open(self.target, mode, encoding="utf-8", newline="\n")
+        # a translation never holds a line break: every output line stays opposite its input line
+        self.stream.write("".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines))
+        self.stream.flush()
+        self.lines += len(lines)
+
+    def close(self) -> None:
+        if self.stream is not None and self.stream is not sys.stdout:
+            self.stream.close()
+
+
+def write_translations(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    lines: Sequence[str],
+    target: str | Path = "-",
+    *,
+    overwrite: bool = False,
+    buffer_size: int | None = 1000,
+    **options,
+) -> int:
+    """Translate `lines` into `target` (`-`: stdout), one line each, streamed in input order and flushed after every
+    batch, so that a run stopped midway leaves the translations of the first lines on disk. Nothing is written
+    before the first translation; an error after it keeps the lines written and says how many (an exception note).
+    Returns the number of lines."""
+    check_output_path(target, overwrite=overwrite)
+    pieces = iter_translations(model, tokenizer, lines, buffer_size=buffer_size, **options)
+    output = _OutputFile(target, overwrite)
+    try:
+        for piece in pieces:
+            output.write(piece)
+        if output.stream is None:
+            output.write([])
+    except BaseException as error:
+        if output.lines and str(target) != "-":
+            error.add_note(f"the first {output.lines} of {len(lines)} translations were written to {target}")
+        raise
+    finally:
+        output.close()
+    return len(lines)
 
 
 def translate_file(
@@ -132,25 +447,13 @@ def translate_file(
     tokenizer: PreTrainedTokenizerBase,
     source: str | Path = "-",
     target: str | Path = "-",
+    *,
+    overwrite: bool = False,
     **options,
 ) -> int:
-    """Translate a text file (`-`: stdin), one sentence per line, into `target` (`-`: stdout), line for line.
-    Returns the number of lines. `options` are those of `translate`."""
-    if str(source) == "-":
-        lines = sys.stdin.read().splitlines()
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"Input file not found: {path}")
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as error:
-            raise ValueError(f"{path}: not valid UTF-8 ({error.reason} at byte {error.start}).") from None
-    translations = translate(model, tokenizer, lines, **options)
-    text = "".join(line + "\n" for line in translations)
-    if str(target) == "-":
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        Path(target).write_text(text, encoding="utf-8")
-    return len(lines)
+    r"""Translate a UTF-8 text file (`-`: stdin), one sentence per `\n` line (`read_lines`), into `target` (`-`:
+    stdout), line for line (`write_translations`). The output may not be the input file, nor an existing file
+    unless `overwrite`. Returns the number of lines. `options` are those of `translate` and `buffer_size`."""
+    check_output_path(target, source, overwrite)
+    lines = read_lines(source)
+    return write_translations(model, tokenizer, lines, target, overwrite=overwrite, **options)
