@@ -15,7 +15,11 @@ Figures (every output is forced to the same length so that all contenders do equ
   of that step (counted once with `torch.utils.flop_counter`) against the machine's measured fp32 GEMM peak;
 * decoding: target tokens/s of cached greedy and beam-4 search, batch 32, 24-token sources, 24 output tokens;
 * peak memory: extra resident memory of one step / one beam-4 decoding, each in a fresh process;
-* deep stacks: training step time of dense DLCL-48L against plain pre-norm 48L, and of plain 24L against 48L.
+* deep stacks: training step time of dense DLCL-48L against plain pre-norm 48L, and of plain 24L against 48L, and
+  the bytes saved for backward of plain and DLCL stacks;
+* operators: ATen operator calls and autograd nodes per training step of plain and DLCL stacks (counts);
+* throughput: tokens/s, MFU and peak memory of own vs HF Marian training through `DeepNMTTrainer` with token-budget
+  batches (bf16 on CUDA, fp32 on CPU).
 
 Contenders alternate (A, B, C, A, B, C, ...) after one warm-up each and medians are reported, since a shared
 machine is noisy. One command prints the table and writes JSON:
