@@ -15,7 +15,11 @@ Figures (every output is forced to the same length so that all contenders do equ
   of that step (counted once with `torch.utils.flop_counter`) against the machine's measured fp32 GEMM peak;
 * decoding: target tokens/s of cached greedy and beam-4 search, batch 32, 24-token sources, 24 output tokens;
 * peak memory: extra resident memory of one step / one beam-4 decoding, each in a fresh process;
-* deep stacks: training step time of dense DLCL-48L against plain pre-norm 48L, and of plain 24L against 48L.
+* deep stacks: training step time of dense DLCL-48L against plain pre-norm 48L, and of plain 24L against 48L, and
+  the bytes saved for backward of plain and DLCL stacks;
+* operators: ATen operator calls and autograd nodes per training step of plain and DLCL stacks (counts);
+* throughput: tokens/s, MFU and peak memory of own vs HF Marian training through `DeepNMTTrainer` with token-budget
+  batches (bf16 on CUDA, fp32 on CPU).
 
 Contenders alternate (A, B, C, A, B, C, ...) after one warm-up each and medians are reported, since a shared
 machine is noisy. One command prints the table and writes JSON:
@@ -41,6 +45,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import MarianConfig, MarianMTModel
 
@@ -66,6 +71,10 @@ SIZES = {
         deep_layers=(24, 48),
         repeats=3,
         gemm=2048,
+        budgets=(8192, 16384, 32768),
+        pair_length=32,
+        deep_memory=dict(layers=24, d_model=128, batch=32, length=40),
+        throughput_steps=3,
     ),
     "smoke": dict(
         d_model=32,
@@ -86,6 +95,10 @@ SIZES = {
         deep_layers=(2, 4),
         repeats=1,
         gemm=128,
+        budgets=(64, 128),
+        pair_length=8,
+        deep_memory=dict(layers=4, d_model=32, batch=2, length=8),
+        throughput_steps=2,
     ),
 }
 PAD, BOS, EOS = 1, 0, 2
@@ -273,6 +286,63 @@ def gemm_peak(n: int, repeats: int) -> float:
     return 2 * n**3 / best
 
 
+def matmul_peak(n: int, repeats: int, device: torch.device, dtype: torch.dtype) -> float:
+    """Measured matrix-multiply FLOP/s on `device` in `dtype`: `gemm_peak` on CPU, the best of timed runs of 20
+    synchronised products on CUDA."""
+    if device.type != "cuda":
+        return gemm_peak(n, repeats)
+    a, b = torch.randn(n, n, device=device, dtype=dtype), torch.randn(n, n, device=device, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(max(3, repeats)):
+        torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        for _ in range(20):
+            torch.mm(a, b)
+        torch.cuda.synchronize(device)
+        best = min(best, (time.perf_counter() - started) / 20)
+    return 2 * n**3 / best
+
+
+def operator_calls(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, int]:
+    """ATen operator calls (every `aten::` event `torch.profiler` records, nested ones included) and autograd nodes
+    of one training step (forward, backward, fused Adam step), counted after one step that creates Adam's state.
+    Counts, not times: the same for every run of the same code."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = training_step(model, batch)
+    step()
+    loss = model(**batch).loss
+    nodes, pending = set(), [loss.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is not None and node not in nodes:
+            nodes.add(node)
+            pending.extend(next_node for next_node, _ in node.next_functions)
+    del loss
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        step()
+    calls = sum(1 for event in profiler.events() if event.name.startswith("aten::"))
+    return {"aten_calls": calls, "autograd_nodes": len(nodes)}
+
+
+def saved_for_backward_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
+    """Bytes of the distinct storages autograd saves for backward in one training forward pass (each storage once,
+    however many saved tensors view it)."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    model.train()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = model(**batch).loss
+    del loss
+    return sum(storages.values())
+
+
 def decode(kind: str, model, source: torch.Tensor, beams: int, new_tokens: int) -> Callable[[], float]:
     if kind == "ctranslate2":
         tokens = [[f"t{i}" for i in row[:-1]] for row in source.tolist()]  # CTranslate2 appends </s> itself
@@ -437,6 +507,155 @@ def run_deep(size: dict, repeats: int) -> dict:
     return {"encoder_layers": [shallow, deep], "seconds": timings, "median_seconds": medians}
 
 
+def deep_depth_model(size: dict, layers: int, aggregation: str, d_model: int | None = None):
+    width = {"d_model": d_model, "ffn": 4 * d_model, "heads": 4} if d_model else {}
+    deep_size = size | {"d_model": size["deep_d_model"], "ffn": size["deep_ffn"], "heads": size["deep_heads"]} | width
+    return own_model(deep_size, layers=layers, aggregation=aggregation)
+
+
+def run_operators(size: dict, depths: tuple[int, ...] | None = None) -> dict:
+    """Operator calls per training step of plain and dense-DLCL encoders at the deep depths, at width 32 (the
+    counts do not depend on the width), batch 2 x 8, 6-layer decoder."""
+    depths = depths or size["deep_layers"]
+    batch = training_batch(size, 2, 8)
+    counts = {}
+    for layers in depths:
+        for aggregation, name in (("residual", "plain"), ("dlcl", "dlcl")):
+            counts[f"{name}_{layers}"] = operator_calls(deep_depth_model(size, layers, aggregation, 32), batch)
+    return {"encoder_layers": list(depths), "counts": counts}
+
+
+def run_deep_memory(size: dict) -> dict:
+    """Bytes saved for backward by plain and dense-DLCL encoders (`deep_memory`: 24 layers, d 128, FFN 4d, 32 x 40
+    tokens at base size), one forward pass each."""
+    setting = size["deep_memory"]
+    batch = training_batch(size, setting["batch"], setting["length"])
+    layers, d_model = setting["layers"], setting["d_model"]
+    return {
+        f"{name}_{layers}": saved_for_backward_bytes(deep_depth_model(size, layers, aggregation, d_model), batch)
+        for aggregation, name in (("residual", "plain"), ("dlcl", "dlcl"))
+    }
+
+
+def pair_dataset(size: dict, rows: int):
+    """Random source/target pairs, all `pair_length` tokens (the last one EOS), so that every token-budget batch
+    holds exactly `budget // pair_length` pairs and no padding."""
+    from datasets import Dataset
+
+    generator = torch.Generator().manual_seed(3)
+    length = size["pair_length"]
+    source = torch.randint(4, size["vocab"] - 1, (rows, length), generator=generator)
+    target = torch.randint(4, size["vocab"] - 1, (rows, length), generator=generator)
+    source[:, -1] = target[:, -1] = EOS
+    return Dataset.from_dict(
+        {"input_ids": source.tolist(), "attention_mask": [[1] * length] * rows, "labels": target.tolist()}
+    )
+
+
+def collate_pairs(features: list[dict]) -> dict[str, torch.Tensor]:
+    return {key: torch.tensor([feature[key] for feature in features]) for key in features[0]}
+
+
+def trainer_throughput(model, size: dict, budget: int, steps: int, workdir: Path, device: torch.device) -> dict:
+    """Tokens/s of `steps` training steps through `DeepNMTTrainer` with `max_tokens=budget` (after one warm-up
+    step): bf16 autocast on CUDA, fp32 on CPU, the Trainer's default fused AdamW; wall time from the end of the
+    warm-up step to the end of the last step (data loading included). Peak memory of those steps: CUDA's allocator
+    peak, or the resident-set high-water mark above the resident set before them on CPU."""
+    from transformers import PrinterCallback, TrainerCallback
+
+    from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments
+
+    rows = budget // size["pair_length"]
+    ends: list[float] = []
+    memory_before = [0]
+
+    class StepClock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            ends.append(time.perf_counter())
+            if len(ends) == 1:  # the warm-up step is done: memory counts from here
+                if device.type == "cuda":
+                    memory_before[0] = torch.cuda.memory_allocated(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                else:
+                    memory_before[0] = rss_bytes()
+                    reset_peak_rss()
+
+    args = DeepNMTTrainingArguments(
+        output_dir=str(workdir / "trainer"),
+        max_tokens=budget,
+        max_steps=steps + 1,
+        learning_rate=1e-4,
+        use_cpu=device.type != "cuda",
+        bf16=device.type == "cuda",
+        report_to="none",
+        save_strategy="no",
+        logging_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        seed=0,
+    )
+    trainer = DeepNMTTrainer(
+        model=model,
+        args=args,
+        train_dataset=pair_dataset(size, rows * (steps + 1)),
+        data_collator=collate_pairs,
+        callbacks=[StepClock()],
+    )
+    trainer.remove_callback(PrinterCallback)  # no metrics line per run
+    trainer.train()
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else peak_rss_bytes()
+    if len(ends) != steps + 1:
+        raise RuntimeError(f"expected {steps + 1} Trainer steps, saw {len(ends)}")
+    return {
+        "seconds": ends[-1] - ends[0],
+        "tokens": rows * size["pair_length"] * steps,
+        "peak_bytes": max(0, peak - memory_before[0]),
+    }
+
+
+def matrix_parameter_count(model: torch.nn.Module) -> int:
+    """Weights of the linear layers (the output layer included), each tensor once: the N of 6 * N * tokens.
+    Embedding tables are looked up, not multiplied (Marian's sinusoidal positions are such a table)."""
+    weights = {id(module.weight): module.weight.numel() for module in model.modules() if isinstance(module, nn.Linear)}
+    return sum(weights.values())
+
+
+def run_throughput(size: dict, repeats: int, workdir: Path, budgets: tuple[int, ...]) -> dict:
+    """Own pre-norm 6+6 against HF Marian at equal sizes through the Trainer at each token budget, alternating.
+    MFU = 6 * N * target tokens/s over the measured matrix-multiply peak (bf16 on CUDA, fp32 on CPU), N the
+    linear layers' weights: sources are as long as targets, so every weight meets that many tokens per step."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    peak = matmul_peak(size["gemm"] if device.type == "cpu" else 8192, repeats, device, dtype)
+    models = {"own_pre_norm": own_model(size), "hf_marian": marian_model(size)}
+    parameters = {name: matrix_parameter_count(model) for name, model in models.items()}
+    results = {}
+    for budget in budgets:
+        runs: dict[str, list[dict]] = {name: [] for name in models}
+        for _ in range(repeats):
+            for name, model in models.items():
+                runs[name].append(trainer_throughput(model, size, budget, size["throughput_steps"], workdir, device))
+        seconds = {name: [run["seconds"] for run in values] for name, values in runs.items()}
+        tokens = {name: values[0]["tokens"] for name, values in runs.items()}
+        speed = {name: tokens[name] / statistics.median(seconds[name]) for name in models}
+        results[str(budget)] = {
+            "seconds": seconds,
+            "tokens": tokens,
+            "tokens_per_second": speed,
+            "mfu": {name: 6 * parameters[name] * speed[name] / peak for name in models},
+            "peak_bytes": {name: max(run["peak_bytes"] for run in values) for name, values in runs.items()},
+        }
+    return {
+        "device": str(device),
+        "dtype": str(dtype).replace("torch.", ""),
+        "matmul_peak_flops": peak,
+        "parameters": parameters,
+        "budgets": results,
+    }
+
+
 def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool]]:
     """(figure, ratio of medians, ratio of fastest runs, target, met by the medians) for every target measured.
 
@@ -479,6 +698,24 @@ def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool]]:
         limit = 1.05 * depth / shallow  # 2.10 for 48 against 24 layers
         add(f"deep: plain-{depth}L / plain-{shallow}L step time", deep["seconds"], f"plain_{depth}",
             f"plain_{shallow}", f"<= {limit:.2f}", lambda value: value <= limit)  # fmt: skip
+    operators = results.get("operators")
+    if operators:
+        shallow, depth = operators["encoder_layers"][:2]
+        counts = {name: count["aten_calls"] for name, count in operators["counts"].items()}
+        ratio = counts[f"dlcl_{depth}"] / counts[f"plain_{depth}"]
+        figure = f"operators: DLCL-{depth}L / plain-{depth}L ATen calls per step"
+        rows.append((figure, ratio, ratio, "<= 1.20", ratio <= 1.2))
+        growth = (counts[f"dlcl_{depth}"] - counts[f"plain_{depth}"]) / (
+            counts[f"dlcl_{shallow}"] - counts[f"plain_{shallow}"]
+        )
+        target = f"<= {depth / shallow:.2f} (O(L))"
+        figure = f"operators: DLCL extra calls at {depth}L / at {shallow}L"
+        rows.append((figure, growth, growth, target, growth <= depth / shallow))
+    throughput = results.get("throughput")
+    if throughput:
+        for budget, figures in throughput["budgets"].items():
+            add(f"throughput {budget} tokens: own pre-norm / HF Marian tokens/s", figures["seconds"], "hf_marian",
+                "own_pre_norm", ">= 1.10", lambda value: value >= 1.1)  # fmt: skip
     return rows
 
 
@@ -518,6 +755,31 @@ def print_tables(results: dict) -> None:
         for name, seconds in deep["median_seconds"].items():
             print(f"| {name} encoder layers | {seconds:.3f} |")
         print()
+    if deep and "saved_for_backward" in deep:
+        print("| saved for backward (one training forward) | MB |")
+        print("|---|---:|")
+        for name, saved in deep["saved_for_backward"].items():
+            print(f"| {name} | {saved / 2**20:.1f} |")
+        print()
+    operators = results.get("operators")
+    if operators:
+        print("| operators per training step (width 32, batch 2 x 8, 6-layer decoder) | ATen calls | autograd nodes |")
+        print("|---|---:|---:|")
+        for name, count in operators["counts"].items():
+            print(f"| {name} encoder layers | {count['aten_calls']} | {count['autograd_nodes']} |")
+        print()
+    throughput = results.get("throughput")
+    if throughput:
+        print(f"| Trainer throughput ({throughput['device']}, {throughput['dtype']}) | token budget | median s | "
+              "target tok/s | MFU | peak MB |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|---:|")
+        for budget, figures in throughput["budgets"].items():
+            for name, speed in figures["tokens_per_second"].items():
+                seconds = statistics.median(figures["seconds"][name])
+                print(f"| {name} | {budget} | {seconds:.3f} | {speed:.1f} | {figures['mfu'][name]:.1%} | "
+                      f"{figures['peak_bytes'][name] / 2**20:.0f} |")  # fmt: skip
+        print(f"\nmeasured {throughput['dtype']} matmul peak: {throughput['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; "
+              f"parameters {throughput['parameters']}\n")  # fmt: skip
     memory = results.get("memory")
     if memory and not (decoding or training):
         print("| peak memory above the loaded model | MB |")
@@ -537,10 +799,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per contender (after one warm-up)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for every contender")
-    parser.add_argument(
-        "--sections", nargs="+", choices=("training", "decoding", "deep", "memory"),
-        default=["training", "decoding", "deep", "memory"],
-    )  # fmt: skip
+    sections = ("training", "decoding", "deep", "operators", "throughput", "memory")
+    parser.add_argument("--sections", nargs="+", choices=sections, default=list(sections))
+    parser.add_argument("--budgets", nargs="+", type=int, default=None, help="throughput token budgets")
     parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/perf[_SIZE].json")
     parser.add_argument("--workdir", type=Path, default=None, help="where the CTranslate2 conversion is kept")
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a results JSON and exit")
@@ -570,6 +831,12 @@ def main(argv: list[str] | None = None) -> dict:
             results["decoding"] = run_decoding(size, repeats, workdir, kinds)
         if "deep" in args.sections:
             results["deep"] = run_deep(size, repeats)
+            results["deep"]["saved_for_backward"] = run_deep_memory(size)
+        if "operators" in args.sections:
+            results["operators"] = run_operators(size)
+        if "throughput" in args.sections:
+            budgets = tuple(args.budgets or size["budgets"])
+            results["throughput"] = run_throughput(size, repeats, workdir, budgets)
         if "memory" in args.sections:
             results["memory"] = {
                 "training": {kind: measure_memory("train", kind, args, workdir) for kind in ("own_multi_head",)},

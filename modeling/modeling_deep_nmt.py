@@ -7,6 +7,7 @@ repository of the package: it imports only the standard library, torch and trans
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -611,6 +612,80 @@ class DeepNMTResidualHistory(nn.Module):
         return state[-1]
 
 
+class DeepNMTHistoryState:
+    """Per-call state of a block history (kept in the caller's `forward`, never on the module).
+
+    `buffer` (size, *shape) receives each stored output when the row that first reads it is combined (`columns`:
+    the same memory as one column per stored output); `count` is the number of stored outputs so far, `newest` the
+    last of them (not yet in the buffer), `last` the newest layer output, `previous_row` the last combination.
+    `weight` is the weight matrix detached and cast to the buffer's dtype; `grads` and `grad_columns` belong to the
+    backward pass of `DeepNMTHistoryRow`."""
+
+    __slots__ = ("buffer", "columns", "weight", "count", "newest", "last", "previous_row", "grads", "grad_columns")
+
+    def __init__(self, embedding: torch.Tensor, weight: torch.Tensor, size: int):
+        self.buffer = embedding.new_empty((size, *embedding.shape))
+        self.columns = self.buffer.view(size, -1).t()  # (elements, size)
+        self.weight = weight.detach().to(embedding.dtype)
+        self.count = 1
+        self.newest = self.last = embedding
+        self.previous_row = self.grads = self.grad_columns = None
+
+
+def _without_autocast(device_type: str):
+    """The combination keeps the stored outputs' precision, as the additions it replaces did: under autocast a
+    matrix-vector product would otherwise run in half precision."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+class DeepNMTHistoryRow(torch.autograd.Function):
+    r"""
+    Row r of the history combination, `sum_{j<=r} W[r, j] y_j`, as one matrix-vector product over the buffer of
+    stored outputs.
+
+    Forward writes `y_r` (the newest stored output) into `buffer[r]` and reduces `buffer[:r+1]` by the weight row.
+    The older outputs are read from the buffer, not passed in, so autograd records one node per row and nothing per
+    (row, output) pair: O(L) nodes, saved tensors and kernels for L rows, where separate scaled additions record
+    O(L^2).
+
+    Row r also takes the output of row r - 1 as an input whose gradient is always zero: the edge makes every
+    backward pass run the rows from the top down, whatever the layers between them. Row r writes its output gradient
+    `g_r` into `grads[r]` and returns the gradient of `y_r`, `sum_{k>=r} W[k, r] g_k` (one product with column r,
+    complete then since every row above has run). Row 0, the last to run, also returns the gradient of the whole
+    weight matrix at once, the lower triangle of `grads @ buffer^T`, and releases `grads`.
+    """
+
+    @staticmethod
+    def forward(ctx, weight, newest, previous_row, state: DeepNMTHistoryState, row: int):
+        state.buffer[row].copy_(newest)
+        with _without_autocast(newest.device.type):
+            combined = torch.mv(state.columns[:, : row + 1], state.weight[row, : row + 1])
+        ctx.state, ctx.row, ctx.newest_dtype = state, row, newest.dtype
+        ctx.weight_dtype = weight.dtype if weight is not None else None
+        return combined.view(newest.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        state, row = ctx.state, ctx.row
+        if state.grads is None:
+            state.grads = torch.zeros_like(state.buffer)
+            state.grad_columns = state.grads.view(state.grads.shape[0], -1).t()
+        state.grads[row].copy_(grad)
+        grad_newest = grad_weight = None
+        with _without_autocast(grad.device.type):
+            if ctx.needs_input_grad[1]:
+                grad_newest = torch.mv(state.grad_columns[:, row:], state.weight[row:, row]).view(grad.shape)
+                if grad_newest.dtype != ctx.newest_dtype:
+                    grad_newest = grad_newest.to(ctx.newest_dtype)
+            if row == 0:
+                if ctx.needs_input_grad[0]:
+                    grad_weight = torch.mm(state.grad_columns.t(), state.columns).tril_().to(ctx.weight_dtype)
+                state.grads = state.grad_columns = None
+        return grad_weight, grad_newest, None, None, None
+
+
 class DeepNMTBlockHistory(nn.Module):
     r"""
     Learned linear combination of block outputs: SDT's sparse connections (Li et al. 2020, SPEC §3.1), with DLCL
@@ -621,6 +696,7 @@ class DeepNMTBlockHistory(nn.Module):
     weighs stored output j in the input of the first layer of block r+1; row B builds the stack output. Layers inside
     a block chain as a plain residual stack. Pre-norm (Eq. 8): each stored block output passes its own LayerNorm
     `layer_norms[j-1]` once, `y_0` none. Post-norm (Eq. 9): row r >= 1 of the weighted sum passes `layer_norms[r-1]`.
+    Each row is one operation whatever its length (`DeepNMTHistoryRow`, a product over a buffer of the stored outputs).
     """
 
     def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
@@ -648,30 +724,28 @@ class DeepNMTBlockHistory(nn.Module):
         weight = torch.ones(self.size, self.size).tril()
         return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True)
 
-    def start(self, embedding: torch.Tensor) -> dict[str, object]:
-        return {"stored": [embedding], "last": embedding}
+    def start(self, embedding: torch.Tensor) -> DeepNMTHistoryState:
+        return DeepNMTHistoryState(embedding, self.weight, self.size)
 
-    def layer_input(self, state: dict, index: int) -> torch.Tensor:
-        return self._combine(state["stored"]) if index in self.block_starts else state["last"]
+    def layer_input(self, state: DeepNMTHistoryState, index: int) -> torch.Tensor:
+        return self._combine(state) if index in self.block_starts else state.last
 
-    def push(self, state: dict, output: torch.Tensor, index: int) -> None:
-        state["last"] = output
+    def push(self, state: DeepNMTHistoryState, output: torch.Tensor, index: int) -> None:
+        state.last = output
         if index in self.block_ends:
-            stored = state["stored"]
-            stored.append(self.layer_norms[len(stored) - 1](output) if self.pre_norm else output)
+            state.newest = self.layer_norms[state.count - 1](output) if self.pre_norm else output
+            state.count += 1
 
-    def stack_output(self, state: dict) -> torch.Tensor:
-        return self._combine(state["stored"])
+    def stack_output(self, state: DeepNMTHistoryState) -> torch.Tensor:
+        return self._combine(state)
 
-    def _combine(self, stored: list[torch.Tensor]) -> torch.Tensor:
-        row = len(stored) - 1
-        weights = self.weight[row, : row + 1].to(stored[0].dtype)
-        # A running weighted sum, not a stacked tensor: autograd then keeps only references to the stored outputs,
-        # where a stack would save an O(row) copy per layer, O(L^2) memory over the stack. One fused multiply-add per
-        # stored output (`addcmul`), not a product and a sum, each writing a new tensor.
-        combined = weights[0] * stored[0]
-        for weight, output in zip(weights[1:], stored[1:]):
-            combined = torch.addcmul(combined, weight, output)
+    def _combine(self, state: DeepNMTHistoryState) -> torch.Tensor:
+        # Row r reads the stored outputs y_0..y_r: one product with the weight row (`DeepNMTHistoryRow`), whatever r.
+        # Each row is combined once per call, after the push of y_r; row 0 carries the weight gradient.
+        row = state.count - 1
+        weight = self.weight if row == 0 else None
+        combined = DeepNMTHistoryRow.apply(weight, state.newest, state.previous_row, state, row)
+        state.previous_row = combined
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
         return combined

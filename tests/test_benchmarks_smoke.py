@@ -25,8 +25,8 @@ def smoke_run(perf, tmp_path_factory):
     threads = torch.get_num_threads()
     try:
         results = perf.main(
-            ["--size", "smoke", "--sections", "training", "decoding", "deep", "--json", str(folder / "perf.json"),
-             "--workdir", str(folder), "--threads", "1"]
+            ["--size", "smoke", "--sections", "training", "decoding", "deep", "operators", "throughput", "--json",
+             str(folder / "perf.json"), "--workdir", str(folder), "--threads", "1"]
         )  # fmt: skip
     finally:
         torch.set_num_threads(threads)
@@ -45,8 +45,13 @@ def test_smoke_run_writes_every_figure(perf, smoke_run):
     assert decoders == expected
     assert set(results["training"]["tokens_per_second"]) == {"own_pre_norm", "hf_marian"}
     assert set(results["deep"]["median_seconds"]) == {"plain_2", "plain_4", "dlcl_4"}
+    assert set(results["deep"]["saved_for_backward"]) == {"plain_4", "dlcl_4"}
+    assert set(results["operators"]["counts"]) == {"plain_2", "dlcl_2", "plain_4", "dlcl_4"}
+    for figures in results["throughput"]["budgets"].values():
+        assert set(figures["tokens_per_second"]) == {"own_pre_norm", "hf_marian"}
+    assert set(results["throughput"]["budgets"]) == {"64", "128"}
     figures = [row["figure"] for row in results["ratios"]]
-    assert len(figures) == (10 if "ctranslate2" in decoders else 8)
+    assert len(figures) == (14 if "ctranslate2" in decoders else 12)
 
 
 def test_reported_ratios_follow_from_raw_timings(smoke_run):
@@ -65,6 +70,29 @@ def test_reported_ratios_follow_from_raw_timings(smoke_run):
     )
     deep = results["deep"]["median_seconds"]
     assert ratios["deep: DLCL-4L / plain-4L step time"] == pytest.approx(deep["dlcl_4"] / deep["plain_4"])
+    budget = results["throughput"]["budgets"]["128"]
+    # every budget batch holds 128 // 8 = 16 pairs of 8 target tokens, no padding; 2 timed steps
+    assert budget["tokens"] == {"own_pre_norm": 256, "hf_marian": 256}
+    own_speed = 256 / budget["seconds"]["own_pre_norm"][0]
+    assert budget["tokens_per_second"]["own_pre_norm"] == pytest.approx(own_speed)
+    parameters = results["throughput"]["parameters"]["own_pre_norm"]
+    assert budget["mfu"]["own_pre_norm"] == pytest.approx(
+        6 * parameters * own_speed / results["throughput"]["matmul_peak_flops"]
+    )
+
+
+def test_operator_calls_grow_linearly_with_depth(perf):
+    """A DLCL layer adds a fixed number of operator calls and autograd nodes to a training step, whatever its depth:
+    at 2, 4 and 6 encoder layers the counts lie exactly on a line (second difference 0) for plain and DLCL stacks.
+    One scaled addition per (row, stored output) pair, as the combination once was, adds a quadratic term."""
+    counts = perf.run_operators(perf.SIZES["smoke"], (2, 4, 6))["counts"]
+    for name in ("plain", "dlcl"):
+        for figure in ("aten_calls", "autograd_nodes"):
+            at = [counts[f"{name}_{layers}"][figure] for layers in (2, 4, 6)]
+            assert at[2] - 2 * at[1] + at[0] == 0, (name, figure, at)
+    extra = [counts[f"dlcl_{layers}"]["aten_calls"] - counts[f"plain_{layers}"]["aten_calls"] for layers in (2, 4, 6)]
+    assert extra[0] > 0 and extra[2] - extra[1] == extra[1] - extra[0] > 0
+    assert counts["dlcl_6"]["aten_calls"] <= 1.2 * counts["plain_6"]["aten_calls"]
 
 
 def test_flop_formula_matches_torch_flop_counter(perf):

@@ -194,6 +194,73 @@ def test_dlcl_layer_input_is_the_hand_weighted_sum(tiny_config, pre_norm, stack_
             torch.testing.assert_close(actual, expected)
 
 
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["prenorm", "postnorm"])
+def test_dlcl_gradients_are_those_of_the_hand_weighted_sums(tiny_config, pre_norm):
+    """Gradients through every row of the combination (one product per row, backward through a buffer) against
+    autograd on the written-out sums: for the stored outputs, the weights (zero above the diagonal) and the
+    LayerNorms. The stored outputs are independent leaves and the loss reads only rows 2 and 4: the history itself
+    must reach y_0 and y_1 (read by rows 2 to 4) and order the rows in backward."""
+    config = tiny_config(DeepNMTConfig, layer_aggregation="dlcl", pre_norm=pre_norm, encoder_layers=4)
+    history = DeepNMTForConditionalGeneration(config).model.encoder.history
+    torch.manual_seed(3)
+    with torch.no_grad():
+        history.weight.copy_(torch.randn(5, 5).tril() + torch.full((5, 5), 1e3).triu(1))  # above the diagonal: unused
+        for norm in history.layer_norms:
+            norm.weight.copy_(torch.rand(16) + 0.5)
+            norm.bias.copy_(torch.randn(16))
+    outputs = [(torch.randn(2, 3, 16) * 2 + 1).requires_grad_() for _ in range(5)]  # y_0 .. y_4
+    probes = {2: torch.randn(2, 3, 16), 4: torch.randn(2, 3, 16)}
+    norms = [parameter for norm in history.layer_norms for parameter in norm.parameters()]
+    leaves = [*outputs, history.weight, *norms]
+
+    state = history.start(outputs[0])
+    rows = [history.layer_input(state, 0)]
+    for row in range(1, 5):
+        history.push(state, outputs[row], row - 1)
+        rows.append(history.stack_output(state) if row == 4 else history.layer_input(state, row))
+    actual = torch.autograd.grad((rows[2] * probes[2]).sum() + (rows[4] * probes[4]).sum(), leaves, allow_unused=True)
+
+    terms = [outputs[0]] + [history.layer_norms[k - 1](outputs[k]) if pre_norm else outputs[k] for k in range(1, 5)]
+    hand_rows = []
+    for row in range(5):
+        total = sum(history.weight[row, k] * terms[k] for k in range(row + 1))
+        hand_rows.append(history.layer_norms[row - 1](total) if not pre_norm and row >= 1 else total)
+    expected = torch.autograd.grad(
+        (hand_rows[2] * probes[2]).sum() + (hand_rows[4] * probes[4]).sum(), leaves, allow_unused=True
+    )
+    for got, want in zip(actual, expected):  # post-norm: the LayerNorms of rows 1 and 3 are not read
+        assert (got is None) == (want is None)
+        if want is not None:
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    read = torch.zeros(5, 5, dtype=torch.bool)
+    read[2, :3] = read[4] = True  # the weights of the rows the loss reads
+    assert torch.equal(actual[5] != 0, read)
+
+
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["prenorm", "postnorm"])
+def test_dlcl_with_residual_weights_has_the_residual_networks_gradients(tiny_config, random_model, pre_norm):
+    """Backward of the combination with W = I (each row reads only its newest output) is the residual network's
+    backward, parameter for parameter (eval mode: no dropout); the weights get a gradient of their own."""
+    residual = random_model(tiny_config(DeepNMTConfig, pre_norm=pre_norm))
+    dlcl = DeepNMTForConditionalGeneration(
+        tiny_config(DeepNMTConfig, pre_norm=pre_norm, layer_aggregation="dlcl", dlcl_history_norm=False)
+    ).eval()
+    dlcl.load_state_dict(residual.state_dict(), strict=False)
+    with torch.no_grad():
+        for stack in (dlcl.model.encoder, dlcl.model.decoder):
+            stack.history.weight.copy_(torch.eye(len(stack.layers) + 1))
+    inputs = {
+        "input_ids": torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]]),
+        "labels": torch.tensor([[5, 9, 2], [7, 2, -100]]),
+    }
+    residual(**inputs).loss.backward()
+    dlcl(**inputs).loss.backward()
+    for name, parameter in residual.named_parameters():
+        torch.testing.assert_close(dlcl.get_parameter(name).grad, parameter.grad, rtol=1e-5, atol=1e-7)
+    for stack in (dlcl.model.encoder, dlcl.model.decoder):
+        assert torch.count_nonzero(stack.history.weight.grad.tril()) > 0
+
+
 @pytest.mark.parametrize("mode", ["learned", "average", "one"])
 def test_dlcl_weights_initialisation(tiny_config, mode):
     model = DeepNMTForConditionalGeneration(tiny_config(DeepNMTConfig, layer_aggregation="dlcl", dlcl_weights=mode))

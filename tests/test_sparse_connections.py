@@ -109,7 +109,7 @@ def test_block_inputs_and_output_are_the_hand_weighted_sums(pre_norm):
             torch.testing.assert_close(history.layer_input(state, index), expected_inputs[index])
             history.push(state, y[index + 1], index)
         torch.testing.assert_close(history.stack_output(state), row(2, [y[0], y[2], y[5]]))
-        assert len(state["stored"]) == 3  # only y_0 and the two block outputs are kept
+        assert state.count == 3 and state.buffer.shape == (3, 2, 3, 16)  # only y_0 and the two block outputs
 
 
 def test_block_weights_start_as_the_uniform_average():
