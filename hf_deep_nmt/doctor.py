@@ -20,6 +20,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -177,7 +178,7 @@ def check_fused_matches_math(family: str, device: str) -> str:
 
     def gradients(backends=None, bf16=True) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
-        with sdpa_kernel(backends) if backends else _null(), _autocast(device) if bf16 else _null():
+        with sdpa_kernel(backends) if backends else nullcontext(), _autocast(device) if bf16 else nullcontext():
             model(**batch).loss.backward()
         return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
 
@@ -190,14 +191,6 @@ def check_fused_matches_math(family: str, device: str) -> str:
         f"{math_error:.2e}: more than twice as far"
     )
     return f"relative L2 from fp32: fused {fused_error:.1e}, math {math_error:.1e}"
-
-
-class _null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 def check_trainer_bf16(device: str, steps: int = 40) -> str:
@@ -326,7 +319,7 @@ def attention_backends(device: str) -> list[tuple[str, str, str]]:
 
     F.scaled_dot_product_attention = recording
     try:
-        with torch.no_grad(), _autocast(device) if torch.device(device).type == "cuda" else _null():
+        with torch.no_grad(), _autocast(device) if torch.device(device).type == "cuda" else nullcontext():
             for lengths in ([64, 40], [64, 64]):
                 model(**padded_batch(device, lengths, model.config.vocab_size))
     finally:
