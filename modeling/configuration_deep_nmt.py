@@ -16,10 +16,9 @@ DLCL_WEIGHTS = ("learned", "average", "one")
 INIT_SCHEMES = ("default", "ds_init")
 DS_INIT_MODES = ("paper", "code")
 DECODER_SELF_ATTENTIONS = ("multi_head", "merged_average", "average")
-# Cache-layer type of decoders whose state is a running sum (MAtt, AAN); the class lives in the modeling file.
-AVERAGE_CACHE_LAYER_TYPE = "deep_nmt_average"
-# Cache-layer type of MSC decoders: also holds the keys/values of the context state each decoder layer attends.
-MSC_CACHE_LAYER_TYPE = "deep_nmt_msc"
+# Cache-layer type of every decoder layer: one design whose slots hold keys/values, MAtt/AAN running sums and MSC
+# context keys/values (dynamic and static classes in the modeling file).
+CACHE_LAYER_TYPE = "deep_nmt"
 MSC_CONTEXT_CELLS = ("gru", "ffn")
 MSC_FUSIONS = ("gate", "add")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
@@ -222,14 +221,8 @@ class DeepNMTConfig(PreTrainedConfig):
         self._resolve_msc_layout()
         self.validate_settings()
         # `generate()` builds its cache from this field (read as `layer_types` of the decoder view of the config):
-        # running-sum decoders and MSC decoders attending context states get the cache layer that holds their
-        # state. Always derived, never set by hand.
-        if self.msc_blocks is not None and self.msc_context_attention and self.msc_decoder_context:
-            self.decoder_layer_types = [MSC_CACHE_LAYER_TYPE] * self.decoder_layers
-        elif self.decoder_self_attention == "multi_head":
-            self.decoder_layer_types = None
-        else:
-            self.decoder_layer_types = [AVERAGE_CACHE_LAYER_TYPE] * self.decoder_layers
+        # every decoder layer gets the cache layer that holds all of its decoding state. Always derived.
+        self.decoder_layer_types = [CACHE_LAYER_TYPE] * self.decoder_layers
         super().__post_init__(**kwargs)
 
     @property

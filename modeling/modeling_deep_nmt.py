@@ -17,7 +17,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache, StaticLayer
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
@@ -25,8 +25,7 @@ from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging
 
 from .configuration_deep_nmt import (
-    AVERAGE_CACHE_LAYER_TYPE,
-    MSC_CACHE_LAYER_TYPE,
+    CACHE_LAYER_TYPE,
     DeepNMTConfig,
     DlclConfig,
     DsInitConfig,
@@ -46,8 +45,9 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 
 
 def padding_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    """`(batch, key_len)` 1/0 mask -> `(batch, 1, 1, key_len)` additive mask, or None when nothing is masked."""
-    if mask is None or bool(mask.all()):
+    """`(batch, key_len)` 1/0 mask -> `(batch, 1, 1, key_len)` additive mask; None without a mask. A given mask always
+    goes into the computation (never dropped after looking at its values), so traced graphs keep it."""
+    if mask is None:
         return None
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(), torch.finfo(dtype).min)[
         :, None, None, :
@@ -115,25 +115,90 @@ class DeepNMTSinusoidalPositions(nn.Module):
         return table  # (seq_len, d_model)
 
 
-class DeepNMTAverageCacheLayer(DynamicLayer):
-    """Cache layer of the running-sum decoders (MAtt, AAN): a `DynamicLayer` that also holds, per sequence, the sum of
-    the averaged states so far, `(batch, 1, d_model)`, and the step count. Decoding cost per step is constant.
+def is_tracing() -> bool:
+    """True while `torch.compile`, `torch.export` (and the ONNX exporter built on it) or `torch.jit.trace` trace the
+    forward: input checks that need the values of tensors (a host synchronisation, a data-dependent branch) are skipped
+    there and run in eager calls only."""
+    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
 
-    `generate()` builds one per decoder layer from `config.decoder_layer_types`, for the self-attention cache (which
-    uses the running sum) and for the cross-attention cache (which uses the inherited key/value storage).
+
+# Interface version of the cache layers below. Cache layers are found by `_layer_type` in one registry per process
+# (the class imported last wins), so a model may be handed the layers of another copy of this file (another Hub
+# repository loaded with remote code): those of the same version are used as they are, others are replaced by this
+# file's own before they hold anything.
+CACHE_LAYER_VERSION = 2
+_CACHE_SLOTS = ("keys", "values", "running_sum", "context_keys", "context_values")
+
+
+class DeepNMTCacheLayerMixin:
+    r"""
+    Decoding state of one decoder layer: one object per layer in each half of the `EncoderDecoderCache`. Named slots:
+
+    - `keys`, `values`: self-attention keys/values appended step by step (self-attention half); the keys/values of
+      the encoder memory the layer attends, projected once per decoding (cross-attention half);
+    - `running_sum`: the running sum of the averaged states of MAtt / AAN decoders, `(batch, 1, d_model)` in float32
+      whatever the model's dtype (so that long bf16/fp16 outputs do not drift), with the number of states added;
+    - `context_keys`, `context_values`: under MSC, the keys/values of the context state `C^n` (cross-attention half).
+
+    The attention modules use three public methods only: `update(keys, values)` (append), `remember(project)` and
+    `remember_context(project)` (project an encoder-side memory on the first decoding call, read it afterwards), and
+    `update_average(states)`. Beam reordering, batch selection/expansion and reset move every filled slot.
+    [`DeepNMTDynamicCacheLayer`] grows by concatenation; [`DeepNMTStaticCacheLayer`] preallocates and writes in place,
+    for `torch.compile` and CUDA graphs.
     """
 
-    _layer_type = AVERAGE_CACHE_LAYER_TYPE
+    _layer_type = CACHE_LAYER_TYPE
+    deep_nmt_cache_version = CACHE_LAYER_VERSION
+
+    def _init_slots(self) -> None:
+        self.running_sum: torch.Tensor | None = None
+        self.context_keys: torch.Tensor | None = None
+        self.context_values: torch.Tensor | None = None
+        self.memory_filled = False
+
+    def remember(self, project) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of the encoder memory: `project()` (returning them) on the first decoding call, then read."""
+        if not self.memory_filled:
+            self.keys, self.values = self._keep(project())
+            self.dtype, self.device = self.keys.dtype, self.keys.device
+            self.memory_filled = self.is_initialized = True
+        return self.keys, self.values
+
+    def remember_context(self, project) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values of the MSC context state, like [`remember`] for the encoder memory."""
+        if self.context_keys is None:
+            self.context_keys, self.context_values = self._keep(project())
+        return self.context_keys, self.context_values
+
+    def _keep(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return tensors
+
+    def _filled_slots(self) -> list[str]:
+        return [name for name in _CACHE_SLOTS if getattr(self, name, None) is not None]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select(lambda tensor: tensor.index_select(0, beam_idx.to(tensor.device)))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.running_sum is not None and tokens_to_remove != 0:
+            raise NotImplementedError(
+                "A running-sum decoder state (MAtt / AAN) keeps no per-token history and cannot be cropped; "
+                "assisted or speculative decoding is not available for these decoders."
+            )
+        super().crop(tokens_to_remove)
+
+
+class DeepNMTDynamicCacheLayer(DeepNMTCacheLayerMixin, DynamicLayer):
+    """The cache layer `generate()` builds by default: slots grow by concatenation (see [`DeepNMTCacheLayerMixin`])."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.running_sum: torch.Tensor | None = None
+        self._init_slots()
         self.steps = 0
 
     def update_average(self, states: torch.Tensor) -> torch.Tensor:
-        """Add `states` (batch, new_len, d) and return their causal means over everything seen, current included.
-
-        The sum is kept in float32 whatever the model's dtype, so that long outputs in bf16/fp16 do not drift."""
+        """Add `states` (batch, new_len, d) to the running sum; return their causal means over everything seen,
+        current included."""
         sums = torch.cumsum(states.float(), dim=1)
         if self.running_sum is not None:
             sums = sums + self.running_sum
@@ -145,86 +210,113 @@ class DeepNMTAverageCacheLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.steps if self.running_sum is not None else super().get_seq_length()
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.running_sum is None:
-            super().reorder_cache(beam_idx)
-        else:
-            self.running_sum = self.running_sum[beam_idx.to(self.running_sum.device)]
+    def _select(self, select) -> None:
+        for name in self._filled_slots():
+            setattr(self, name, select(getattr(self, name)))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.running_sum is None:
-            super().batch_select_indices(indices)
-        else:
-            self.running_sum = self.running_sum[indices.to(self.running_sum.device)]
+        self._select(lambda tensor: tensor[indices.to(tensor.device)])
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.running_sum is None:
-            super().batch_repeat_interleave(repeats)
-        else:
-            self.running_sum = self.running_sum.repeat_interleave(repeats, dim=0)
+        self._select(lambda tensor: tensor.repeat_interleave(repeats, dim=0))
 
     def reset(self) -> None:
         super().reset()
-        self.running_sum, self.steps = None, 0
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if self.running_sum is not None and tokens_to_remove != 0:
-            raise NotImplementedError(
-                "A running-sum decoder state (MAtt / AAN) keeps no per-token history and cannot be cropped; "
-                "assisted or speculative decoding is not available for these decoders."
-            )
-        super().crop(tokens_to_remove)
+        self._init_slots()
+        self.steps = 0
 
 
-class DeepNMTMscCacheLayer(DeepNMTAverageCacheLayer):
-    """Cache layer of MSC decoders: besides what [`DeepNMTAverageCacheLayer`] holds, the keys/values of the context
-    state `C^n` that decoder layer n attends (computed once, on the first decoding call), next to the inherited
-    storage of the encoder-block keys/values. Beam reordering and batch selection move both."""
+class DeepNMTStaticCacheLayer(DeepNMTCacheLayerMixin, StaticLayer):
+    """Preallocated counterpart of [`DeepNMTDynamicCacheLayer`], built for `cache_implementation="static"`: keys and
+    values live in `max_cache_len` slots written in place (unfilled slots are masked by the decoder), the running sum
+    and the step count (`cumulative_length`) are tensors updated in place, and every slot keeps its address, so a
+    compiled decoding step replays as one CUDA graph. Slots are allocated on the first (eager) decoding call."""
 
-    _layer_type = MSC_CACHE_LAYER_TYPE
+    def __init__(self, max_cache_len: int, **kwargs):
+        super().__init__(max_cache_len=max_cache_len, **kwargs)
+        self._init_slots()
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.context_keys: torch.Tensor | None = None
-        self.context_values: torch.Tensor | None = None
+    def _keep(self, tensors: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        if not is_tracing():
+            for tensor in tensors:
+                torch._dynamo.mark_static_address(tensor)
+        return tensors
 
-    def _select_context(self, select) -> None:
-        if self.context_keys is not None:
-            self.context_keys, self.context_values = select(self.context_keys), select(self.context_values)
+    def update_average(self, states: torch.Tensor) -> torch.Tensor:
+        """As [`DeepNMTDynamicCacheLayer.update_average`], in place."""
+        if self.running_sum is None:
+            zeros = states.new_zeros((states.shape[0], 1, states.shape[-1]), dtype=torch.float32)
+            self.running_sum, self.cumulative_length = self._keep((zeros, self.cumulative_length.to(states.device)))
+        sums = torch.cumsum(states.float(), dim=1) + self.running_sum
+        counts = self.cumulative_length + torch.arange(1, states.shape[1] + 1, device=states.device)
+        self.running_sum.copy_(sums[:, -1:])
+        self.cumulative_length.add_(states.shape[1])
+        return (sums / counts[None, :, None]).to(states.dtype)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        super().reorder_cache(beam_idx)
-        self._select_context(lambda tensor: tensor.index_select(0, beam_idx.to(tensor.device)))
+    def get_seq_length(self):
+        """Tokens decoded so far: a tensor once anything is written (no host synchronisation), else 0."""
+        if self.running_sum is not None or (self.is_initialized and not self.memory_filled):
+            return self.cumulative_length
+        return 0
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self._select_context(lambda tensor: tensor[indices.to(tensor.device)])
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        self._select_context(lambda tensor: tensor.repeat_interleave(repeats, dim=0))
+    def _select(self, select) -> None:
+        for name in self._filled_slots():
+            tensor = getattr(self, name)
+            tensor.copy_(select(tensor))
 
     def reset(self) -> None:
+        if self.memory_filled:
+            self.is_initialized = False  # the memory is replaced on the next call, not zeroed
         super().reset()
+        self.cumulative_length.zero_()
+        if self.running_sum is not None:
+            self.running_sum.zero_()
         self.context_keys = self.context_values = None
+        self.memory_filled = False
 
 
-def causal_average(states: torch.Tensor, past_key_values: Cache | None, layer_idx: int) -> torch.Tensor:
+def cache_layers_of(half: Cache, num_layers: int) -> list:
+    """The cache layers of one half of an `EncoderDecoderCache`, made this file's own where needed.
+
+    Layers of this file's interface version are used as they are. Empty layers of another kind (a `DynamicCache()`
+    built without the config, plain `DynamicLayer`/`StaticLayer`, or those of another version of this file registered
+    under the same type) are replaced by the matching [`DeepNMTDynamicCacheLayer`] / [`DeepNMTStaticCacheLayer`];
+    a filled foreign layer is refused."""
+    layers = half.layers
+    if len(layers) < num_layers and getattr(half, "layer_class_to_replicate", None) is not None:
+        layers.extend(None for _ in range(num_layers - len(layers)))
+    if len(layers) < num_layers:
+        raise TypeError(
+            f"The cache has {len(layers)} layers for a decoder of {num_layers}: build it from the model config, "
+            "`EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))`, or let the "
+            "model or `generate()` create it."
+        )
+    for index, layer in enumerate(layers[:num_layers]):
+        if getattr(layer, "deep_nmt_cache_version", None) == CACHE_LAYER_VERSION:
+            continue
+        if layer is not None and layer.get_seq_length() != 0:
+            raise TypeError(
+                f"Cache layer {index} is a {type(layer).__name__} that already holds states this decoder cannot read "
+                "(its state also has running sums or MSC context keys): build the cache from the model config, "
+                "`EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))`, or let "
+                "the model or `generate()` create it."
+            )
+        if layer is not None and getattr(layer, "is_compileable", False):
+            layers[index] = DeepNMTStaticCacheLayer(max_cache_len=layer.max_cache_len)
+        else:
+            layers[index] = DeepNMTDynamicCacheLayer()
+    return layers
+
+
+def causal_average(states: torch.Tensor, cache_layer=None) -> torch.Tensor:
     """Mean of `states` (batch, len, d) over positions 0..t, current included, for every t (AAN / MAtt average).
 
     Without a cache: one cumulative sum, no T x T matrix. With one: continued from the running sum of the cache layer.
     """
-    if past_key_values is None:
+    if cache_layer is None:
         counts = torch.arange(1, states.shape[1] + 1, device=states.device)
         return (torch.cumsum(states.float(), dim=1) / counts[None, :, None]).to(states.dtype)
-    layers = past_key_values.self_attention_cache.layers
-    if layer_idx >= len(layers) or not isinstance(layers[layer_idx], DeepNMTAverageCacheLayer):
-        raise TypeError(
-            "This decoder keeps a running average in its cache: build the cache from the model config, "
-            "`EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))`, or let "
-            "the model or `generate()` create it."
-        )
-    return layers[layer_idx].update_average(states)
+    return cache_layer.update_average(states)
 
 
 class DeepNMTAttention(nn.Module):
@@ -246,7 +338,7 @@ class DeepNMTAttention(nn.Module):
         self.avoid_cudnn = config.sdpa_avoid_cudnn
         self.is_cross_attention = is_cross_attention
         # MSC context attention: a second cross-attention of the layer, whose keys/values are cached in the
-        # `context_keys`/`context_values` of the layer's MSC cache layer.
+        # `context_keys`/`context_values` slots of the layer's cache layer.
         self.context_memory = context_memory
         self.is_causal = False  # causality comes from the explicit mask built by the decoder
         self.layer_idx = layer_idx
@@ -275,74 +367,55 @@ class DeepNMTAttention(nn.Module):
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache_layer: DeepNMTCacheLayerMixin | None = None,
     ) -> torch.Tensor:
-        return self.out_proj(self._context(hidden_states, key_value_states, attention_mask, past_key_values))
+        return self.out_proj(self._context(hidden_states, key_value_states, attention_mask, cache_layer))
 
     def _context(
         self,
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None,
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache_layer: DeepNMTCacheLayerMixin | None,
     ) -> torch.Tensor:
-        """Concatenated heads before the output projection, (batch, len, d_model)."""
+        """Concatenated heads before the output projection, (batch, len, d_model). `cache_layer`: this layer's state in
+        the self-attention half of the cache (self-attention) or in the cross-attention half (cross/context)."""
         batch, length, _ = hidden_states.shape
         query = self._split_heads(self.q_proj(hidden_states))
-        if self.context_memory:
-            key, value = self._context_memory(key_value_states, past_key_values)
-        elif self.is_cross_attention:
-            cache = past_key_values.cross_attention_cache if past_key_values is not None else None
-            if cache is not None and past_key_values.is_updated.get(self.layer_idx, False):
-                key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        if self.is_cross_attention:
+
+            def project() -> tuple[torch.Tensor, torch.Tensor]:
+                memory = key_value_states
+                return self._split_heads(self.k_proj(memory)), self._split_heads(self.v_proj(memory))
+
+            if cache_layer is None:
+                key, value = project()
+            elif self.context_memory:
+                key, value = cache_layer.remember_context(project)
             else:
-                key = self._split_heads(self.k_proj(key_value_states))
-                value = self._split_heads(self.v_proj(key_value_states))
-                if cache is not None:
-                    key, value = cache.update(key, value, self.layer_idx)
-                    past_key_values.is_updated[self.layer_idx] = True
+                key, value = cache_layer.remember(project)
         else:
             key = self._split_heads(self.k_proj(hidden_states))
             value = self._split_heads(self.v_proj(hidden_states))
-            if past_key_values is not None:
-                key, value = past_key_values.self_attention_cache.update(key, value, self.layer_idx)
+            past_length = 0
+            if cache_layer is not None:
+                past_length = cache_layer.get_seq_length()
+                key, value = cache_layer.update(key, value)
             if self.relative_keys is not None:
-                bias = self._relative_key_scores(query, key.shape[2])
+                bias = self._relative_key_scores(query, past_length, key.shape[2])
                 attention_mask = bias if attention_mask is None else attention_mask + bias
         output = scaled_dot_product_attention(
             query, key, value, attention_mask, self.dropout if self.training else 0.0, self.avoid_cudnn
         )
         return output.transpose(1, 2).reshape(batch, length, self.embed_dim)
 
-    def _context_memory(
-        self, states: torch.Tensor, past_key_values: Cache | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the MSC context states, projected once per decoding and then read from the cache."""
-        cache_layer = None
-        if past_key_values is not None:
-            layers = past_key_values.cross_attention_cache.layers
-            if self.layer_idx >= len(layers) or not isinstance(layers[self.layer_idx], DeepNMTMscCacheLayer):
-                raise TypeError(
-                    "MSC decoder layers also attend to context states, kept in their own cache layer: build the "
-                    "cache from the model config, `EncoderDecoderCache(DynamicCache(config=model.config), "
-                    "DynamicCache(config=model.config))`, or let the model or `generate()` create it."
-                )
-            cache_layer = layers[self.layer_idx]
-            if cache_layer.context_keys is not None:
-                return cache_layer.context_keys, cache_layer.context_values
-        key = self._split_heads(self.k_proj(states))
-        value = self._split_heads(self.v_proj(states))
-        if cache_layer is not None:
-            cache_layer.context_keys, cache_layer.context_values = key, value
-        return key, value
-
-    def _relative_key_scores(self, query: torch.Tensor, key_length: int) -> torch.Tensor:
+    def _relative_key_scores(self, query: torch.Tensor, past_length, key_length: int) -> torch.Tensor:
         """q_i . a_clip(j - i) / sqrt(d_h) for every query i and key j, (batch, heads, query_len, key_len).
 
-        Queries are the last `query_len` positions of the `key_len` seen so far, so a cached step uses its absolute
-        position and the distances match the full pass."""
-        query_length = query.shape[2]
-        query_positions = torch.arange(key_length - query_length, key_length, device=query.device)
+        Query i sits at absolute position `past_length + i` (an int, or a tensor with the static cache), so a cached
+        step uses its own position and the distances match the full pass; keys beyond those written (static cache
+        slots) get scores too, and the decoder's mask hides them."""
+        query_positions = past_length + torch.arange(query.shape[2], device=query.device)
         key_positions = torch.arange(key_length, device=query.device)
         distance = key_positions[None, :] - query_positions[:, None]  # (query_len, key_len)
         index = distance.clamp(-self.relative_window, self.relative_window) + self.relative_window
@@ -370,10 +443,13 @@ class DeepNMTMergedAttention(DeepNMTAttention):
         hidden_states: torch.Tensor,
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache_layer: DeepNMTCacheLayerMixin | None = None,
+        average_cache_layer: DeepNMTCacheLayerMixin | None = None,
     ) -> torch.Tensor:
-        context = self._context(hidden_states, key_value_states, attention_mask, past_key_values)
-        average = causal_average(self.v_proj(hidden_states), past_key_values, self.layer_idx)
+        """`cache_layer` holds the encoder memory's keys/values (cross-attention half), `average_cache_layer` the
+        running sum (self-attention half)."""
+        context = self._context(hidden_states, key_value_states, attention_mask, cache_layer)
+        average = causal_average(self.v_proj(hidden_states), average_cache_layer)
         return self.out_proj(context + average)
 
 
@@ -404,9 +480,9 @@ class DeepNMTAverageAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache_layer: DeepNMTCacheLayerMixin | None = None,
     ) -> torch.Tensor:
-        average = causal_average(hidden_states, past_key_values, self.layer_idx)  # (batch, len, d_model)
+        average = causal_average(hidden_states, cache_layer)  # (batch, len, d_model)
         if self.fc1 is not None:
             average = F.dropout(self.activation_fn(self.fc1(average)), self.activation_dropout, self.training)
             average = self.fc2(average)
@@ -533,17 +609,23 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
         encoder_hidden_states: torch.Tensor,
         self_attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        self_cache: DeepNMTCacheLayerMixin | None = None,
+        cross_cache: DeepNMTCacheLayerMixin | None = None,
         context_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """`self_cache` / `cross_cache`: this layer's cache layers in the self- and cross-attention halves of the
+        decoding cache (None without a cache)."""
         if self.self_attn is not None:
             hidden_states = self._residual(
                 hidden_states,
                 self.self_attn_layer_norm,
                 self.self_attn,
                 attention_mask=self_attention_mask,
-                past_key_values=past_key_values,
+                cache_layer=self_cache,
             )
+        cross_kwargs = {"cache_layer": cross_cache}
+        if self.self_attn is None:  # MAtt: the merged sublayer keeps its running sum in the self-attention half
+            cross_kwargs["average_cache_layer"] = self_cache
         if self.context_attn is None:
             hidden_states = self._residual(
                 hidden_states,
@@ -551,7 +633,7 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
                 self.encoder_attn,
                 key_value_states=encoder_hidden_states,
                 attention_mask=encoder_attention_mask,
-                past_key_values=past_key_values,
+                **cross_kwargs,
             )
         else:
             hidden_states = self._residual(
@@ -560,7 +642,7 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
                 self._cross_attend_with_context,
                 encoder_hidden_states,
                 encoder_attention_mask,
-                past_key_values,
+                cross_kwargs,
                 context_states,
             )
         return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
@@ -570,20 +652,17 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
         normed: torch.Tensor,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cross_kwargs: dict,
         context_states: torch.Tensor,
     ) -> torch.Tensor:
         primary = self.encoder_attn(
-            normed,
-            key_value_states=encoder_hidden_states,
-            attention_mask=encoder_attention_mask,
-            past_key_values=past_key_values,
+            normed, key_value_states=encoder_hidden_states, attention_mask=encoder_attention_mask, **cross_kwargs
         )
         context = self.context_attn(
             normed,
             key_value_states=context_states,
             attention_mask=encoder_attention_mask,
-            past_key_values=past_key_values,
+            cache_layer=cross_kwargs["cache_layer"],
         )
         return self._fuse(primary, context)
 
@@ -875,19 +954,21 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
-    def embed(self, input_ids: torch.Tensor, past_length: int = 0) -> torch.Tensor:
-        """`y_0 = Drop(sqrt(d) * E[x] + PE)`, positions counted from `past_length`.
-
-        Ids are checked on uncached calls (what a user passes); later cached steps take ids that decoding chose from
-        the model's own vocabulary, and checking them would cost two device synchronisations per step."""
+    def check_input_ids(self, input_ids: torch.Tensor) -> None:
+        """Refuse ids outside the vocabulary, naming the first. Needs the ids' values (a host synchronisation), so it
+        runs on eager calls that start a sequence, never while tracing: ids chosen by decoding come from the model's
+        own vocabulary."""
         vocab = self.embed_tokens.num_embeddings
-        check = past_length == 0 and input_ids.numel()
-        if check and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
             bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0].item()
             raise ValueError(
                 f"Token id {bad} is out of range for a vocabulary of {vocab} ids (valid: 0..{vocab - 1})."
             )
-        positions = torch.arange(past_length, past_length + input_ids.shape[1], device=input_ids.device)
+
+    def embed(self, input_ids: torch.Tensor, past_length: int | torch.Tensor = 0) -> torch.Tensor:
+        """`y_0 = Drop(sqrt(d) * E[x] + PE)`, positions counted from `past_length` (an int, or a 0-d tensor with the
+        static cache: no host synchronisation)."""
+        positions = past_length + torch.arange(input_ids.shape[1], device=input_ids.device)
         hidden_states = self.embed_tokens(input_ids) * self.embed_scale
         hidden_states = hidden_states + self.embed_positions(positions).to(hidden_states.dtype)
         return F.dropout(hidden_states, p=self.dropout, training=self.training)
@@ -935,6 +1016,8 @@ class DeepNMTEncoder(DeepNMTStack):
                 f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
                 f"{tuple(attention_mask.shape)}."
             )
+        if not is_tracing():
+            self.check_input_ids(input_ids)
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
         if self.block_boundaries is not None:
@@ -983,16 +1066,34 @@ class DeepNMTDecoder(DeepNMTStack):
         instead of `encoder_hidden_states`."""
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if not use_cache:
+            past_key_values = None
         if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
             raise TypeError(
                 f"`past_key_values` must be an EncoderDecoderCache (self- and cross-attention), got "
                 f"{type(past_key_values).__name__}."
             )
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        num_layers = len(self.layers)
+        if past_key_values is None:
+            self_caches = cross_caches = [None] * num_layers
+            past_length, static = 0, False
+        else:
+            self_caches = cache_layers_of(past_key_values.self_attention_cache, num_layers)
+            cross_caches = cache_layers_of(past_key_values.cross_attention_cache, num_layers)
+            past_length = self_caches[0].get_seq_length()  # an int, or a tensor with the static cache
+            static = bool(getattr(self_caches[0], "is_compileable", False))
+        if not is_tracing() and isinstance(past_length, int) and past_length == 0:
+            self.check_input_ids(input_ids)
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
         self_mask = None
         if self.config.decoder_self_attention == "multi_head":
-            self_mask = self._self_attention_mask(attention_mask, input_ids.shape[1], past_length, hidden_states)
+            self_mask = self._self_attention_mask(
+                attention_mask,
+                input_ids.shape[1],
+                past_length,
+                hidden_states,
+                max_cache_len=self_caches[0].max_cache_len if static else None,
+            )
         cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
         state = self.history.start(hidden_states)  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
@@ -1001,31 +1102,43 @@ class DeepNMTDecoder(DeepNMTStack):
                 encoder_hidden_states if encoder_block_outputs is None else encoder_block_outputs[:, index],
                 self_mask,
                 cross_mask,
-                past_key_values=past_key_values if use_cache else None,
+                self_cache=self_caches[index],
+                cross_cache=cross_caches[index],
                 context_states=None if encoder_context_states is None else encoder_context_states[:, index],
             )
             self.history.push(state, output, index)
-        return self.finish(state), (past_key_values if use_cache else None)
+        return self.finish(state), past_key_values
 
     @staticmethod
     def _self_attention_mask(
-        padding_mask: torch.Tensor | None, length: int, past_length: int, like: torch.Tensor
+        padding_mask: torch.Tensor | None,
+        length: int,
+        past_length: int | torch.Tensor,
+        like: torch.Tensor,
+        max_cache_len: int | None = None,
     ) -> torch.Tensor | None:
-        """Causal mask over `past_length + length` keys, plus target padding when given (batch, total_len);
-        dtype and device of `like`."""
-        total = past_length + length
-        dtype, device = like.dtype, like.device
+        """Additive mask of `length` queries at positions `past_length ...` over the keys: the `past_length + length`
+        seen so far, or the `max_cache_len` slots of a static cache (`past_length` then a tensor). Causal when more
+        than one query is decoded or the keys are static slots (the unwritten ones lie beyond every query); plus
+        target padding when given as (batch, keys so far). Dtype and device of `like`; None when nothing is masked."""
+        device = like.device
+        static = max_cache_len is not None
+        key_length = max_cache_len if static else past_length + length
         allowed = None
-        if length > 1:
-            query_pos = torch.arange(past_length, total, device=device)[:, None]
-            allowed = (torch.arange(total, device=device)[None, :] <= query_pos)[None, None]  # (1, 1, len, total)
-        if padding_mask is not None and padding_mask.shape[-1] == total and not bool(padding_mask.all()):
-            keys = padding_mask.to(device=device, dtype=torch.bool)[:, None, None, :]
-            allowed = keys if allowed is None else allowed & keys
+        if length > 1 or static:
+            query_positions = past_length + torch.arange(length, device=device)
+            allowed = (torch.arange(key_length, device=device)[None, :] <= query_positions[:, None])[None, None]
+        if padding_mask is not None and padding_mask.dim() == 2:
+            keys = padding_mask.to(device=device, dtype=torch.bool)
+            if static and keys.shape[-1] < key_length:  # slots not written yet are hidden by the causal rule
+                keys = F.pad(keys, (0, key_length - keys.shape[-1]), value=True)
+            if keys.shape[-1] == key_length:
+                keys = keys[:, None, None, :]
+                allowed = keys if allowed is None else allowed & keys
         if allowed is None:
             return None
-        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(
-            ~allowed, torch.finfo(dtype).min
+        return torch.zeros(allowed.shape, dtype=like.dtype, device=device).masked_fill(
+            ~allowed, torch.finfo(like.dtype).min
         )
 
 
@@ -1239,16 +1352,10 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
-    @staticmethod
-    def _reorder_cache(past_key_values: Cache, beam_idx: torch.LongTensor) -> Cache:
-        """Beam search moves a hypothesis only among the rows of its own sentence, whose cross-attention keys and
-        values are equal copies (of one expanded encoder output): reordering them would copy them onto themselves,
-        so only the self-attention states (keys/values, running sums) are reordered."""
-        if isinstance(past_key_values, EncoderDecoderCache):
-            past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        else:
-            past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+    def create_masks_for_generate(self, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+        """`generate()` with a static cache would turn the decoder's 2D padding mask into a 4D one; the decoder builds
+        its masks itself (causal over the cache slots, padding, unwritten slots), so the 2D mask passes unchanged."""
+        return attention_mask
 
 
 class DlclForConditionalGeneration(DeepNMTForConditionalGeneration):

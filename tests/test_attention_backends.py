@@ -73,8 +73,8 @@ def test_every_masked_attention_call_runs_with_the_cudnn_backend_switched_off(
 def test_unmasked_calls_keep_every_backend(tiny_config, recorded_calls, monkeypatch):
     monkeypatch.setattr(modeling_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
     model = modeling_deep_nmt.DeepNMTForConditionalGeneration(tiny_config()).eval()
-    # no padding in the source: the encoder's self-attention and the cross-attention pass no mask
-    model.get_encoder()(input_ids=torch.tensor([[5, 6, 7, 2]]), attention_mask=torch.ones(1, 4, dtype=torch.long))
+    # no mask given: the encoder's self-attention passes none (a given mask always goes in, whatever its values)
+    model.get_encoder()(input_ids=torch.tensor([[5, 6, 7, 2]]))
     assert recorded_calls and all(not has_mask for has_mask, _ in recorded_calls)
     assert all(flags["cudnn"] for _, flags in recorded_calls)
 

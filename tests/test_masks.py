@@ -45,8 +45,12 @@ def test_masks_follow_the_device_and_dtype_of_the_hidden_states():
     assert mask.device.type == "meta" and mask.dtype == torch.bfloat16
 
 
-def test_source_padding_mask_is_additive_and_absent_without_padding():
-    assert padding_mask_to_additive(torch.ones(2, 5, dtype=torch.long), torch.float32) is None
+def test_source_padding_mask_is_additive_and_kept_even_without_padding():
+    assert padding_mask_to_additive(None, torch.float32) is None
+    # a given mask is never dropped after looking at its values (traced graphs keep it): all zeros here
+    assert torch.equal(
+        padding_mask_to_additive(torch.ones(2, 5, dtype=torch.long), torch.float32), torch.zeros(2, 1, 1, 5)
+    )
     mask = padding_mask_to_additive(torch.tensor([[1, 1, 0]]), torch.float16)
     assert mask.shape == (1, 1, 1, 3) and mask.dtype == torch.float16
     assert mask[0, 0, 0].tolist() == [0.0, 0.0, torch.finfo(torch.float16).min]

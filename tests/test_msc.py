@@ -258,7 +258,7 @@ def test_without_context_attention_no_context_exists(tiny_config, random_model):
     with torch.no_grad():
         output = model.get_encoder()(input_ids=SOURCE, attention_mask=MASK)
     assert output.context_states is None and output.block_outputs.shape == (2, 2, 5, 16)
-    assert model.config.decoder_layer_types is None
+    assert model.config.decoder_layer_types == ["deep_nmt"] * model.config.decoder_layers
 
 
 def test_encoder_side_context_only(tiny_config, random_model):
@@ -344,12 +344,17 @@ def test_encoder_outputs_without_blocks_raise(msc_model):
         msc_model(encoder_outputs=(encoded.last_hidden_state, encoded.block_outputs), decoder_input_ids=TARGET)
 
 
-def test_a_cache_without_the_context_layers_raises(msc_model):
+def test_a_cache_built_without_the_config_holds_the_context_keys_too(msc_model):
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    with pytest.raises(TypeError, match="DynamicCache\\(config=model.config\\)"):
-        msc_model(
+    with torch.no_grad():
+        first = msc_model(
             input_ids=SOURCE, attention_mask=MASK, decoder_input_ids=TARGET, past_key_values=cache, use_cache=True
-        )
+        ).logits
+        second = msc_model(input_ids=SOURCE, attention_mask=MASK, decoder_input_ids=TARGET, use_cache=True).logits
+    assert torch.equal(first, second)
+    layers = cache.cross_attention_cache.layers
+    assert len(layers) == msc_model.config.decoder_layers
+    assert all(layer.context_keys is not None and layer.keys is not None for layer in layers)
 
 
 def test_beam_search_reorders_the_context_keys(msc_model):

@@ -26,7 +26,7 @@ from hf_deep_nmt import (
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTAverageAttention,
-    DeepNMTAverageCacheLayer,
+    DeepNMTDynamicCacheLayer,
     DeepNMTMergedAttention,
     causal_average,
 )
@@ -273,7 +273,7 @@ def test_merged_attention_decoder_layer_has_two_sublayers_in_the_right_order(pre
 
 
 def test_running_average_in_chunks_equals_a_cumulative_mean_of_everything():
-    layer = DeepNMTAverageCacheLayer()
+    layer = DeepNMTDynamicCacheLayer()
     states = torch.randn(3, 7, 5)
     pieces = [
         layer.update_average(states[:, :1]),
@@ -287,7 +287,7 @@ def test_running_average_in_chunks_equals_a_cumulative_mean_of_everything():
 
 
 def test_running_sum_follows_beam_reordering_selection_and_expansion():
-    layer = DeepNMTAverageCacheLayer()
+    layer = DeepNMTDynamicCacheLayer()
     rows = torch.arange(4.0)[:, None, None].expand(4, 2, 3)
     layer.update_average(rows)  # running sum of row i is 2 * i
     layer.reorder_cache(torch.tensor([3, 3, 0, 1]))
@@ -304,7 +304,7 @@ def test_running_sum_follows_beam_reordering_selection_and_expansion():
 
 
 def test_cache_layer_also_stores_cross_attention_keys_and_values():
-    layer = DeepNMTAverageCacheLayer()
+    layer = DeepNMTDynamicCacheLayer()
     keys, values = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
     layer.update(keys, values)
     assert layer.get_seq_length() == 5
@@ -312,18 +312,33 @@ def test_cache_layer_also_stores_cross_attention_keys_and_values():
     assert torch.equal(layer.keys, keys[[2, 0, 1]]) and torch.equal(layer.values, values[[2, 0, 1]])
 
 
-def test_cache_built_from_the_config_has_one_running_sum_layer_per_decoder_layer():
-    config = tiny("merged_average", encoder_layers=3, decoder_layers=2)
-    assert config.decoder_layer_types == ["deep_nmt_average", "deep_nmt_average"]
+@pytest.mark.parametrize("decoder", ["merged_average", "average", "multi_head"])
+def test_cache_built_from_the_config_has_one_state_layer_per_decoder_layer(decoder):
+    config = tiny(decoder, encoder_layers=3, decoder_layers=2)
+    assert config.decoder_layer_types == ["deep_nmt", "deep_nmt"]
     cache = DynamicCache(config=config)
-    assert len(cache.layers) == 2 and all(isinstance(layer, DeepNMTAverageCacheLayer) for layer in cache.layers)
-    assert DynamicCache(config=tiny("multi_head")).layers[0].__class__.__name__ == "DynamicLayer"
+    assert len(cache.layers) == 2 and all(isinstance(layer, DeepNMTDynamicCacheLayer) for layer in cache.layers)
 
 
-def test_a_cache_without_running_sum_layers_is_refused_with_how_to_build_one():
+def test_a_cache_built_without_the_config_gets_state_layers_and_decodes_the_same():
     model = perturbed(DeepNMTForConditionalGeneration(tiny("merged_average")))
-    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
-    with pytest.raises(TypeError, match=r"DynamicCache\(config=model.config\)"):
+    source, start = torch.tensor([[5, 6, 2]]), torch.tensor([[0]])
+    plain = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.no_grad():
+        first = model(input_ids=source, decoder_input_ids=start, past_key_values=plain).logits
+        second = model(input_ids=source, decoder_input_ids=start, use_cache=True).logits
+    assert torch.equal(first, second)
+    assert all(isinstance(layer, DeepNMTDynamicCacheLayer) for layer in plain.self_attention_cache.layers)
+    assert plain.self_attention_cache.layers[0].running_sum.shape == (1, 1, 16)
+
+
+def test_a_filled_cache_of_another_kind_is_refused_with_how_to_build_one():
+    model = perturbed(DeepNMTForConditionalGeneration(tiny("merged_average")))
+    foreign = DynamicCache()
+    for index in range(model.config.decoder_layers):
+        foreign.update(torch.zeros(1, 2, 3, 8), torch.zeros(1, 2, 3, 8), index)
+    cache = EncoderDecoderCache(foreign, DynamicCache())
+    with pytest.raises(TypeError, match=r"Cache layer 0 is a DynamicLayer .*DynamicCache\(config=model.config\)"):
         model(input_ids=torch.tensor([[5, 6, 2]]), decoder_input_ids=torch.tensor([[0]]), past_key_values=cache)
 
 
@@ -416,11 +431,13 @@ def test_invalid_ds_init_and_decoder_settings_name_field_and_value(overrides, me
 
 
 def test_decoder_layer_types_are_derived_and_survive_a_round_trip():
-    assert DeepNMTConfig().decoder_layer_types is None
+    assert DeepNMTConfig(decoder_layers=2).decoder_layer_types == ["deep_nmt"] * 2
     config = DeepNMTConfig(decoder_layers=3, decoder_self_attention="average")
-    assert config.decoder_layer_types == ["deep_nmt_average"] * 3
+    assert config.decoder_layer_types == ["deep_nmt"] * 3
     reloaded = DeepNMTConfig.from_dict({**config.to_dict(), "decoder_layers": 4})
-    assert reloaded.decoder_layer_types == ["deep_nmt_average"] * 4
+    assert reloaded.decoder_layer_types == ["deep_nmt"] * 4
+    old = DeepNMTConfig.from_dict({**config.to_dict(), "decoder_layer_types": ["deep_nmt_average"] * 3})
+    assert old.decoder_layer_types == ["deep_nmt"] * 3  # folders saved by 0.1.0 name the old layer types
 
 
 def test_ds_init_config_defaults_are_the_paper_system():
@@ -449,9 +466,9 @@ def test_ds_init_model_class_adds_nothing_but_its_config():
 
 def test_running_average_accumulates_in_float32_for_half_precision_models():
     states = torch.full((1, 600, 4), 1.01, dtype=torch.bfloat16)  # bf16 counts and sums are inexact past 256
-    layer = DeepNMTAverageCacheLayer()
+    layer = DeepNMTDynamicCacheLayer()
     stepwise = torch.cat([layer.update_average(states[:, t : t + 1]) for t in range(600)], dim=1)
     assert stepwise.dtype == torch.bfloat16 and layer.running_sum.dtype == torch.float32
     expected = states[0, 0, 0].float().item()
     assert stepwise.float().sub(expected).abs().max().item() < 1e-2
-    assert torch.equal(causal_average(states, None, 0), stepwise)  # the training route agrees
+    assert torch.equal(causal_average(states), stepwise)  # the training route agrees
