@@ -192,6 +192,11 @@ def _translate(argv: list[str]) -> int:
     )
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="decode with the static cache and a compiled decoding step (CUDA graphs on a GPU); same output",
+    )
     args = parser.parse_args(argv)
 
     from hf_deep_nmt.translate import check_output_path, check_translation_options, read_lines, write_translations
@@ -238,6 +243,7 @@ def _translate(argv: list[str]) -> int:
             value for value in (args.length_penalty, generation.length_penalty, 1.0) if value is not None
         ),
         progress=not args.no_progress,
+        compile=args.compile,
         **options,
     )
     return 0

@@ -407,7 +407,12 @@ class DeepNMTAttention(nn.Module):
         output = scaled_dot_product_attention(
             query, key, value, attention_mask, self.dropout if self.training else 0.0, self.avoid_cudnn
         )
-        return output.transpose(1, 2).reshape(batch, length, self.embed_dim)
+        output = output.transpose(1, 2)
+        if is_tracing():
+            # The fused kernels return (batch, len, heads, d_h) memory, the math decomposition an exporter substitutes
+            # (batch, heads, len, d_h): a copy makes the reshape valid for both.
+            output = output.clone(memory_format=torch.contiguous_format)
+        return output.reshape(batch, length, self.embed_dim)
 
     def _relative_key_scores(self, query: torch.Tensor, past_length, key_length: int) -> torch.Tensor:
         """q_i . a_clip(j - i) / sqrt(d_h) for every query i and key j, (batch, heads, query_len, key_len).
@@ -711,6 +716,19 @@ class DeepNMTHistoryState:
         self.previous_row = self.grads = self.grad_columns = None
 
 
+class DeepNMTTracedHistoryState:
+    """Per-call state of a block history while `torch.compile` / `torch.export` trace the forward: the stored outputs
+    as a list, each row a sum of scaled outputs (the compiler fuses a row into one kernel; the custom autograd function
+    of eager calls would break the graph)."""
+
+    __slots__ = ("stored", "count", "newest", "last")
+
+    def __init__(self, embedding: torch.Tensor):
+        self.stored: list[torch.Tensor] = []
+        self.count = 1
+        self.newest = self.last = embedding
+
+
 def _without_autocast(device_type: str):
     """The combination keeps the stored outputs' precision, as the additions it replaces did: under autocast a
     matrix-vector product would otherwise run in half precision."""
@@ -803,7 +821,9 @@ class DeepNMTBlockHistory(nn.Module):
         weight = torch.ones(self.size, self.size).tril()
         return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True)
 
-    def start(self, embedding: torch.Tensor) -> DeepNMTHistoryState:
+    def start(self, embedding: torch.Tensor) -> DeepNMTHistoryState | DeepNMTTracedHistoryState:
+        if is_tracing():
+            return DeepNMTTracedHistoryState(embedding)
         return DeepNMTHistoryState(embedding, self.weight, self.size)
 
     def layer_input(self, state: DeepNMTHistoryState, index: int) -> torch.Tensor:
@@ -822,9 +842,16 @@ class DeepNMTBlockHistory(nn.Module):
         # Row r reads the stored outputs y_0..y_r: one product with the weight row (`DeepNMTHistoryRow`), whatever r.
         # Each row is combined once per call, after the push of y_r; row 0 carries the weight gradient.
         row = state.count - 1
-        weight = self.weight if row == 0 else None
-        combined = DeepNMTHistoryRow.apply(weight, state.newest, state.previous_row, state, row)
-        state.previous_row = combined
+        if isinstance(state, DeepNMTTracedHistoryState):
+            state.stored.append(state.newest)
+            weight = self.weight.to(state.newest.dtype)
+            combined = weight[row, 0] * state.stored[0]
+            for column in range(1, row + 1):
+                combined = combined + weight[row, column] * state.stored[column]
+        else:
+            weight = self.weight if row == 0 else None
+            combined = DeepNMTHistoryRow.apply(weight, state.newest, state.previous_row, state, row)
+            state.previous_row = combined
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
         return combined
