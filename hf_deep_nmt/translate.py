@@ -9,6 +9,7 @@ translations streamed to the output in input order as they are produced, no file
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import stat
@@ -18,13 +19,7 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import (
-    CompileConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
@@ -40,16 +35,29 @@ MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, no
 STATIC_CACHE_BUCKET = 64
 
 
-def compiled_decoding(device: torch.device, longest_output: int) -> dict:
-    """`generate()` options of compiled decoding: the static cache and a whole-graph compiled decoding step (CUDA
-    graphs on CUDA through `mode="reduce-overhead"`, plain Inductor code elsewhere), through transformers' own route
-    (`compile_config`); the first decoding step of each call runs eagerly and fills the cache."""
-    device = torch.device(device)
-    config = CompileConfig(fullgraph=True, mode="reduce-overhead" if device.type == "cuda" else "default")
-    if device.type not in ("cuda", "xpu"):
-        config._compile_all_devices = True  # transformers compiles on accelerators only unless told
+@contextlib.contextmanager
+def compiled_decoding(model: PreTrainedModel, longest_output: int) -> Iterator[dict]:
+    """Inside: `model.forward` compiled as one graph (CUDA graphs on CUDA through `mode="reduce-overhead"`, Inductor
+    code elsewhere), compiled once per model and kept; yields the `generate()` options that go with it, the static
+    cache sized to a multiple of `STATIC_CACHE_BUCKET` slots above `longest_output`. Compiling the forward itself,
+    rather than transformers' `compile_config` route, covers beam search, which that route leaves eager. The first
+    decoding call of each batch (an empty cache) and each new shape compile once; the rest replays."""
+    compiled = getattr(model, "_hf_deep_nmt_compiled_forward", None)
+    if compiled is None:
+        device = next(model.parameters()).device
+        mode = "reduce-overhead" if device.type == "cuda" else None
+        compiled = torch.compile(model.forward, fullgraph=True, mode=mode)
+        model._hf_deep_nmt_compiled_forward = compiled
+    own = model.__dict__.get("forward")
+    model.forward = compiled
     bucket = -(-(longest_output + 1) // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
-    return dict(cache_implementation="static", compile_config=config, max_cache_len=bucket)
+    try:
+        yield dict(cache_implementation="static", max_cache_len=bucket, disable_compile=True)
+    finally:
+        if own is None:
+            del model.forward
+        else:
+            model.forward = own
 
 
 class SourceRelativeMaxLength(LogitsProcessor):
@@ -253,8 +261,8 @@ def _translate_batch(
     source_lengths = batch["attention_mask"].sum(dim=1)
     limits = (max_length_a * source_lengths + max_length_b).long().clamp(min=1, max=max_output_tokens)
     longest = int(limits.max()) + 1
-    extra = compiled_decoding(device, longest) if compile else {}
-    with torch.inference_mode():
+    decoding = compiled_decoding(model, longest) if compile else contextlib.nullcontext({})
+    with torch.inference_mode(), decoding as extra:
         generated = model.generate(
             **batch,
             num_beams=num_beams,

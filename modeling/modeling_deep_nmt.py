@@ -397,12 +397,14 @@ class DeepNMTAttention(nn.Module):
         else:
             key = self._split_heads(self.k_proj(hidden_states))
             value = self._split_heads(self.v_proj(hidden_states))
-            past_length = 0
+            # absolute positions of the queries, taken before the update moves the cache's step count (in place, with
+            # the static cache)
+            query_positions = torch.arange(length, device=query.device)
             if cache_layer is not None:
-                past_length = cache_layer.get_seq_length()
+                query_positions = query_positions + cache_layer.get_seq_length()
                 key, value = cache_layer.update(key, value)
             if self.relative_keys is not None:
-                bias = self._relative_key_scores(query, past_length, key.shape[2])
+                bias = self._relative_key_scores(query, query_positions, key.shape[2])
                 attention_mask = bias if attention_mask is None else attention_mask + bias
         output = scaled_dot_product_attention(
             query, key, value, attention_mask, self.dropout if self.training else 0.0, self.avoid_cudnn
@@ -414,13 +416,14 @@ class DeepNMTAttention(nn.Module):
             output = output.clone(memory_format=torch.contiguous_format)
         return output.reshape(batch, length, self.embed_dim)
 
-    def _relative_key_scores(self, query: torch.Tensor, past_length, key_length: int) -> torch.Tensor:
+    def _relative_key_scores(
+        self, query: torch.Tensor, query_positions: torch.Tensor, key_length: int
+    ) -> torch.Tensor:
         """q_i . a_clip(j - i) / sqrt(d_h) for every query i and key j, (batch, heads, query_len, key_len).
 
-        Query i sits at absolute position `past_length + i` (an int, or a tensor with the static cache), so a cached
-        step uses its own position and the distances match the full pass; keys beyond those written (static cache
-        slots) get scores too, and the decoder's mask hides them."""
-        query_positions = past_length + torch.arange(query.shape[2], device=query.device)
+        Queries sit at their absolute `query_positions`, so a cached step uses its own position and the distances
+        match the full pass; keys beyond those written (static cache slots) get scores too, and the decoder's mask
+        hides them."""
         key_positions = torch.arange(key_length, device=query.device)
         distance = key_positions[None, :] - query_positions[:, None]  # (query_len, key_len)
         index = distance.clamp(-self.relative_window, self.relative_window) + self.relative_window
