@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 CITATION_MARKER = "<!-- citation -->"
 METHOD_CARDS = {
@@ -121,6 +123,18 @@ def render_model_card(
         length_penalty_form=length_penalty_form,
         examples=examples,
     )
+
+
+def settle_output_cap(generation_config: GenerationConfig) -> GenerationConfig:
+    """Leave one honest output cap in `generation_config` before it is saved: `max_new_tokens` when set, without a
+    `max_length` beside it (generate() gives `max_new_tokens` precedence, so that one is a stray, e.g. the 20 that
+    `Seq2SeqTrainer` evaluation fills in); else `max_length`; else, when neither is set (a folder saved before models
+    had a cap), `DEFAULT_MAX_OUTPUT_TOKENS` tokens and `</s>` rather than transformers' 20."""
+    if generation_config.max_new_tokens is not None:
+        generation_config.max_length = None
+    elif generation_config.max_length is None:
+        generation_config.max_length = DEFAULT_MAX_OUTPUT_TOKENS + 2  # counts the decoder start token and `</s>`
+    return generation_config
 
 
 # Written last into every folder an export or an average writes, listing the files written; only a folder whose every
@@ -279,6 +293,7 @@ def export_hub_folder(
     def write(staging: Path) -> None:
         model.config.use_cache = True
         model.generation_config.use_cache = True
+        settle_output_cap(model.generation_config)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         card = render_model_card(model, repo_id or f"your-name/{folder.name}", **card_kwargs)

@@ -24,10 +24,12 @@ from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.input_checks import check_tokenizer_matches
+from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 # The positions are sinusoidal (no table, so no `max_position_embeddings`): these caps are what bounds the work.
 MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is translated
-MAX_OUTPUT_TOKENS = 1024  # no translation is longer, whatever `max_length_a` and `max_length_b` allow
+# no translation is longer, whatever `max_length_a` and `max_length_b` allow (a new model's generate() cap, too)
+MAX_OUTPUT_TOKENS = DEFAULT_MAX_OUTPUT_TOKENS
 MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
 
 

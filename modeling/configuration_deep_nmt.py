@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
 from transformers.activations import ACT2CLS
 
 LAYER_AGGREGATIONS = ("residual", "dlcl", "sparse")
@@ -526,13 +526,35 @@ class MscConfig(DeepNMTConfig):
     msc_block_layers: int | list[int] | None = 6
 
 
+# Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
+# sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+
+
+class DeepNMTGenerationConfig(GenerationConfig):
+    """The generation config a new model starts with (`generation_config_class` of the models): transformers' defaults
+    and the model's special ids, plus the output cap `max_length = DEFAULT_MAX_OUTPUT_TOKENS + 2` (for an
+    encoder-decoder `max_length` counts the decoder start token; `</s>` is the other one). A recipe's export replaces
+    it with the recipe's cap; `generate(max_new_tokens=...)` or `generate(max_length=...)` override it per call."""
+
+    @classmethod
+    def from_model_config(cls, model_config) -> GenerationConfig:
+        generation_config = super().from_model_config(model_config)
+        if generation_config.max_length is None and generation_config.max_new_tokens is None:
+            generation_config.max_length = DEFAULT_MAX_OUTPUT_TOKENS + 2
+            generation_config._original_object_hash = hash(generation_config)
+        return generation_config
+
+
 __all__ = [
     "DECODER_SELF_ATTENTIONS",
     "DLCL_WEIGHTS",
+    "DEFAULT_MAX_OUTPUT_TOKENS",
     "DS_INIT_MODES",
     "INIT_SCHEMES",
     "LAYER_AGGREGATIONS",
     "DeepNMTConfig",
+    "DeepNMTGenerationConfig",
     "DlclConfig",
     "DsInitConfig",
     "MscConfig",

@@ -28,6 +28,7 @@ from .configuration_deep_nmt import (
     AVERAGE_CACHE_LAYER_TYPE,
     MSC_CACHE_LAYER_TYPE,
     DeepNMTConfig,
+    DeepNMTGenerationConfig,
     DlclConfig,
     DsInitConfig,
     MscConfig,
@@ -810,6 +811,7 @@ class DeepNMTMscContext(nn.Module):
 class DeepNMTPreTrainedModel(PreTrainedModel):
     config_class = DeepNMTConfig
     config: DeepNMTConfig
+    generation_config_class = DeepNMTGenerationConfig  # a new model's output cap: not transformers' 20 tokens
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
