@@ -250,6 +250,16 @@ class DeepNMTConfig(PreTrainedConfig):
             boundaries.append(boundaries[-1] + size)
         return boundaries
 
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        # Beside the translation model (named in `auto_map` by the model's `save_pretrained`, which also writes the
+        # modeling file), `auto_map` names the encoder-decoder without the output layer: `AutoModel` loads the folder
+        # as remote code too.
+        auto_map = getattr(self, "auto_map", None) or {}
+        base_model = BASE_MODEL_CLASS_NAMES.get(self.model_type)
+        if "AutoModelForSeq2SeqLM" in auto_map and base_model is not None:
+            self.auto_map = {**auto_map, "AutoModel": f"modeling_deep_nmt.{base_model}"}
+        return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
     def _resolve_msc_layout(self) -> None:
         """Check `msc_block_layers` against `decoder_layers` and derive (or check) `encoder_layers`."""
         layers = self.msc_block_layers
@@ -526,6 +536,16 @@ class MscConfig(DeepNMTConfig):
     msc_block_layers: int | list[int] | None = 6
 
 
+# The class of `modeling_deep_nmt` that `AutoModel` loads for each model type: the encoder-decoder without the output
+# layer.
+BASE_MODEL_CLASS_NAMES = {
+    "deep_nmt": "DeepNMTModel",
+    "deep_nmt_dlcl": "DlclModel",
+    "deep_nmt_dsinit": "DsInitModel",
+    "deep_nmt_sdt": "SdtModel",
+    "deep_nmt_msc": "MscModel",
+}
+
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -547,6 +567,7 @@ class DeepNMTGenerationConfig(GenerationConfig):
 
 
 __all__ = [
+    "BASE_MODEL_CLASS_NAMES",
     "DECODER_SELF_ATTENTIONS",
     "DLCL_WEIGHTS",
     "DEFAULT_MAX_OUTPUT_TOKENS",

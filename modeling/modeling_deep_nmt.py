@@ -1279,6 +1279,25 @@ class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = MscConfig
 
 
+# The encoder-decoders without the output layer that `AutoModel` loads for each named config.
+
+
+class DlclModel(DeepNMTModel):
+    config_class = DlclConfig
+
+
+class DsInitModel(DeepNMTModel):
+    config_class = DsInitConfig
+
+
+class SdtModel(DeepNMTModel):
+    config_class = SdtConfig
+
+
+class MscModel(DeepNMTModel):
+    config_class = MscConfig
+
+
 __all__ = [
     "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
@@ -1288,5 +1307,9 @@ __all__ = [
     "DsInitForConditionalGeneration",
     "MscForConditionalGeneration",
     "SdtForConditionalGeneration",
+    "DlclModel",
+    "DsInitModel",
+    "MscModel",
+    "SdtModel",
     "LAYER_AGGREGATION_CLASSES",
 ]
