@@ -227,7 +227,7 @@ def _translate_batch(
             num_beams=num_beams,
             num_return_sequences=num_beams if gnmt else 1,
             length_penalty=0.0 if gnmt else length_penalty,
-            max_new_tokens=int(limits.max()) + 1,
+            max_length=int(limits.max()) + 2,  # the start token, the longest cap, `</s>` (max_new_tokens would log)
             logits_processor=LogitsProcessorList([SourceRelativeMaxLength(limits, eos)]),
             do_sample=False,
             return_dict_in_generate=True,
