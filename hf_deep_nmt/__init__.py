@@ -2,11 +2,13 @@
 
 Importing the package registers every config with `AutoConfig`, its translation model with `AutoModelForSeq2SeqLM`
 and its encoder-decoder without the output layer with `AutoModel`, and marks them for auto-class saving, so that
-`save_pretrained` writes `auto_map` and the modeling files (Hub remote code).
+`save_pretrained` writes `auto_map` and the modeling files (Hub remote code). With `peft` installed, it also registers
+the models' default LoRA target modules (`hf_deep_nmt.adapters`).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTForConditionalGeneration,
@@ -49,6 +51,7 @@ def _register() -> None:
         model_class.register_for_auto_class("AutoModelForSeq2SeqLM")
         AutoModel.register(config_class, BASE_MODEL_CLASSES[config_class], exist_ok=True)
         BASE_MODEL_CLASSES[config_class].register_for_auto_class("AutoModel")
+    register_lora_defaults()
 
 
 _register()
