@@ -93,12 +93,25 @@ def test_default_lora_trains_saves_and_reloads_with_identical_outputs(
     assert unloaded.keys() == saved.keys() and all(torch.equal(unloaded[key], saved[key]) for key in saved)
 
 
-def test_lora_on_the_msc_gru_context_cell_through_target_parameters(tiny_config, random_model, padded_batch, tmp_path):
+@pytest.mark.parametrize(
+    ("settings", "trained"),
+    [
+        # lora_A and lora_B for each of the two weight matrices of the one shared cell
+        ({"target_parameters": list(GRU_PARAMETERS)}, 4),
+        # a trained copy of the cell's two weight matrices and two biases
+        ({"modules_to_save": ["context"]}, 4),
+    ],
+    ids=["lora-on-gru-weights", "gru-in-full"],
+)
+def test_the_msc_gru_context_cell_trains_and_reloads(
+    settings, trained, tiny_config, random_model, padded_batch, tmp_path
+):
     random_model(tiny_config(MscConfig, msc_block_layers=[2, 1])).save_pretrained(tmp_path / "base")
-    settings = LoraConfig(task_type="SEQ_2_SEQ_LM", r=4, target_parameters=list(GRU_PARAMETERS))
-    model = get_peft_model(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"), settings)
+    model = get_peft_model(
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "base"), LoraConfig(task_type="SEQ_2_SEQ_LM", r=4, **settings)
+    )
     gru = {name for name, parameter in model.named_parameters() if parameter.requires_grad and ".cells." in name}
-    assert len(gru) == 4  # lora_A and lora_B for each of the two weight matrices of the one shared cell
+    assert len(gru) == trained, gru
     before = {name: parameter.detach().clone() for name, parameter in model.named_parameters() if name in gru}
     inputs = batch(padded_batch)
     train(model, inputs)
