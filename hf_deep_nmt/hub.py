@@ -47,8 +47,10 @@ def render_model_card(
     examples: list[dict[str, str]] | None = None,
     license: str = "apache-2.0",
     length_penalty_form: str = "fairseq",
+    length_rule: tuple[float, int] | None = None,
 ) -> ModelCard:
-    """Model card with Hub metadata (languages, tags, model-index with BLEU/chrF) from `model_cards/template.md`."""
+    """Model card with Hub metadata (languages, tags, model-index with BLEU/chrF) from `model_cards/template.md`.
+    `length_rule` is the recipe's output cap relative to each source, `(max_length_a, max_length_b)`."""
     config = model.config
     method = _card_file(f"methods/{METHOD_CARDS.get(config.model_type, 'deep_nmt')}.md")
     method_text, _, citation = method.partition(CITATION_MARKER)
@@ -100,6 +102,10 @@ def render_model_card(
         )
     }
     generation = model.generation_config
+    if generation.max_new_tokens is not None:
+        generate_cap = generation.max_new_tokens
+    else:  # the decoder start token is counted in `max_length`
+        generate_cap = (generation.max_length or DEFAULT_MAX_OUTPUT_TOKENS + 2) - 1
     example_source = json.dumps(examples[0]["source"] if examples else "Hola.", ensure_ascii=False)
     examples = [{key: _cell(value) for key, value in example.items()} for example in (examples or [])]
     return ModelCard.from_template(
@@ -121,6 +127,8 @@ def render_model_card(
         num_beams=generation.num_beams or 1,
         length_penalty=generation.length_penalty if generation.length_penalty is not None else 1.0,
         length_penalty_form=length_penalty_form,
+        generate_cap=generate_cap,
+        length_rule=length_rule,
         examples=examples,
     )
 

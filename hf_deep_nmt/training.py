@@ -610,6 +610,7 @@ def evaluate_and_export(
                 training_data=_describe_data(data_args, len(raw["train"]), summary),
                 examples=summary.get("examples"),
                 length_penalty_form=export_args.length_penalty_form,
+                length_rule=(export_args.max_length_a, export_args.max_length_b),
                 protected=check_run_folders(training_args.output_dir, export_args.export_dir, corpus_files(data_args)),
             )
             summary["export_dir"] = export_args.export_dir

@@ -104,10 +104,14 @@ def test_an_export_carries_the_recipe_cap_after_evaluation_and_decodes_to_it(
     recipe = EvalExportArguments(num_beams=1, max_length_a=1.5, max_length_b=20)
     configure_generation(model, tokenizer, DataArguments(max_source_length=8), recipe)
     assert evaluate_with_generate(model, tmp_path).shape == (2, 34)
-    folder = export_hub_folder(model, tokenizer, tmp_path / "export")
+    folder = export_hub_folder(model, tokenizer, tmp_path / "export", length_rule=(1.5, 20))
     generation = saved_generation_config(folder)
     # 1.5 * 8 + 20 = 32 tokens, `</s>`, and the start token: what `translate` allows the longest source
     assert generation["max_length"] == 34 and "max_new_tokens" not in generation
+    card = " ".join((folder / "README.md").read_text().split())
+    assert "`generate()` produces at most 33 tokens, `</s>` included" in card
+    assert "caps each translation at 1.5 × its source tokens + 20" in card
+    assert "--max-length-a 1.5 --max-length-b 20" in card
     loaded = AutoModelForSeq2SeqLM.from_pretrained(folder)
     with torch.no_grad():
         assert loaded.generate(input_ids=SOURCE, attention_mask=SOURCE.ne(1)).shape == (2, 34)
