@@ -373,7 +373,7 @@ def decode(kind: str, model, source: torch.Tensor, beams: int, new_tokens: int) 
                 attention_mask=torch.ones_like(source),
                 num_beams=beams,
                 min_new_tokens=new_tokens,
-                max_new_tokens=new_tokens,
+                max_length=new_tokens + 1,  # the start token + new_tokens
                 do_sample=False,
                 use_cache=True,
             )

@@ -1,20 +1,27 @@
 """hf-deep-nmt: deep-Transformer translation models (DLCL, DS-Init + MAtt, SDT, MSC) as Hugging Face models.
 
-Importing the package registers every config/model pair with `AutoConfig` and `AutoModelForSeq2SeqLM`, and marks
-them for auto-class saving, so that `save_pretrained` writes `auto_map` and the modeling files (Hub remote code).
+Importing the package registers every config with `AutoConfig`, its translation model with `AutoModelForSeq2SeqLM`
+and its encoder-decoder without the output layer with `AutoModel`, and marks them for auto-class saving, so that
+`save_pretrained` writes `auto_map` and the modeling files (Hub remote code). With `peft` installed, it also registers
+the models' default LoRA target modules (`hf_deep_nmt.adapters`).
 """
 
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
+from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTForConditionalGeneration,
     DeepNMTModel,
     DeepNMTPreTrainedModel,
     DlclForConditionalGeneration,
+    DlclModel,
     DsInitForConditionalGeneration,
+    DsInitModel,
     MscForConditionalGeneration,
+    MscModel,
     SdtForConditionalGeneration,
+    SdtModel,
 )
 
 __version__ = "0.1.0"
@@ -26,6 +33,14 @@ MODEL_CLASSES: dict[type, type] = {
     SdtConfig: SdtForConditionalGeneration,
     MscConfig: MscForConditionalGeneration,
 }
+# what `AutoModel` loads: the encoder-decoder without the output layer
+BASE_MODEL_CLASSES: dict[type, type] = {
+    DeepNMTConfig: DeepNMTModel,
+    DlclConfig: DlclModel,
+    DsInitConfig: DsInitModel,
+    SdtConfig: SdtModel,
+    MscConfig: MscModel,
+}
 
 
 def _register() -> None:
@@ -34,22 +49,30 @@ def _register() -> None:
         AutoModelForSeq2SeqLM.register(config_class, model_class, exist_ok=True)
         config_class.register_for_auto_class()
         model_class.register_for_auto_class("AutoModelForSeq2SeqLM")
+        AutoModel.register(config_class, BASE_MODEL_CLASSES[config_class], exist_ok=True)
+        BASE_MODEL_CLASSES[config_class].register_for_auto_class("AutoModel")
+    register_lora_defaults()
 
 
 _register()
 
 __all__ = [
+    "BASE_MODEL_CLASSES",
     "DeepNMTConfig",
     "DlclConfig",
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",
     "DeepNMTForConditionalGeneration",
     "DlclForConditionalGeneration",
+    "DlclModel",
     "DsInitConfig",
     "DsInitForConditionalGeneration",
+    "DsInitModel",
     "MODEL_CLASSES",
     "MscConfig",
     "MscForConditionalGeneration",
+    "MscModel",
     "SdtConfig",
     "SdtForConditionalGeneration",
+    "SdtModel",
 ]

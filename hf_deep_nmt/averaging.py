@@ -24,7 +24,7 @@ from hf_deep_nmt.callbacks import (
     numbered_checkpoints,
     safetensors_problem,
 )
-from hf_deep_nmt.hub import check_export_folder, write_marked_folder
+from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
 
 logger = logging.get_logger(__name__)
 
@@ -147,6 +147,7 @@ def average_checkpoints(
         with_tokenizer = [path for path in reversed(paths) if (path / "tokenizer_config.json").is_file()]
 
         def write(staging: Path) -> None:
+            settle_output_cap(model.generation_config)
             model.save_pretrained(staging)
             for name in TOKENIZER_FILES if with_tokenizer else ():
                 if (with_tokenizer[0] / name).is_file():

@@ -1,5 +1,5 @@
-"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor`: thin command-line front ends over the
-library.
+"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor|export-ctranslate2`: thin command-line front
+ends over the library.
 
 Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
 what was asked (a bad value, a missing or existing file), 1 for a run that failed (out of memory, a write error, no
@@ -339,6 +339,70 @@ def _doctor(argv: list[str]) -> int:
     return doctor(argv)
 
 
+def _export_ctranslate2(argv: list[str]) -> int:
+    from hf_deep_nmt.ctranslate2_export import DEFAULT_MAX_POSITIONS, SERVABLE
+
+    parser = _Parser(
+        prog="hf-deep-nmt export-ctranslate2",
+        description=f"Write a model as a CTranslate2 model folder (C++ decoding), with its tokenizer. Models with "
+        f"{SERVABLE} can be written; any other is refused, naming what CTranslate2 cannot express.",
+    )
+    parser.add_argument("model", help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument(
+        "out", help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)"
+    )
+    parser.add_argument(
+        "--quantization",
+        default=None,
+        help="stored weight type, one of CTranslate2's: int8, int8_float32, int8_float16, int8_bfloat16, int16, "
+        "float16, bfloat16, float32 (default: the model's, float32)",
+    )
+    parser.add_argument(
+        "--max-positions",
+        type=_at_least(1),
+        default=DEFAULT_MAX_POSITIONS,
+        help="rows of the position table: the longest source, and the most decoding steps (start token included)",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace OUT when it holds an earlier export of hf-deep-nmt only"
+    )
+    args = parser.parse_args(argv)
+
+    from transformers import AutoConfig
+
+    from hf_deep_nmt.ctranslate2_export import (
+        check_ctranslate2_support,
+        export_ctranslate2,
+        quantization_choices,
+        require_ctranslate2,
+    )
+    from hf_deep_nmt.hub import check_export_folder
+
+    # Everything named is checked before the model's weights are loaded.
+    require_ctranslate2()
+    if args.quantization is not None and args.quantization not in quantization_choices():
+        raise UsageError(f"--quantization {args.quantization!r} is not one of {', '.join(quantization_choices())}.")
+    protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
+    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
+    _check_model_source(args.model)
+    import hf_deep_nmt  # noqa: F401  (registers the configs with AutoConfig)
+
+    check_ctranslate2_support(AutoConfig.from_pretrained(args.model))
+    model, tokenizer = _load(args.model, "cpu")
+    export_ctranslate2(
+        model,
+        tokenizer,
+        args.out,
+        quantization=args.quantization,
+        max_positions=args.max_positions,
+        overwrite=args.overwrite,
+        flag="--overwrite",
+        protected=protected,
+    )
+    print(args.out)
+    return 0
+
+
 COMMANDS = {
     "train": _train,
     "train-staged": _train_staged,
@@ -347,6 +411,7 @@ COMMANDS = {
     "push": _push,
     "inspect": _inspect,
     "doctor": _doctor,
+    "export-ctranslate2": _export_ctranslate2,
 }
 
 
@@ -390,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         usage = (
             "usage: hf-deep-nmt [--debug] {train | train-staged} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
-            "inspect --model DIR --output-dir DIR | doctor [--device cuda]"
+            "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

@@ -108,7 +108,7 @@ def check_cached_equals_uncached(family: str, device: str) -> str:
     model = family_model(family, device)
     batch = padded_batch(device, [9, 6, 4], model.config.vocab_size)
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
-    settings = dict(max_new_tokens=10, num_beams=1, do_sample=False, min_new_tokens=10)
+    settings = dict(max_length=11, num_beams=1, do_sample=False, min_new_tokens=10)  # the start token + 10
     with torch.no_grad():
         cached = model.generate(**inputs, **settings, use_cache=True)
         uncached = model.generate(**inputs, **settings, use_cache=False)
@@ -136,7 +136,7 @@ def check_beam_cache(family: str, device: str) -> str:
     model = family_model(family, device)
     batch = padded_batch(device, [8, 5], model.config.vocab_size)
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
-    settings = dict(max_new_tokens=8, num_beams=4, num_return_sequences=2, output_scores=True)
+    settings = dict(max_length=9, num_beams=4, num_return_sequences=2, output_scores=True)  # the start token + 8
     settings.update(return_dict_in_generate=True, do_sample=False)
     with torch.no_grad():
         cached = model.generate(**inputs, **settings, use_cache=True)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 CITATION_MARKER = "<!-- citation -->"
 METHOD_CARDS = {
@@ -45,8 +47,10 @@ def render_model_card(
     examples: list[dict[str, str]] | None = None,
     license: str = "apache-2.0",
     length_penalty_form: str = "fairseq",
+    length_rule: tuple[float, int] | None = None,
 ) -> ModelCard:
-    """Model card with Hub metadata (languages, tags, model-index with BLEU/chrF) from `model_cards/template.md`."""
+    """Model card with Hub metadata (languages, tags, model-index with BLEU/chrF) from `model_cards/template.md`.
+    `length_rule` is the recipe's output cap relative to each source, `(max_length_a, max_length_b)`."""
     config = model.config
     method = _card_file(f"methods/{METHOD_CARDS.get(config.model_type, 'deep_nmt')}.md")
     method_text, _, citation = method.partition(CITATION_MARKER)
@@ -98,6 +102,10 @@ def render_model_card(
         )
     }
     generation = model.generation_config
+    if generation.max_new_tokens is not None:
+        generate_cap = generation.max_new_tokens
+    else:  # the decoder start token is counted in `max_length`
+        generate_cap = (generation.max_length or DEFAULT_MAX_OUTPUT_TOKENS + 2) - 1
     example_source = json.dumps(examples[0]["source"] if examples else "Hola.", ensure_ascii=False)
     examples = [{key: _cell(value) for key, value in example.items()} for example in (examples or [])]
     return ModelCard.from_template(
@@ -119,8 +127,22 @@ def render_model_card(
         num_beams=generation.num_beams or 1,
         length_penalty=generation.length_penalty if generation.length_penalty is not None else 1.0,
         length_penalty_form=length_penalty_form,
+        generate_cap=generate_cap,
+        length_rule=length_rule,
         examples=examples,
     )
+
+
+def settle_output_cap(generation_config: GenerationConfig) -> GenerationConfig:
+    """Leave one honest output cap in `generation_config` before it is saved: `max_new_tokens` when set, without a
+    `max_length` beside it (generate() gives `max_new_tokens` precedence, so that one is a stray, e.g. the 20 that
+    `Seq2SeqTrainer` evaluation fills in); else `max_length`; else, when neither is set (a folder saved before models
+    had a cap), `DEFAULT_MAX_OUTPUT_TOKENS` tokens and `</s>` rather than transformers' 20."""
+    if generation_config.max_new_tokens is not None:
+        generation_config.max_length = None
+    elif generation_config.max_length is None:
+        generation_config.max_length = DEFAULT_MAX_OUTPUT_TOKENS + 2  # counts the decoder start token and `</s>`
+    return generation_config
 
 
 # Written last into every folder an export or an average writes, listing the files written; only a folder whose every
@@ -279,6 +301,7 @@ def export_hub_folder(
     def write(staging: Path) -> None:
         model.config.use_cache = True
         model.generation_config.use_cache = True
+        settle_output_cap(model.generation_config)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         card = render_model_card(model, repo_id or f"your-name/{folder.name}", **card_kwargs)

@@ -485,16 +485,19 @@ def prepare(
 
 
 def configure_generation(model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments) -> None:
-    """Beam size, length penalty and an output cap relative to the longest allowed source; the tokenizer must fit the
-    model (`check_tokenizer_matches`)."""
+    """Beam size, length penalty and the recipe's output cap at the longest allowed source; the tokenizer must fit the
+    model (`check_tokenizer_matches`).
+
+    The cap is `max_length`, the start token + `max_length_a * max_source_length + max_length_b` tokens + `</s>` (what
+    `translate` allows the longest source): not `max_new_tokens`, beside which `Seq2SeqTrainer` evaluation would fill
+    in transformers' default `max_length` of 20, and which would override a caller's `generate(max_length=...)`."""
     check_tokenizer_matches(model, tokenizer)
     model.generation_config.num_beams = export_args.num_beams
     # generate() applies the fairseq form; a GNMT-form alpha is kept as the recipe's value (the model card says which)
     model.generation_config.length_penalty = export_args.length_penalty
-    model.generation_config.max_new_tokens = int(
-        export_args.max_length_a * data_args.max_source_length + export_args.max_length_b
-    )
-    model.generation_config.max_length = None
+    cap = int(export_args.max_length_a * data_args.max_source_length + export_args.max_length_b)
+    model.generation_config.max_length = cap + 2
+    model.generation_config.max_new_tokens = None
     logger.warning(
         f"Model {type(model).__name__}: {model.num_parameters() / 1e6:.2f}M parameters, "
         f"{model.config.encoder_layers} encoder / {model.config.decoder_layers} decoder layers."
@@ -607,6 +610,7 @@ def evaluate_and_export(
                 training_data=_describe_data(data_args, len(raw["train"]), summary),
                 examples=summary.get("examples"),
                 length_penalty_form=export_args.length_penalty_form,
+                length_rule=(export_args.max_length_a, export_args.max_length_b),
                 protected=check_run_folders(training_args.output_dir, export_args.export_dir, corpus_files(data_args)),
             )
             summary["export_dir"] = export_args.export_dir

@@ -25,10 +25,12 @@ from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.input_checks import check_tokenizer_matches
+from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 # The positions are sinusoidal (no table, so no `max_position_embeddings`): these caps are what bounds the work.
 MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is translated
-MAX_OUTPUT_TOKENS = 1024  # no translation is longer, whatever `max_length_a` and `max_length_b` allow
+# no translation is longer, whatever `max_length_a` and `max_length_b` allow (a new model's generate() cap, too)
+MAX_OUTPUT_TOKENS = DEFAULT_MAX_OUTPUT_TOKENS
 MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
 # Compiled decoding: static-cache lengths are rounded up to a multiple of this, so that batches with similar output
 # caps share one compiled decoding step (`generate()` keeps the longest cache length it has seen).
@@ -268,7 +270,7 @@ def _translate_batch(
             num_beams=num_beams,
             num_return_sequences=num_beams if gnmt else 1,
             length_penalty=0.0 if gnmt else length_penalty,
-            max_new_tokens=longest,
+            max_length=longest + 1,  # the start token, the longest cap, `</s>` (max_new_tokens would log)
             logits_processor=LogitsProcessorList([SourceRelativeMaxLength(limits, eos)]),
             do_sample=False,
             return_dict_in_generate=True,

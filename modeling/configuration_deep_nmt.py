@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
 from transformers.activations import ACT2CLS
 
 LAYER_AGGREGATIONS = ("residual", "dlcl", "sparse")
@@ -242,6 +242,16 @@ class DeepNMTConfig(PreTrainedConfig):
         for size in blocks:
             boundaries.append(boundaries[-1] + size)
         return boundaries
+
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        # Beside the translation model (named in `auto_map` by the model's `save_pretrained`, which also writes the
+        # modeling file), `auto_map` names the encoder-decoder without the output layer: `AutoModel` loads the folder
+        # as remote code too.
+        auto_map = getattr(self, "auto_map", None) or {}
+        base_model = BASE_MODEL_CLASS_NAMES.get(self.model_type)
+        if "AutoModelForSeq2SeqLM" in auto_map and base_model is not None:
+            self.auto_map = {**auto_map, "AutoModel": f"modeling_deep_nmt.{base_model}"}
+        return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     def _resolve_msc_layout(self) -> None:
         """Check `msc_block_layers` against `decoder_layers` and derive (or check) `encoder_layers`."""
@@ -519,13 +529,46 @@ class MscConfig(DeepNMTConfig):
     msc_block_layers: int | list[int] | None = 6
 
 
+# The class of `modeling_deep_nmt` that `AutoModel` loads for each model type: the encoder-decoder without the output
+# layer.
+BASE_MODEL_CLASS_NAMES = {
+    "deep_nmt": "DeepNMTModel",
+    "deep_nmt_dlcl": "DlclModel",
+    "deep_nmt_dsinit": "DsInitModel",
+    "deep_nmt_sdt": "SdtModel",
+    "deep_nmt_msc": "MscModel",
+}
+
+# Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
+# sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
+DEFAULT_MAX_OUTPUT_TOKENS = 1024
+
+
+class DeepNMTGenerationConfig(GenerationConfig):
+    """The generation config a new model starts with (`generation_config_class` of the models): transformers' defaults
+    and the model's special ids, plus the output cap `max_length = DEFAULT_MAX_OUTPUT_TOKENS + 2` (for an
+    encoder-decoder `max_length` counts the decoder start token; `</s>` is the other one). A recipe's export replaces
+    it with the recipe's cap; `generate(max_new_tokens=...)` or `generate(max_length=...)` override it per call."""
+
+    @classmethod
+    def from_model_config(cls, model_config) -> GenerationConfig:
+        generation_config = super().from_model_config(model_config)
+        if generation_config.max_length is None and generation_config.max_new_tokens is None:
+            generation_config.max_length = DEFAULT_MAX_OUTPUT_TOKENS + 2
+            generation_config._original_object_hash = hash(generation_config)
+        return generation_config
+
+
 __all__ = [
+    "BASE_MODEL_CLASS_NAMES",
     "DECODER_SELF_ATTENTIONS",
     "DLCL_WEIGHTS",
+    "DEFAULT_MAX_OUTPUT_TOKENS",
     "DS_INIT_MODES",
     "INIT_SCHEMES",
     "LAYER_AGGREGATIONS",
     "DeepNMTConfig",
+    "DeepNMTGenerationConfig",
     "DlclConfig",
     "DsInitConfig",
     "MscConfig",

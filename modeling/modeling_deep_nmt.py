@@ -27,6 +27,7 @@ from transformers.utils import logging
 from .configuration_deep_nmt import (
     CACHE_LAYER_TYPE,
     DeepNMTConfig,
+    DeepNMTGenerationConfig,
     DlclConfig,
     DsInitConfig,
     MscConfig,
@@ -919,6 +920,7 @@ class DeepNMTMscContext(nn.Module):
 class DeepNMTPreTrainedModel(PreTrainedModel):
     config_class = DeepNMTConfig
     config: DeepNMTConfig
+    generation_config_class = DeepNMTGenerationConfig  # a new model's output cap: not transformers' 20 tokens
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
@@ -1414,6 +1416,25 @@ class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = MscConfig
 
 
+# The encoder-decoders without the output layer that `AutoModel` loads for each named config.
+
+
+class DlclModel(DeepNMTModel):
+    config_class = DlclConfig
+
+
+class DsInitModel(DeepNMTModel):
+    config_class = DsInitConfig
+
+
+class SdtModel(DeepNMTModel):
+    config_class = SdtConfig
+
+
+class MscModel(DeepNMTModel):
+    config_class = MscConfig
+
+
 __all__ = [
     "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
@@ -1423,5 +1444,9 @@ __all__ = [
     "DsInitForConditionalGeneration",
     "MscForConditionalGeneration",
     "SdtForConditionalGeneration",
+    "DlclModel",
+    "DsInitModel",
+    "MscModel",
+    "SdtModel",
     "LAYER_AGGREGATION_CLASSES",
 ]

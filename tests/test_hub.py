@@ -64,6 +64,7 @@ def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     assert config["auto_map"] == {
         "AutoConfig": "configuration_deep_nmt.DlclConfig",
+        "AutoModel": "modeling_deep_nmt.DlclModel",
         "AutoModelForSeq2SeqLM": "modeling_deep_nmt.DlclForConditionalGeneration",
     }
     assert config["use_cache"] is True

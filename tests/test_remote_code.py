@@ -153,6 +153,7 @@ def test_saved_code_files_are_byte_identical_to_modeling(saved_model):
     model_class = saved_model[4]
     assert auto_map == {
         "AutoConfig": f"configuration_deep_nmt.{model_class.replace('ForConditionalGeneration', 'Config')}",
+        "AutoModel": f"modeling_deep_nmt.{model_class.replace('ForConditionalGeneration', 'Model')}",
         "AutoModelForSeq2SeqLM": f"modeling_deep_nmt.{model_class}",
     }
 

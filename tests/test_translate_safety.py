@@ -308,12 +308,12 @@ def test_output_length_is_capped_absolutely_whatever_a_and_b_allow(exported, mon
 
     def record(**kwargs):
         result = original(**kwargs)
-        seen.append((kwargs["max_new_tokens"], result.sequences.shape[1]))
+        seen.append((kwargs["max_length"], result.sequences.shape[1]))
         return result
 
     monkeypatch.setattr(model, "generate", record)
     translate(model, tokenizer, ["la mar no se llena " * 5], num_beams=1, max_length_a=10, max_length_b=1000)
-    assert seen[-1][0] == MAX_OUTPUT_TOKENS + 1
+    assert seen[-1][0] == MAX_OUTPUT_TOKENS + 2  # the start token, the tokens, `</s>`
     translate(
         model,
         tokenizer,
@@ -323,7 +323,7 @@ def test_output_length_is_capped_absolutely_whatever_a_and_b_allow(exported, mon
         max_length_b=3,
         max_output_tokens=3,
     )
-    assert seen[-1][0] == 4 and seen[-1][1] <= 5  # the start token, 3 tokens, `</s>`
+    assert seen[-1][0] == 5 and seen[-1][1] <= 5  # the start token, 3 tokens, `</s>`
 
 
 def test_an_overlong_line_is_refused_naming_it_before_anything_is_translated(exported, tmp_path, capsys):

@@ -1,0 +1,264 @@
+"""Export to CTranslate2 (a C++ inference engine): the models its Transformer specification expresses exactly.
+
+What it expresses: pre- or post-norm stacks of residual layers, multi-head decoder self-attention, this package's
+sinusoidal positions (written into the model as a table, see below), scaled or unscaled token embeddings, shared or
+separate source/target embeddings, a tied or separate output layer, and the ReLU/GELU/SiLU/tanh/sigmoid activations.
+What it does not, refused by name before any work (`ctranslate2_blockers`): DLCL and sparse (SDT) layer histories,
+MAtt and the AAN, MSC, and relative position keys (CTranslate2 applies relative keys *instead of* absolute positions
+in a stack, while these models add both; its asymmetric variant keeps the absolute ones but counts distances from the
+first query during incremental decoding, so decoder self-attention would not match either).
+
+Details that make the outputs match (`tests/test_ctranslate2.py` compares them):
+
+* positions: this package's layout (sin in the first half, cos in the second) from position 0, where CTranslate2's
+  built-in sinusoids start at position 1; the table is written for positions `0 .. max_positions - 1`, so a source,
+  or a decoding, longer than that is refused by CTranslate2 ("No position encodings are defined for positions >= N");
+* embeddings are multiplied by sqrt(d) (or 1), then the position added, in both stacks;
+* the pre-norm stacks end with their final LayerNorm; post-norm stacks have none (each sublayer ends in one);
+* self-attention Q, K, V are fused into one matrix, cross-attention K, V into another, as CTranslate2 stores them;
+* decoding starts from `decoder_start_token_id` (`<s>`), the source is given as the tokenizer encodes it (with its
+  `</s>`; CTranslate2 adds nothing), and the vocabulary is the tokenizer's, id for id.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from hf_deep_nmt.hub import EXPORT_FLAG, write_marked_folder
+from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
+from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTSinusoidalPositions
+
+# Activations of this package's configs that CTranslate2 computes the same way (`common_spec.Activation` names).
+ACTIVATIONS = {
+    "relu": "RELU",
+    "gelu": "GELU",
+    "gelu_new": "GELUTanh",
+    "gelu_pytorch_tanh": "GELUTanh",
+    "silu": "SWISH",
+    "swish": "SWISH",
+    "tanh": "Tanh",
+    "sigmoid": "Sigmoid",
+}
+# Rows of the position table: a source of up to this many tokens, and decoding of up to this many steps (the start
+# token included), as `translate` allows (`DEFAULT_MAX_OUTPUT_TOKENS` tokens and `</s>`).
+DEFAULT_MAX_POSITIONS = DEFAULT_MAX_OUTPUT_TOKENS + 2
+SERVABLE = (
+    "pre- or post-norm, residual layers in both stacks, multi-head decoder self-attention, no relative position keys, "
+    "no MSC"
+)
+
+
+class MissingCTranslate2Error(RuntimeError):
+    """The optional `ctranslate2` package is not installed."""
+
+
+def require_ctranslate2():
+    try:
+        import ctranslate2
+    except ImportError:
+        raise MissingCTranslate2Error(
+            "exporting to CTranslate2 needs the ctranslate2 package; install it with "
+            "`pip install 'hf-deep-nmt[bench]'` (or `pip install ctranslate2`)."
+        ) from None
+    return ctranslate2
+
+
+def quantization_choices() -> tuple[str, ...]:
+    """The weight types CTranslate2 can store (its converters' `--quantization` values)."""
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+    return tuple(ACCEPTED_MODEL_TYPES)
+
+
+def ctranslate2_blockers(config) -> list[str]:
+    """Each setting of `config` that CTranslate2's Transformer cannot express, naming it and its value and saying
+    why; empty when the model can be exported."""
+    blockers = []
+    for side in ("encoder", "decoder"):
+        aggregation = getattr(config, f"{side}_layer_aggregation", "residual")
+        if aggregation != "residual":
+            what = "DLCL layer history" if aggregation == "dlcl" else "sparse (SDT) block connections"
+            blockers.append(
+                f"`{side}_layer_aggregation={aggregation!r}` ({what}: a CTranslate2 layer reads only the layer below)"
+            )
+    attention = getattr(config, "decoder_self_attention", "multi_head")
+    if attention != "multi_head":
+        what = "merged attention, MAtt" if attention == "merged_average" else "the average attention network, AAN"
+        blockers.append(
+            f"`decoder_self_attention={attention!r}` ({what}: CTranslate2 decoders have multi-head self-attention)"
+        )
+    if getattr(config, "msc_block_layers", None) is not None:
+        blockers.append(
+            f"`msc_block_layers={config.msc_block_layers!r}` (MSC: block-wise cross-attention and the context states "
+            "have no CTranslate2 counterpart)"
+        )
+    if getattr(config, "relative_position_window", 0):
+        blockers.append(
+            f"`relative_position_window={config.relative_position_window}` (relative position keys: CTranslate2 uses "
+            "them instead of the absolute sinusoidal positions, which these models add as well)"
+        )
+    activation = getattr(config, "activation_function", "relu")
+    if activation not in ACTIVATIONS:
+        blockers.append(f"`activation_function={activation!r}` (CTranslate2 computes {sorted(ACTIVATIONS)})")
+    eos = config.eos_token_id
+    if isinstance(eos, list) and len(eos) > 1:
+        blockers.append(f"`eos_token_id={eos!r}` (CTranslate2 stops at one end token)")
+    return blockers
+
+
+def check_ctranslate2_support(config) -> None:
+    """`ValueError` naming every feature of `config` that CTranslate2 cannot express (see `ctranslate2_blockers`)."""
+    blockers = ctranslate2_blockers(config)
+    if blockers:
+        raise ValueError(
+            f"CTranslate2's Transformer cannot express this {config.model_type} model: {'; '.join(blockers)}. It "
+            f"serves models with {SERVABLE}."
+        )
+
+
+def _vocabulary(tokenizer: PreTrainedTokenizerBase, size: int) -> list[str]:
+    """Token `i` of the tokenizer for every id `i < size`; ids the tokenizer does not have (embedding rows it never
+    produces) get placeholder names no tokenizer token has."""
+    tokens = tokenizer.convert_ids_to_tokens(list(range(min(size, len(tokenizer)))))
+    taken = set(tokens)
+    for index in range(len(tokens), size):
+        name = f"<hf-deep-nmt-unused-{index}>"
+        while name in taken:
+            name += "_"
+        tokens.append(name)
+    if len(set(tokens)) != len(tokens):
+        raise ValueError("The tokenizer maps two ids to the same token string; CTranslate2 needs one id per token.")
+    return tokens
+
+
+def _token(tokens: list[str], token_id: int | list[int] | None, name: str) -> str:
+    token_id = token_id[0] if isinstance(token_id, list) else token_id
+    if token_id is None or not 0 <= token_id < len(tokens):
+        raise ValueError(f"The model's `{name}` ({token_id!r}) is not an id of its vocabulary; set it in the config.")
+    return tokens[token_id]
+
+
+def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_positions: int):
+    """The CTranslate2 `TransformerSpec` holding `model`'s weights, with its vocabularies and config."""
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    from hf_deep_nmt.input_checks import check_tokenizer_matches
+
+    config = model.config
+    check_ctranslate2_support(config)
+    check_tokenizer_matches(model, tokenizer)
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
+        raise ValueError(f"`max_positions` must be a positive integer, got {max_positions!r}.")
+    activation = getattr(common_spec.Activation, ACTIVATIONS[config.activation_function])
+    spec = transformer_spec.TransformerSpec.from_config(
+        (config.encoder_layers, config.decoder_layers),
+        config.encoder_attention_heads,
+        pre_norm=config.pre_norm,
+        activation=activation,
+    )
+    if config.decoder_attention_heads != config.encoder_attention_heads:
+        spec.decoder.num_heads = spec.decoder.num_heads.dtype.type(config.decoder_attention_heads)
+    network = model.model
+    with torch.no_grad():
+        positions = DeepNMTSinusoidalPositions(config.d_model)(torch.arange(max_positions))
+    scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+    for stack_spec, stack in ((spec.encoder, network.encoder), (spec.decoder, network.decoder)):
+        embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
+        embeddings.weight = stack.embed_tokens.weight
+        stack_spec.scale_embeddings = scale
+        stack_spec.position_encodings.encodings = positions
+        if config.pre_norm:
+            _set_layer_norm(stack_spec.layer_norm, stack.layer_norm)
+    for layer_spec, layer in zip(spec.encoder.layer, network.encoder.layers):
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm, self_attention=True)
+        _set_feed_forward(layer_spec.ffn, layer)
+    for layer_spec, layer in zip(spec.decoder.layer, network.decoder.layers):
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm, self_attention=True)
+        _set_attention(layer_spec.attention, layer.encoder_attn, layer.encoder_attn_layer_norm, self_attention=False)
+        _set_feed_forward(layer_spec.ffn, layer)
+    spec.decoder.projection.weight = model.get_output_embeddings().weight
+
+    tokens = _vocabulary(tokenizer, max(config.vocab_size, config.decoder_vocab_size))
+    spec.register_source_vocabulary(tokens[: config.vocab_size])
+    spec.register_target_vocabulary(tokens[: config.decoder_vocab_size])
+    target = tokens[: config.decoder_vocab_size]
+    spec.config.bos_token = _token(target, config.bos_token_id, "bos_token_id")
+    spec.config.eos_token = _token(target, config.eos_token_id, "eos_token_id")
+    spec.config.decoder_start_token = _token(target, config.decoder_start_token_id, "decoder_start_token_id")
+    unk = tokenizer.unk_token
+    if unk is None or unk not in target:
+        raise ValueError(
+            f"The tokenizer's unknown token ({unk!r}) is not in the target vocabulary; CTranslate2 needs one."
+        )
+    spec.config.unk_token = unk
+    spec.config.add_source_bos = spec.config.add_source_eos = False
+    spec.config.layer_norm_epsilon = float(config.layer_norm_eps)
+    return spec
+
+
+def _set_layer_norm(spec, module: torch.nn.LayerNorm) -> None:
+    spec.gamma = module.weight
+    spec.beta = module.bias
+
+
+def _set_linear(spec, *modules: torch.nn.Linear) -> None:
+    """One CTranslate2 linear layer from one or more of ours stacked along the output dimension (fused Q/K/V)."""
+    spec.weight = torch.cat([module.weight for module in modules])
+    if modules[0].bias is not None:
+        spec.bias = torch.cat([module.bias for module in modules])
+
+
+def _set_attention(spec, attention, layer_norm: torch.nn.LayerNorm, self_attention: bool) -> None:
+    _set_layer_norm(spec.layer_norm, layer_norm)
+    if self_attention:
+        _set_linear(spec.linear[0], attention.q_proj, attention.k_proj, attention.v_proj)
+    else:
+        _set_linear(spec.linear[0], attention.q_proj)
+        _set_linear(spec.linear[1], attention.k_proj, attention.v_proj)
+    _set_linear(spec.linear[-1], attention.out_proj)
+
+
+def _set_feed_forward(spec, layer) -> None:
+    _set_layer_norm(spec.layer_norm, layer.final_layer_norm)
+    _set_linear(spec.linear_0, layer.fc1)
+    _set_linear(spec.linear_1, layer.fc2)
+
+
+def export_ctranslate2(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    folder: str | Path,
+    *,
+    quantization: str | None = None,
+    max_positions: int = DEFAULT_MAX_POSITIONS,
+    overwrite: bool = False,
+    flag: str = EXPORT_FLAG,
+    protected: dict[str, Any] | None = None,
+) -> Path:
+    """Write `model` as a CTranslate2 model (`model.bin`, `config.json`, the vocabulary) and `tokenizer` into
+    `folder`, for `ctranslate2.Translator(folder)`.
+
+    Refuses, before any work, a model CTranslate2 cannot express (`ValueError` naming each feature), a `quantization`
+    CTranslate2 does not know, and a `folder` that is not empty unless `overwrite`, even then when it holds files
+    that no export of this package wrote (see `hub.check_export_folder`). The folder is written beside its place and
+    swapped in at the end. `max_positions` rows of the position table bound the source and decoding lengths."""
+    ctranslate2 = require_ctranslate2()
+    check_ctranslate2_support(model.config)
+    if quantization is not None and quantization not in quantization_choices():
+        raise ValueError(f"`quantization` must be one of {quantization_choices()}, got {quantization!r}.")
+    spec = build_ctranslate2_spec(model, tokenizer, max_positions)
+
+    class Converter(ctranslate2.converters.Converter):
+        def _load(self):
+            return spec
+
+    def write(staging: Path) -> None:
+        Converter().convert(str(staging), quantization=quantization, force=True)
+        tokenizer.save_pretrained(staging)
+
+    return write_marked_folder(folder, write, overwrite=overwrite, flag=flag, protected=protected)

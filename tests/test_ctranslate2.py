@@ -1,0 +1,248 @@
+"""`hf-deep-nmt export-ctranslate2`: what CTranslate2 can express is exported and decodes as this package does (greedy
+tokens, per-token log-probabilities); everything else is refused by name before any work; nothing a user saved is
+written over. The parity tests need the optional `ctranslate2` package (`pip install -e ".[bench]"`) and are skipped
+without it."""
+
+import importlib.util
+import json
+import sys
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt.cli import main
+from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
+from hf_deep_nmt.hub import WRITTEN_MARKER
+from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+needs_ctranslate2 = pytest.mark.skipif(
+    importlib.util.find_spec("ctranslate2") is None, reason='ctranslate2 is in the optional "bench" extra'
+)
+
+PAIRS = [
+    ("hola mundo", "hello world"),
+    ("buenos días", "good morning"),
+    ("gracias", "thank you"),
+    ("la casa es grande", "the house is big"),
+    ("el perro come", "the dog eats"),
+    ("buenas noches mundo", "good night world"),
+]
+SIZES = dict(
+    d_model=32,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=48,
+    decoder_ffn_dim=40,
+    dropout=0.0,
+)
+# What CTranslate2 can express, across every switch that changes the network it runs.
+SERVABLE = {
+    "prenorm-shared-tied-relu": (DeepNMTConfig, {}),
+    "postnorm-separate-untied-unscaled-gelu": (
+        DeepNMTConfig,
+        dict(
+            pre_norm=False,
+            share_embeddings=False,
+            tie_word_embeddings=False,
+            scale_embedding=False,
+            activation_function="gelu",
+        ),
+    ),
+    "dsinit-multihead-separate-tied-silu": (
+        DsInitConfig,
+        dict(decoder_self_attention="multi_head", activation_function="silu", layer_norm_eps=1e-6),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_joint_tokenizer(PAIRS * 10, vocab_size=300, min_frequency=1)
+
+
+def trained(config_class, overrides, tokenizer):
+    """A tiny model trained until it translates the pairs, so that its greedy outputs differ from sentence to
+    sentence and end with `</s>`."""
+    torch.manual_seed(0)
+    model = MODEL_CLASSES[config_class](config_class(**{**SIZES, "vocab_size": len(tokenizer), **overrides}))
+    batch = tokenizer([s for s, _ in PAIRS], text_target=[t for _, t in PAIRS], padding=True, return_tensors="pt")
+    batch["labels"] = batch["labels"].masked_fill(batch["labels"] == tokenizer.pad_token_id, -100)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(60):
+        model(**batch).loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.eval()
+
+
+# ---- what is refused ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("config", "named"),
+    [
+        (DlclConfig(), "`encoder_layer_aggregation='dlcl'`"),
+        (DeepNMTConfig(decoder_layer_aggregation="dlcl"), "`decoder_layer_aggregation='dlcl'`"),
+        (SdtConfig(relative_position_window=0), "`encoder_layer_aggregation='sparse'`"),
+        (DsInitConfig(), "`decoder_self_attention='merged_average'` (merged attention, MAtt"),
+        (DeepNMTConfig(decoder_self_attention="average"), "`decoder_self_attention='average'` (the average attention"),
+        (MscConfig(), "`msc_block_layers=6` (MSC"),
+        (DeepNMTConfig(relative_position_window=8), "`relative_position_window=8` (relative position keys"),
+        (DeepNMTConfig(activation_function="mish"), "`activation_function='mish'`"),
+    ],
+    ids=["dlcl", "dlcl-decoder", "sparse", "matt", "aan", "msc", "relative-keys", "activation"],
+)
+def test_every_feature_ctranslate2_cannot_express_is_named(config, named):
+    assert any(blocker.startswith(named) for blocker in ctranslate2_blockers(config)), ctranslate2_blockers(config)
+
+
+def test_the_paper_presets_name_all_their_blockers():
+    assert len(ctranslate2_blockers(SdtConfig())) == 2  # sparse encoder, relative keys
+    assert len(ctranslate2_blockers(DlclConfig())) == 2  # both stacks
+
+
+@pytest.mark.parametrize("name", SERVABLE)
+def test_servable_configs_have_no_blockers(name):
+    config_class, overrides = SERVABLE[name]
+    assert ctranslate2_blockers(config_class(**overrides)) == []
+
+
+def test_without_ctranslate2_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` raises ImportError
+    assert main(["export-ctranslate2", str(tmp_path / "model"), str(tmp_path / "out")]) == 1
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "pip install 'hf-deep-nmt[bench]'" in error
+    assert not (tmp_path / "out").exists()
+
+
+# ---- parity -------------------------------------------------------------------------------------------------------
+
+
+@needs_ctranslate2
+@pytest.mark.parametrize("name", SERVABLE)
+def test_ctranslate2_decodes_and_scores_as_this_package(name, tokenizer, tmp_path):
+    import ctranslate2
+
+    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+
+    config_class, overrides = SERVABLE[name]
+    model = trained(config_class, overrides, tokenizer)
+    export_ctranslate2(model, tokenizer, tmp_path / "ct2")
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    sentences = [source for source, _ in PAIRS] + ["el mundo es grande", "gracias perro", "noches"]
+    encoded = [tokenizer(sentence)["input_ids"] for sentence in sentences]  # each ends with </s>
+
+    batch = tokenizer.pad({"input_ids": encoded}, return_tensors="pt")
+    with torch.no_grad():
+        ours = model.generate(**batch, num_beams=1, do_sample=False, max_length=31)
+    expected = []
+    for row in ours[:, 1:].tolist():
+        expected.append(row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row)
+    source_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in encoded]
+    results = translator.translate_batch(source_tokens, beam_size=1, max_decoding_length=30)
+    produced = [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
+    assert produced == expected
+    assert len({tuple(row) for row in expected}) > 3  # real translations, not one repeated output
+    assert sum(len(row) < 30 for row in expected) > 3  # most end with </s> before the cap
+
+    # per-token log-probabilities of arbitrary targets, </s> included
+    generator = torch.Generator().manual_seed(0)
+    targets = [torch.randint(4, len(tokenizer), (length,), generator=generator).tolist() for length in (3, 9, 14)]
+    scores = translator.score_batch(source_tokens[:3], [tokenizer.convert_ids_to_tokens(t) for t in targets])
+    for ids, target, score in zip(encoded, targets, scores):
+        decoder_input = torch.tensor([[model.config.decoder_start_token_id, *target]])
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids]), decoder_input_ids=decoder_input).logits[0]
+        labels = torch.tensor([*target, tokenizer.eos_token_id])
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(score.log_probs), log_probs, rtol=0, atol=1e-4)
+
+
+@needs_ctranslate2
+def test_a_source_beyond_the_position_table_is_refused_by_ctranslate2(tokenizer, tmp_path):
+    import ctranslate2
+
+    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+
+    model = MODEL_CLASSES[DeepNMTConfig](DeepNMTConfig(**SIZES, vocab_size=len(tokenizer))).eval()
+    export_ctranslate2(model, tokenizer, tmp_path / "ct2", max_positions=8)
+    translator = ctranslate2.Translator(str(tmp_path / "ct2"), device="cpu", intra_threads=1)
+    assert translator.translate_batch([["▁a"] * 7 + ["</s>"]], max_decoding_length=4)  # 8 positions: fine
+    with pytest.raises(RuntimeError, match="No position encodings are defined for positions >= 8"):
+        translator.translate_batch([["▁a"] * 8 + ["</s>"]], max_decoding_length=4)
+
+
+# ---- the command --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved(tokenizer, tmp_path):
+    """A saved model folder (weights, config, tokenizer) CTranslate2 can express."""
+    model = MODEL_CLASSES[DeepNMTConfig](DeepNMTConfig(**SIZES, vocab_size=len(tokenizer)))
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@needs_ctranslate2
+def test_the_command_writes_a_folder_ctranslate2_and_transformers_load(saved, tmp_path, capsys):
+    import ctranslate2
+
+    out = tmp_path / "ct2"
+    capsys.readouterr()
+    assert main(["export-ctranslate2", str(saved), str(out), "--quantization", "int8"]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    names = {path.name for path in out.iterdir()}
+    assert {"model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", WRITTEN_MARKER} <= names
+    config = json.loads((out / "config.json").read_text())
+    assert (config["decoder_start_token"], config["eos_token"], config["unk_token"]) == ("<s>", "</s>", "<unk>")
+    assert config["add_source_eos"] is False and config["layer_norm_epsilon"] == 1e-5
+    translator = ctranslate2.Translator(str(out), device="cpu", compute_type="int8")
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokens = tokenizer.convert_ids_to_tokens(tokenizer("hola mundo")["input_ids"])
+    assert translator.translate_batch([tokens], max_decoding_length=5)[0].hypotheses[0]
+
+
+@needs_ctranslate2
+def test_the_command_never_writes_over_what_it_did_not_write(saved, tmp_path, capsys):
+    out = tmp_path / "ct2"
+    assert main(["export-ctranslate2", str(saved), str(out)]) == 0
+    capsys.readouterr()
+    assert main(["export-ctranslate2", str(saved), str(out)]) == 2  # not empty
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["export-ctranslate2", str(saved), str(out), "--overwrite"]) == 0  # its own earlier export
+    (out / "notes.txt").write_text("mine")
+    assert main(["export-ctranslate2", str(saved), str(out), "--overwrite"]) == 2
+    assert "notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
+    before = sorted(path.name for path in saved.iterdir())
+    assert main(["export-ctranslate2", str(saved), str(saved), "--overwrite"]) == 2  # the model folder itself
+    assert "the model folder" in capsys.readouterr().err
+    assert sorted(path.name for path in saved.iterdir()) == before
+
+
+@needs_ctranslate2
+def test_the_command_refuses_an_unsupported_model_naming_the_feature_before_loading(tokenizer, tmp_path, capsys):
+    model = MODEL_CLASSES[DlclConfig](DlclConfig(**SIZES, vocab_size=len(tokenizer)))
+    model.save_pretrained(tmp_path / "dlcl")
+    tokenizer.save_pretrained(tmp_path / "dlcl")
+    capsys.readouterr()
+    assert main(["export-ctranslate2", str(tmp_path / "dlcl"), str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "`encoder_layer_aggregation='dlcl'`" in error
+    assert "pre- or post-norm" in error and not (tmp_path / "out").exists()
+
+
+@needs_ctranslate2
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [(["--quantization", "int4"], "--quantization 'int4'"), (["--max-positions", "0"], "--max-positions")],
+)
+def test_the_command_refuses_bad_options_naming_them(saved, tmp_path, capsys, arguments, named):
+    assert main(["export-ctranslate2", str(saved), str(tmp_path / "out"), *arguments]) == 2
+    assert named in capsys.readouterr().err and not (tmp_path / "out").exists()
