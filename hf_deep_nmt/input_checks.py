@@ -13,6 +13,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
+
 
 def _accepts(annotation: Any, value: Any) -> bool:
     """Whether `value` (as read from JSON / YAML) fits `annotation`; unknown annotations accept anything."""
@@ -63,20 +65,15 @@ def check_recipe_values(values: dict[str, Any], classes: tuple, source: str) -> 
 
 
 def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> None:
-    """Raise `ValueError` naming every key of `overrides` that is not a field of `config_class` (a misspelt field would
-    otherwise be stored on the config and silently ignored)."""
+    """Raise `ValueError` naming every key of `overrides` that is not a field of `config_class`: in a recipe a misspelt
+    field is an error (the config itself only warns, since saved folders may hold such keys)."""
     if not isinstance(overrides, dict):
         raise ValueError(f"`model_overrides` must be a mapping of config fields to values, got {overrides!r}.")
-    known = {item.name for item in dataclasses.fields(config_class)} | set(config_class.attribute_map)
-    unknown = sorted(set(overrides) - known)
+    unknown = unknown_config_keys(config_class, overrides)
     if unknown:
-        hints = {key: difflib.get_close_matches(key, sorted(known), n=1) for key in unknown}
-        described = ", ".join(
-            f"{key!r}" + (f" (did you mean {hint[0]!r}?)" if hint else "") for key, hint in hints.items()
-        )
         raise ValueError(
-            f"`model_overrides` has keys that are not {config_class.__name__} fields: {described}; see the "
-            f"{config_class.__name__} documentation for the valid ones."
+            f"`model_overrides` has keys that are not {config_class.__name__} fields: "
+            f"{describe_unknown_keys(unknown)}; see the {config_class.__name__} documentation for the valid ones."
         )
 
 
