@@ -310,7 +310,7 @@ def _inspect(argv: list[str]) -> int:
     if args.num_sentences < 1:
         raise ValueError(f"--num-sentences must be a positive integer, got {args.num_sentences}.")
 
-    from hf_deep_nmt.diagnostics import inspect_model
+    from hf_deep_nmt.inspection import inspect_model
 
     summary = inspect_model(
         args.model,
