@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.arguments import parse_arguments
 from hf_deep_nmt.data import (
     load_parallel_dataset,
     read_jsonl,
@@ -27,7 +28,7 @@ from hf_deep_nmt.data import (
 )
 from hf_deep_nmt.evaluation import corpus_scores, decode_predictions, make_compute_metrics
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import build_model, parse_arguments
+from hf_deep_nmt.training import build_model
 from hf_deep_nmt.translate import translate
 
 
@@ -334,7 +335,7 @@ def test_the_bundled_sample_recipe_parses(tmp_path):
 
 
 def test_build_model_sizes_the_vocabulary_from_the_tokenizer_and_checks_overrides(tokenizer):
-    from hf_deep_nmt.training import ModelArguments
+    from hf_deep_nmt.arguments import ModelArguments
 
     model = build_model(
         ModelArguments(
@@ -374,7 +375,7 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypa
 
 
 def test_overrides_cannot_be_combined_with_a_saved_model(tokenizer):
-    from hf_deep_nmt.training import ModelArguments
+    from hf_deep_nmt.arguments import ModelArguments
 
     with pytest.raises(ValueError, match=r"`model_overrides` \(\['d_model'\]\) apply to a fresh"):
         build_model(ModelArguments(model_name_or_path="some/model", model_overrides={"d_model": 8}), tokenizer)
@@ -397,13 +398,13 @@ def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys
 
 
 def test_multi_process_launch_without_gpu_defaults_to_use_cpu(monkeypatch):
-    from hf_deep_nmt import training
+    from hf_deep_nmt import arguments
 
-    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(arguments.torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    assert training.multi_process_launch_without_gpu()
+    assert arguments.multi_process_launch_without_gpu()
     monkeypatch.setenv("WORLD_SIZE", "1")
-    assert not training.multi_process_launch_without_gpu()
+    assert not arguments.multi_process_launch_without_gpu()
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: True)
-    assert not training.multi_process_launch_without_gpu()
+    monkeypatch.setattr(arguments.torch.cuda, "is_available", lambda: True)
+    assert not arguments.multi_process_launch_without_gpu()
