@@ -9,12 +9,13 @@ from typing import Any
 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
 
-import hf_deep_nmt  # noqa: F401  (registers the model classes)
+from hf_deep_nmt import MODEL_CLASSES  # importing the package registers the model classes
 from hf_deep_nmt.data import read_parallel_file, sample_corpus_dir
 from hf_deep_nmt.diagnostics import STACKS, combination_weights, layer_gradient_norms, layer_similarity
 from hf_deep_nmt.plots import plot_combination_weights, plot_gradient_norms, plot_layer_similarity
 
 INSPECT_JSON = "inspect.json"
+MODEL_TYPES = {config_class.model_type for config_class in MODEL_CLASSES}
 
 
 def inspect_model(
@@ -85,6 +86,12 @@ def _model_and_tokenizer(model, tokenizer):
         model = AutoModelForSeq2SeqLM.from_pretrained(model)
     if tokenizer is None:
         raise ValueError("Give `tokenizer` with a model object (a saved folder brings its own).")
+    model_type = getattr(model.config, "model_type", None)
+    if model_type not in MODEL_TYPES:
+        raise ValueError(
+            f"inspect measures models of this package (model_type one of {sorted(MODEL_TYPES)}), got "
+            f"{type(model).__name__} (model_type {model_type!r})."
+        )
     return model, tokenizer
 
 
