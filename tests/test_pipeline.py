@@ -408,3 +408,18 @@ def test_multi_process_launch_without_gpu_defaults_to_use_cpu(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(arguments.torch.cuda, "is_available", lambda: True)
     assert not arguments.multi_process_launch_without_gpu()
+
+
+def test_checks_and_preparation_leave_the_arguments_as_given(tmp_path):
+    from hf_deep_nmt.run_folder import run_recipe
+    from hf_deep_nmt.training import check_before_work, prepare
+
+    recipe = tmp_path / "recipe.json"
+    settings = {"model_type": "deep_nmt", "tokenizer_vocab_size": 300, "max_eval_samples": 3}
+    recipe.write_text(json.dumps({**settings, "output_dir": str(tmp_path / "run")}))
+    model_args, data_args, export_args, training_args = arguments = parse_arguments([str(recipe)])
+    given = run_recipe(*arguments)
+    check_before_work(data_args, export_args, training_args)
+    prepared = prepare(model_args, data_args, training_args)
+    assert run_recipe(*arguments) == given and data_args.train_file is None  # the bundled sample was read
+    assert len(prepared.raw["train"]) == 8000 and len(prepared.references) == 3
