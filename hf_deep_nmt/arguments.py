@@ -78,6 +78,10 @@ class DataArguments:
             return self.train_file, self.validation_file
         return str(sample_corpus_dir() / "train.tsv"), self.validation_file or str(sample_corpus_dir() / "valid.tsv")
 
+    def corpus_files(self) -> list[str]:
+        """The files of `corpus_paths` that are named (none for a `dataset_name` without files)."""
+        return [path for path in self.corpus_paths() if path]
+
 
 @dataclass
 class EvalExportArguments:

@@ -118,13 +118,9 @@ def check_before_work(
     """Everything that would otherwise fail only after training: the settings (`check_arguments`), then the folders
     (`check_run_folders`, the export folder). Loads nothing and changes nothing."""
     check_arguments(data_args, export_args, training_args)
-    protected = check_run_folders(training_args.output_dir, export_args.export_dir, corpus_files(data_args))
+    protected = check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files())
     if export_args.export_dir:
         check_export_folder(export_args.export_dir, export_args.overwrite_export, protected=protected)
-
-
-def corpus_files(data_args: DataArguments) -> list[str]:
-    return [path for path in data_args.corpus_paths() if path]
 
 
 @dataclass
@@ -321,7 +317,7 @@ def evaluate_and_export(
             training_data=_describe_data(data_args, len(prepared.raw["train"]), summary),
             examples=summary.get("examples"),
             length_penalty_form=export_args.length_penalty_form,
-            protected=check_run_folders(training_args.output_dir, export_args.export_dir, corpus_files(data_args)),
+            protected=check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files()),
         )
         summary["export_dir"] = export_args.export_dir
     output_dir = Path(training_args.output_dir)
