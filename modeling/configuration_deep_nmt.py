@@ -90,8 +90,8 @@ MSC_BLOCKS = FieldKind(
     ),
 )
 
-# Every field with a closed set of values, in the order they are checked: `msc_block_layers` before the sizes, since
-# `encoder_layers` is derived from it.
+# What each field accepts, in the order the fields are checked: `msc_block_layers` before the sizes, since
+# `encoder_layers` is derived from it. The special ids are checked against the vocabularies (`STRUCTURAL_RULES`).
 FIELD_KINDS: dict[str, FieldKind] = {
     "decoder_layers": POSITIVE_INT,
     "msc_block_layers": MSC_BLOCKS,
