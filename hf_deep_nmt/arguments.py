@@ -30,6 +30,7 @@ from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFi
 from hf_deep_nmt.data import sample_corpus_dir
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.growing import GROWTH_STRATEGIES
+from hf_deep_nmt.input_checks import check_config_overrides
 from hf_deep_nmt.translate import check_translation_options
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
@@ -320,6 +321,16 @@ def check_recipe_values(values: dict[str, Any], classes: tuple, source: str) -> 
 # An output cap above this many tokens per sentence (max_length_a * max_source_length + max_length_b) is refused:
 # no sentence of a translation corpus needs it, and decoding up to it would run for hours.
 MAX_EVALUATION_OUTPUT_TOKENS = 4096
+
+
+def check_model_arguments(model_args: ModelArguments) -> None:
+    """For a fresh preset (no `model_name_or_path`): `ValueError` for a preset that does not exist or an override that
+    is not a field of its config."""
+    if model_args.model_name_or_path:
+        return
+    if model_args.model_type not in PRESETS:
+        raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
+    check_config_overrides(PRESETS[model_args.model_type], model_args.model_overrides)
 
 
 def check_arguments(

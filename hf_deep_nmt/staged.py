@@ -71,7 +71,7 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run_staged(model_args, data_args, export_args, training_args, stages, folder: RunFolder) -> dict[str, Any]:
-    check_before_work(data_args, export_args, training_args)
+    check_before_work(model_args, data_args, export_args, training_args)
     # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
     folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
     root = Path(training_args.output_dir)

@@ -41,6 +41,7 @@ from hf_deep_nmt.arguments import (
     ModelArguments,
     check_arguments,
     check_explicit_run,
+    check_model_arguments,
     evaluation_options,
     parse_arguments,
 )
@@ -51,7 +52,6 @@ from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpu
 from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.input_checks import (
-    check_config_overrides,
     check_local_path,
     check_run_folders,
     check_tokenizer_matches,
@@ -82,7 +82,7 @@ def _run(
     training_args: DeepNMTTrainingArguments,
     folder: RunFolder,
 ) -> dict[str, Any]:
-    check_before_work(data_args, export_args, training_args)
+    check_before_work(model_args, data_args, export_args, training_args)
     resume = folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
     prepared = prepare(model_args, data_args, training_args)
     model = build_model(model_args, prepared.tokenizer)
@@ -113,10 +113,15 @@ def _run(
 
 
 def check_before_work(
-    data_args: DataArguments, export_args: EvalExportArguments, training_args: DeepNMTTrainingArguments
+    model_args: ModelArguments,
+    data_args: DataArguments,
+    export_args: EvalExportArguments,
+    training_args: DeepNMTTrainingArguments,
 ) -> None:
-    """Everything that would otherwise fail only after training: the settings (`check_arguments`), then the folders
+    """Everything that would otherwise fail only after data and tokenizer are prepared or after training: the preset
+    and its overrides (`check_model_arguments`), the settings (`check_arguments`), then the folders
     (`check_run_folders`, the export folder). Loads nothing and changes nothing."""
+    check_model_arguments(model_args)
     check_arguments(data_args, export_args, training_args)
     protected = check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files())
     if export_args.export_dir:
@@ -230,10 +235,8 @@ def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) 
 def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None):
     """The preset's config with the overrides, sized to `tokenizer`; without one, to a joint tokenizer of
     `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0, `<pad>`=1, `</s>`=2)."""
-    if model_args.model_type not in PRESETS:
-        raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
+    check_model_arguments(model_args)
     config_class = PRESETS[model_args.model_type]
-    check_config_overrides(config_class, model_args.model_overrides)
     if tokenizer is None:
         settings = {"vocab_size": model_args.tokenizer_vocab_size, "pad_token_id": 1, "bos_token_id": 0}
         settings.update(eos_token_id=2, decoder_start_token_id=0)

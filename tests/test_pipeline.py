@@ -419,7 +419,18 @@ def test_checks_and_preparation_leave_the_arguments_as_given(tmp_path):
     recipe.write_text(json.dumps({**settings, "output_dir": str(tmp_path / "run")}))
     model_args, data_args, export_args, training_args = arguments = parse_arguments([str(recipe)])
     given = run_recipe(*arguments)
-    check_before_work(data_args, export_args, training_args)
+    check_before_work(model_args, data_args, export_args, training_args)
     prepared = prepare(model_args, data_args, training_args)
     assert run_recipe(*arguments) == given and data_args.train_file is None  # the bundled sample was read
     assert len(prepared.raw["train"]) == 8000 and len(prepared.references) == 3
+
+
+def test_a_misspelt_override_is_refused_before_the_corpus_is_read(tmp_path, monkeypatch):
+    from hf_deep_nmt import training
+
+    recipe = tmp_path / "recipe.json"
+    settings = {"model_type": "deep_nmt", "model_overrides": {"dropuot": 0.2}, "output_dir": str(tmp_path / "run")}
+    recipe.write_text(json.dumps(settings))
+    monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("data loaded before check"))
+    with pytest.raises(ValueError, match=r"not DeepNMTConfig fields: 'dropuot' \(did you mean 'dropout'\?\)"):
+        training.run([str(recipe)])
