@@ -190,7 +190,7 @@ class NonFiniteGuard(TrainerCallback, ExportableState):
             if not self._warned_schedule:
                 logger.warning(
                     "This Trainer does not give its learning-rate scheduler to callbacks: the schedule advances on "
-                    "skipped steps too. `hf_deep_nmt.training.DeepNMTTrainer` holds it."
+                    "skipped steps too. `hf_deep_nmt.trainer.DeepNMTTrainer` holds it."
                 )
                 self._warned_schedule = True
             return

@@ -316,7 +316,7 @@ def _inspect(argv: list[str]) -> int:
     if args.num_sentences < 1:
         raise ValueError(f"--num-sentences must be a positive integer, got {args.num_sentences}.")
 
-    from hf_deep_nmt.diagnostics import inspect_model
+    from hf_deep_nmt.inspection import inspect_model
 
     summary = inspect_model(
         args.model,
@@ -423,7 +423,9 @@ def describe_error(error: BaseException) -> tuple[int, str]:
     """The exit code (2: a mistake in what was asked, 1: a run that failed) and the one line reporting `error`."""
     notes = "; ".join(getattr(error, "__notes__", ()))
     message = str(error) or type(error).__name__
-    usage = (ValueError, TypeError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
+    # What the checks raise for a bad value or path. A TypeError is a programming error here (the command line and
+    # recipes hand in checked values), so it falls through to "unexpected" with the way to its traceback.
+    usage = (ValueError, FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError)
     if isinstance(error, usage):
         code = 2
     elif type(error).__name__ == "OutOfMemoryError" or "out of memory" in message.lower():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from transformers.utils import logging
 
-from hf_deep_nmt.diagnostics import load_pyplot, save_figure
+from hf_deep_nmt.plots import load_pyplot, save_figure
 
 logger = logging.get_logger(__name__)
 

@@ -7,12 +7,13 @@
   output (the quantity of DS-Init's Table 1 ratios), summed over the batch's positions.
 * `GradientNormCallback`: a `TrainerCallback` that records the parameter-gradient norms during training, averaged
   over windows of steps (DS-Init Fig. 4 averages every 50 steps).
-* `combination_weights` / `mask_small_weights`: the learned DLCL / sparse combination matrices and the masking of
-  DLCL Fig. 5 (Wang et al. 2019): entries whose absolute value is below 0.1 or below 5% of the largest absolute value
-  of their row are hidden.
+* `combination_weights`: the learned DLCL / sparse combination matrices (DLCL Fig. 5, Wang et al. 2019).
 * `layer_similarity`: SDT §3 (Li et al. 2020), Fig. 2: sim(i, 0) (layer i against the embedding), sim(i, i-1) and the
   inter-similarity sim_in(i), from the layer outputs y_i of one forward pass.
-* `plot_*`: PNG figures of each (needs matplotlib: `pip install "hf-deep-nmt[plots]"`).
+
+Their figures (`plot_*`, `mask_small_weights`: DLCL Fig. 5's masking) are drawn by `hf_deep_nmt.plots` and can be
+imported from here too; `hf_deep_nmt.inspection.inspect_model` (`hf-deep-nmt inspect`) runs everything on a saved
+model.
 """
 
 from __future__ import annotations
@@ -27,25 +28,31 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTBlockHistory
+from hf_deep_nmt.plots import (
+    STACKS,
+    load_pyplot,
+    mask_small_weights,
+    plot_combination_weights,
+    plot_gradient_norms,
+    plot_layer_similarity,
+    save_figure,
+)
 
-STACKS = ("encoder", "decoder")
 GRADIENT_KINDS = ("parameters", "outputs")
 
 
-def _backbone(model: nn.Module) -> nn.Module:
-    """The module that holds `encoder` and `decoder` (the `model` of a `...ForConditionalGeneration`)."""
-    inner = getattr(model, "model", model)
-    if not (hasattr(inner, "encoder") and hasattr(inner, "decoder")):
+def _stack(model: nn.Module, side: str) -> nn.Module:
+    """The `side` ("encoder" or "decoder") stack of a model of this package (or of its `DeepNMTModel` backbone)."""
+    if side not in STACKS:
+        raise ValueError(f"`side` must be one of {STACKS}, got {side!r}.")
+    if not (hasattr(model, "get_encoder") and hasattr(model, "get_decoder")):
         raise TypeError(f"Expected a model of this package (encoder and decoder stacks), got {type(model).__name__}.")
-    return inner
+    return model.get_encoder() if side == "encoder" else model.get_decoder()
 
 
 def stack_layers(model: nn.Module, side: str) -> nn.ModuleList:
     """The layers of the `side` ("encoder" or "decoder") stack, bottom first."""
-    if side not in STACKS:
-        raise ValueError(f"`side` must be one of {STACKS}, got {side!r}.")
-    return getattr(_backbone(model), side).layers
+    return _stack(model, side).layers
 
 
 def _check_sides(sides) -> tuple[str, ...]:
@@ -172,39 +179,26 @@ def combination_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
     row r weighs the stored outputs 0..r (0 = the embedding, j = the output of block j) in the input of block r+1;
     the last row builds the stack output. With DLCL every layer is a block.
     """
-    backbone = _backbone(model)
+    config = model.config
+    layouts = {
+        "encoder": (config.encoder_layer_aggregation, config.encoder_layers, config.encoder_block_boundaries),
+        "decoder": (config.decoder_layer_aggregation, config.decoder_layers, config.decoder_block_boundaries),
+    }
     result = {}
-    for side in STACKS:
-        stack = getattr(backbone, side)
-        history = getattr(stack, "history", None)
-        if not isinstance(history, DeepNMTBlockHistory):
+    for side, (aggregation, layers, boundaries) in layouts.items():
+        if aggregation == "residual":
             continue
-        boundaries = sorted(history.block_starts) + [len(stack.layers)]
-        result[side] = {"weight": history.weight.detach().float().cpu().tril(), "boundaries": boundaries}
+        weight = _stack(model, side).history.weight
+        boundaries = list(boundaries) if aggregation == "sparse" else list(range(layers + 1))
+        result[side] = {"weight": weight.detach().float().cpu().tril(), "boundaries": boundaries}
     return result
-
-
-def mask_small_weights(weight: torch.Tensor, absolute: float = 0.1, relative: float = 0.05) -> torch.Tensor:
-    """DLCL Fig. 5: a copy of the lower-triangular `weight` with NaN where an entry is above the diagonal or its
-    absolute value is below `absolute` or below `relative` times the largest absolute value of its row."""
-    if weight.dim() != 2 or weight.shape[0] != weight.shape[1]:
-        raise ValueError(f"`weight` must be a square matrix, got shape {tuple(weight.shape)}.")
-    weight = weight.detach().float()
-    magnitude = weight.abs().tril()
-    row_max = magnitude.max(dim=1, keepdim=True).values
-    keep = (magnitude >= absolute) & (magnitude >= relative * row_max)
-    keep &= torch.ones_like(keep).tril().bool()
-    return weight.masked_fill(~keep, float("nan"))
 
 
 def layer_outputs(model: nn.Module, batch: Mapping[str, Any], side: str = "encoder") -> list[torch.Tensor]:
     """`[y_0, y_1, ..., y_L]` of one stack on `batch`, without dropout: y_0 the embedding (token embedding scaled, plus
     positions), y_i the output of layer i as the layer returns it (before any combination or final LayerNorm).
     The decoder side needs `labels` or `decoder_input_ids` in the batch."""
-    if side not in STACKS:
-        raise ValueError(f"`side` must be one of {STACKS}, got {side!r}.")
-    backbone = _backbone(model)
-    stack = getattr(backbone, side)
+    stack = _stack(model, side)
     device = next(model.parameters()).device
     batch = {key: value.to(device) if isinstance(value, torch.Tensor) else value for key, value in batch.items()}
     if side == "decoder" and "decoder_input_ids" not in batch:
@@ -228,9 +222,9 @@ def layer_outputs(model: nn.Module, batch: Mapping[str, Any], side: str = "encod
             embedding = stack.embed(ids)
             forward = {k: v for k, v in batch.items() if k in ("input_ids", "attention_mask", "decoder_input_ids")}
             if side == "encoder":
-                backbone.encoder(input_ids=forward["input_ids"], attention_mask=forward.get("attention_mask"))
+                stack(input_ids=forward["input_ids"], attention_mask=forward.get("attention_mask"))
             else:
-                backbone(**forward, use_cache=False)
+                model.base_model(**forward, use_cache=False)  # the encoder-decoder without the output layer
     finally:
         for handle in handles:
             handle.remove()
@@ -292,199 +286,10 @@ def similarity_from_states(states: list[torch.Tensor], mask: torch.Tensor) -> di
     }
 
 
-# --- plots -------------------------------------------------------------------------------------------------------
-
-
-def load_pyplot():
-    """`matplotlib.pyplot` on the file-only Agg backend; `ImportError` saying which extra to install without it."""
-    try:
-        import matplotlib
-    except ImportError as error:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            'Plotting needs matplotlib: pip install "hf-deep-nmt[plots]" (or pip install matplotlib).'
-        ) from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _integer_ticks(axis, y: bool = False) -> None:
-    from matplotlib.ticker import MaxNLocator
-
-    axis.xaxis.set_major_locator(MaxNLocator(integer=True))
-    if y:
-        axis.yaxis.set_major_locator(MaxNLocator(integer=True))
-
-
-def save_figure(figure, path: str | Path) -> Path:
-    """Lay out `figure`, write it to `path` as PNG (creating its folder) and close it; returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    load_pyplot().close(figure)
-    return path
-
-
-def plot_gradient_norms(
-    curves: Mapping[str, Mapping[str, list[float]]], path: str | Path, title: str = "", dashed=()
-) -> Path:
-    """Per-layer gradient norms, one panel per stack (encoder top, decoder bottom, as DS-Init Fig. 1).
-
-    `curves` maps a label (e.g. "post-norm 12L") to the output of `layer_gradient_norms`; the labels in `dashed` are
-    drawn dashed (the paper's convention for its method)."""
-    plt = load_pyplot()
-    sides = [side for side in STACKS if any(side in norms for norms in curves.values())]
-    figure, axes = plt.subplots(len(sides), 1, figsize=(6.4, 2.8 * len(sides)), squeeze=False)
-    for axis, side in zip(axes[:, 0], sides):
-        for label, norms in curves.items():
-            if side in norms:
-                values = norms[side]
-                style = "--" if label in dashed else "-"
-                axis.plot(range(1, len(values) + 1), values, style, marker=".", label=label)
-        axis.set_xlabel(f"{side} layer")
-        _integer_ticks(axis)
-        axis.set_ylabel("gradient norm")
-        axis.legend(fontsize=7)
-    if title:
-        axes[0, 0].set_title(title)
-    return save_figure(figure, path)
-
-
-def plot_combination_weights(
-    weight: torch.Tensor, path: str | Path, title: str = "", absolute: float = 0.1, relative: float = 0.05
-) -> Path:
-    """Heatmap of a combination matrix with the small entries masked (`mask_small_weights`), as DLCL Fig. 5:
-    x = the stored output j (0 = embedding), y = the layer / block whose input the row builds."""
-    plt = load_pyplot()
-    masked = mask_small_weights(weight, absolute, relative).numpy()
-    size = masked.shape[0]
-    figure, axis = plt.subplots(figsize=(3 + 0.18 * size, 2.6 + 0.16 * size))
-    image = axis.imshow(masked, cmap="viridis", origin="upper")
-    _integer_ticks(axis, y=True)
-    figure.colorbar(image, ax=axis)
-    axis.set_xlabel("stored output j (0 = embedding)")
-    axis.set_ylabel("input of block r+1 (last row: stack output)")
-    axis.set_title(title or f"combination weights (|w| < {absolute} or < {relative:.0%} of row max masked)")
-    return save_figure(figure, path)
-
-
-def plot_layer_similarity(curves: Mapping[str, Mapping[str, list[float]]], path: str | Path, title: str = "") -> Path:
-    """SDT Fig. 2: (a) sim(i, 0), (b) sim(i, i-1), (c) inter-similarity, one line per model in `curves`."""
-    plt = load_pyplot()
-    figure, axes = plt.subplots(1, 3, figsize=(12, 3.2))
-    for label, sims in curves.items():
-        layers = len(sims["to_embedding"])
-        axes[0].plot(range(1, layers + 1), sims["to_embedding"], marker=".", label=label)
-        axes[1].plot(range(1, layers + 1), sims["adjacent"], marker=".", label=label)
-        axes[2].plot(range(0, layers + 1), sims["inter"], marker=".", label=label)
-    for axis, name in zip(axes, ("(a) sim(i, 0)", "(b) sim(i, i-1)", "(c) inter-similarity")):
-        axis.set_title(name)
-        axis.set_xlabel("layer i (0 = embedding)")
-        _integer_ticks(axis)
-        axis.legend(fontsize=7)
-    if title:
-        figure.suptitle(title)
-    return save_figure(figure, path)
-
-
-# --- one call: everything of a saved model ---------------------------------------------------------------------------
-
-INSPECT_JSON = "inspect.json"
-
-
-def inspect_model(
-    model,
-    output_dir: str | Path,
-    data: str | Path | None = None,
-    tokenizer=None,
-    source_lang: str = "src",
-    target_lang: str = "tgt",
-    num_sentences: int = 32,
-    max_length: int = 128,
-    dropout: bool = False,
-    overwrite: bool = False,
-) -> dict[str, Any]:
-    """Gradient norms (parameters and layer outputs), layer similarities of both stacks and the combination weights
-    of `model` (a model or a saved folder / Hub id, whose tokenizer is loaded with it) on the first `num_sentences`
-    pairs of `data` (default: the bundled validation set). Writes `inspect.json` and PNG plots to `output_dir`;
-    refuses to replace files of an earlier run unless `overwrite`. Returns what the JSON holds."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
-
-    import hf_deep_nmt  # noqa: F401  (registers the model classes)
-    from hf_deep_nmt.data import read_parallel_file, sample_corpus_dir
-
-    if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
-        raise ValueError(f"`num_sentences` must be a positive integer, got {num_sentences!r}.")
-    name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-    if isinstance(model, (str, Path)):
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
-        model = AutoModelForSeq2SeqLM.from_pretrained(model)
-    if tokenizer is None:
-        raise ValueError("Give `tokenizer` with a model object (a saved folder brings its own).")
-    output_dir = Path(output_dir)
-    planned = [INSPECT_JSON, "gradient_norms.png", "layer_similarity.png"] + [
-        f"combination_weights_{side}.png" for side in combination_weights(model)
-    ]
-    existing = [file for file in planned if (output_dir / file).exists()]
-    if existing and not overwrite:
-        raise FileExistsError(
-            f"{output_dir} already holds {', '.join(existing)} from an earlier run; choose another output folder or "
-            "pass overwrite=True (--overwrite)."
-        )
-
-    pairs = read_parallel_file(data or sample_corpus_dir() / "valid.tsv", source_lang, target_lang)
-    sources, targets = pairs["source"][:num_sentences], pairs["target"][:num_sentences]
-    encoded = tokenizer(sources, text_target=targets, truncation=True, max_length=max_length)
-    rows = [
-        {"input_ids": i, "attention_mask": m, "labels": t}
-        for i, m, t in zip(encoded["input_ids"], encoded["attention_mask"], encoded["labels"])
-    ]
-    batch = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)(rows)
-
-    was_training = model.training
-    model.train(dropout)
-    try:
-        gradients = layer_gradient_norms(model, batch, "parameters")
-        output_gradients = layer_gradient_norms(model, batch, "outputs")
-    finally:
-        model.train(was_training)
-    similarity = {side: layer_similarity(model, batch, side) for side in STACKS}
-    weights = combination_weights(model)
-
-    output_dir.mkdir(parents=True, exist_ok=True)
-    files = [
-        plot_gradient_norms({"parameters": gradients}, output_dir / "gradient_norms.png", f"{name}").name,
-        plot_layer_similarity(similarity, output_dir / "layer_similarity.png", f"{name}").name,
-    ]
-    for side, entry in weights.items():
-        path = plot_combination_weights(entry["weight"], output_dir / f"combination_weights_{side}.png", f"{side}")
-        files.append(path.name)
-    summary = {
-        "model": name,
-        "model_type": model.config.model_type,
-        "num_sentences": len(rows),
-        "target_tokens": int((batch["labels"] != -100).sum()),
-        "dropout": dropout,
-        "gradient_norms": gradients,
-        "output_gradient_norms": output_gradients,
-        "layer_similarity": similarity,
-        "combination_weights": {
-            side: {"weight": entry["weight"].tolist(), "boundaries": entry["boundaries"]}
-            for side, entry in weights.items()
-        },
-        "files": [INSPECT_JSON] + files,
-    }
-    (output_dir / INSPECT_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    return summary
-
-
 __all__ = [
     "GRADIENT_KINDS",
     "GradientNormCallback",
     "combination_weights",
-    "inspect_model",
     "layer_gradient_norms",
     "layer_outputs",
     "layer_similarity",
@@ -498,3 +303,11 @@ __all__ = [
     "similarity_from_states",
     "stack_layers",
 ]
+
+
+def __getattr__(name: str):
+    if name == "inspect_model":  # 0.1.0's import path; it lives with its command, whose module imports this one
+        from hf_deep_nmt.inspection import inspect_model
+
+        return inspect_model
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

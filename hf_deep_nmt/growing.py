@@ -1,4 +1,4 @@
-"""Growing a trained model deeper (SDT, Li et al. 2020, §4.1 and SPEC §3.2): the new encoder keeps the old layers and
+"""Growing a trained model deeper (SDT, Li et al. 2020, §4.1): the new encoder keeps the old layers and
 puts copies on top. The result is an ordinary model of the same class with more encoder layers: it saves, loads
 (remote code included) and generates like any other.
 
@@ -21,13 +21,13 @@ import copy
 from pathlib import Path
 
 import torch
+from torch import nn
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
 
 GROWTH_STRATEGIES = ("top", "top_only", "double", "interleave")
-ENCODER_LAYERS, HISTORY = "model.encoder.layers.", "model.encoder.history."
 
 
 def source_layers(num_layers: int, num_new: int, strategy: str) -> list[int]:
@@ -89,39 +89,47 @@ def grow_encoder(
     grown = MODEL_CLASSES[type(config)](type(config).from_dict(settings))
     grown.generation_config = copy.deepcopy(model.generation_config)
 
-    old_state, state = model.state_dict(), grown.state_dict()
-    for key in state:
-        if key.startswith(ENCODER_LAYERS):
-            index, rest = key[len(ENCODER_LAYERS) :].split(".", 1)
-            state[key] = old_state[f"{ENCODER_LAYERS}{sources[int(index)]}.{rest}"]
-        elif key.startswith(HISTORY) and strategy != "interleave":
-            state[key] = _grown_history_entry(key, old_state, state[key], sources, old_layers, aggregation)
-        else:
-            state[key] = old_state[key]
-    if reset_previous_block_norm and aggregation == "sparse" and strategy != "interleave":
-        previous = f"{HISTORY}layer_norms.{len(config.encoder_block_boundaries) - 2}"  # the old top block's norm
-        state[f"{previous}.weight"] = torch.ones_like(state[f"{previous}.weight"])
-        state[f"{previous}.bias"] = torch.zeros_like(state[f"{previous}.bias"])
-    grown.load_state_dict(state, strict=True)
+    old_encoder, encoder = model.get_encoder(), grown.get_encoder()
+    _copy_all_but(model, grown, (old_encoder.layers, old_encoder.history), (encoder.layers, encoder.history))
+    for layer, source in zip(encoder.layers, sources):
+        layer.load_state_dict(old_encoder.layers[source].state_dict())
+    if strategy == "interleave":  # the same blocks, each twice as long: the combination is unchanged
+        encoder.history.load_state_dict(old_encoder.history.state_dict())
+    elif aggregation != "residual":
+        _grow_history(old_encoder.history, encoder.history, sources, aggregation)
+        if reset_previous_block_norm and aggregation == "sparse":
+            previous = encoder.history.layer_norms[len(config.encoder_block_boundaries) - 2]  # the old top block's
+            if isinstance(previous, torch.nn.LayerNorm):
+                previous.reset_parameters()
     return grown.train(model.training)  # same mode as the source: a fresh module would come back with dropout on
 
 
-def _grown_history_entry(
-    key: str, old_state: dict, template: torch.Tensor, sources: list[int], old_layers: int, aggregation: str
-) -> torch.Tensor:
-    if key == f"{HISTORY}weight":
-        old = old_state[key]
-        weight = template.clone().zero_()
-        weight[: old.shape[0], : old.shape[1]] = old
-        for row in range(old.shape[0], weight.shape[0]):
-            weight[row, : row + 1] = 1.0 / (row + 1)  # new rows: the uniform average, as at initialisation
-        return weight
-    index, rest = key[len(f"{HISTORY}layer_norms.") :].split(".", 1)
-    index = int(index)
-    old_key = f"{HISTORY}layer_norms.{index}.{rest}"
-    if old_key in old_state:
-        return old_state[old_key]
-    if aggregation == "dlcl":  # LayerNorm of the output of the copied layer
-        return old_state[f"{HISTORY}layer_norms.{sources[index]}.{rest}"]
-    previous_top = max(int(k.split(".")[4]) for k in old_state if k.startswith(f"{HISTORY}layer_norms."))
-    return old_state[f"{HISTORY}layer_norms.{previous_top}.{rest}"]
+def _copy_all_but(source: nn.Module, target: nn.Module, source_parts: tuple, target_parts: tuple) -> None:
+    """Load every tensor of `source` into `target` (the same model but for `*_parts`) outside the given parts, and
+    check that exactly the tensors of `target_parts` were left."""
+    skipped = {id(tensor) for part in source_parts for tensor in part.state_dict(keep_vars=True).values()}
+    rest = {key: tensor for key, tensor in source.state_dict(keep_vars=True).items() if id(tensor) not in skipped}
+    missing, unexpected = target.load_state_dict(rest, strict=False)
+    target_state = target.state_dict(keep_vars=True)
+    left = {id(tensor) for part in target_parts for tensor in part.state_dict(keep_vars=True).values()}
+    if unexpected or {id(target_state[key]) for key in missing} != left:
+        raise RuntimeError(f"Growing mapped the model's tensors wrongly: missing {missing}, unexpected {unexpected}.")
+
+
+def _grow_history(old: nn.Module, history: nn.Module, sources: list[int], aggregation: str) -> None:
+    """The combination of the grown encoder: old entries kept, each new row the uniform average (as at
+    initialisation); a new LayerNorm copies that of the layer it copies (DLCL) or of the old top block (sparse)."""
+    with torch.no_grad():
+        weight = torch.zeros_like(history.weight)
+        rows = old.weight.shape[0]
+        weight[:rows, :rows] = old.weight
+        for row in range(rows, weight.shape[0]):
+            weight[row, : row + 1] = 1.0 / (row + 1)
+        history.weight.copy_(weight)
+    old_norms = len(old.layer_norms)
+    for index, norm in enumerate(history.layer_norms):
+        if index < old_norms:
+            source = index
+        else:
+            source = sources[index] if aggregation == "dlcl" else old_norms - 1
+        norm.load_state_dict(old.layer_norms[source].state_dict())

@@ -3,9 +3,9 @@
 * `inverse_sqrt_lr`: the fairseq inverse square root with linear warm-up from `init_lr` to `peak_lr` (DLCL, SDT).
 * `noam_lr`: the Vaswani et al. ("Noam") schedule, `scale * d^-0.5 * min(n^-0.5, n * W^-1.5)` with `n = step + 1`
   (DS-Init + MAtt, MSC).
-* `stage_start_step`: SDT's restart rule between growing stages (SPEC §3.3): a new stage continues the warm-up when
-  the previous one ended inside it, and otherwise jumps back to the peak and decays again. Each stage starts with a
-  fresh optimizer.
+* `stage_start_step`: SDT's restart rule between growing stages, as its reference code applies it (the schedule's
+  step becomes min(steps so far, warm-up)): a new stage continues the warm-up when the previous one ended inside it,
+  and otherwise jumps back to the peak and decays again. Each stage starts with a fresh optimizer.
 """
 
 from __future__ import annotations

@@ -16,56 +16,28 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoModelForSeq2SeqLM
 from transformers.utils import logging
 
+from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
 from hf_deep_nmt.callbacks import last_complete_checkpoint, nonfinite_steps_skipped
-from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder
+from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.run_folder import RunFolder, run_recipe
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
+from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.training import (
-    ARGUMENT_CLASSES,
-    DeepNMTTrainer,
     build_model,
     check_before_work,
-    check_explicit_run,
     configure_generation,
     evaluate_and_export,
     make_trainer,
-    parse_arguments,
     prepare,
 )
 
 logger = logging.get_logger(__name__)
-
-
-@dataclass
-class StageArguments:
-    stage_depths: list[int] = field(
-        default_factory=lambda: [6, 12, 18, 24, 30, 36, 42, 48],
-        metadata={"help": "Encoder depth of each stage, increasing; the first is trained from scratch."},
-    )
-    stage_max_steps: int = field(default=5000, metadata={"help": "Optimizer steps per stage."})
-    growth_strategy: str = field(default="top", metadata={"help": f"How to grow: one of {GROWTH_STRATEGIES}."})
-    reset_previous_block_norm: bool = field(
-        default=False, metadata={"help": "Reset the old top block's LayerNorm after growing (the reference code)."}
-    )
-    schedule_warmup_steps: int = field(default=8000, metadata={"help": "Warm-up of the inverse-sqrt schedule."})
-    schedule_init_lr: float = field(default=1e-7, metadata={"help": "Learning rate at step 0 of the warm-up."})
-
-    def __post_init__(self):
-        depths = self.stage_depths
-        if not depths or any(not isinstance(d, int) or d < 1 for d in depths) or depths != sorted(set(depths)):
-            raise ValueError(f"`stage_depths` must be strictly increasing positive integers, got {depths!r}.")
-        if self.stage_max_steps < 1 or self.schedule_warmup_steps < 1:
-            raise ValueError(
-                f"`stage_max_steps` and `schedule_warmup_steps` must be >= 1, got {self.stage_max_steps} and "
-                f"{self.schedule_warmup_steps}."
-            )
 
 
 class StageTrainer(DeepNMTTrainer):
@@ -92,10 +64,6 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
     """Train every stage (skipping finished ones, resuming an interrupted one), then evaluate and export."""
     arguments = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
     check_explicit_run(argv, "train-staged")
-    if arguments[4].growth_strategy not in GROWTH_STRATEGIES:
-        raise ValueError(
-            f"`growth_strategy` must be one of {GROWTH_STRATEGIES}, got {arguments[4].growth_strategy!r}."
-        )
     with RunFolder(arguments[3].output_dir, "train-staged", run_recipe(*arguments)) as folder:
         summary = _run_staged(*arguments, folder)
         folder.finish()
@@ -103,11 +71,11 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run_staged(model_args, data_args, export_args, training_args, stages, folder: RunFolder) -> dict[str, Any]:
-    check_before_work(data_args, export_args, training_args)
+    check_before_work(model_args, data_args, export_args, training_args)
     # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
     folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
     root = Path(training_args.output_dir)
-    prepared = prepare(model_args, data_args, export_args, training_args, tokenizer_dir=root / "tokenizer")
+    prepared = prepare(model_args, data_args, training_args, tokenizer_dir=root / "tokenizer")
     completed_steps, previous, trainer, summary = 0, None, None, {"stages": []}
     started = time.perf_counter()
     for number, depth in enumerate(stages.stage_depths, start=1):
@@ -120,8 +88,8 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
             summary["stages"].append(done)
             continue
         if previous is None:
-            model_args.model_overrides = {**model_args.model_overrides, "encoder_layers": depth}
-            model = build_model(model_args, prepared.tokenizer)
+            overrides = {**model_args.model_overrides, "encoder_layers": depth}
+            model = build_model(dataclasses.replace(model_args, model_overrides=overrides), prepared.tokenizer)
         else:
             previous_depth = stages.stage_depths[number - 2]
             model = grow_encoder(

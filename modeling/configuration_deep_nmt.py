@@ -2,14 +2,28 @@
 
 This file ships verbatim inside every Hub repository of the package: it imports only the standard library and
 transformers.
+
+A config is built in two steps. `_resolve` fills the derived values (the target vocabulary, per-stack aggregations,
+MSC's encoder depth, sparse block boundaries, the decoder cache-layer types); `_validate` then checks, without
+changing anything, the kind of every field (`FIELD_KINDS`), the settings that only mean something with another one
+(`DEPENDS_ON`) and the relations between fields (`STRUCTURAL_RULES`), each failure a `ValueError` naming the field,
+its value and what would be valid. Settings that have no effect but cannot be errors, because folders saved by
+earlier versions may hold them, are warned about: unknown keys, a `layer_aggregation` that neither stack uses, a
+hand-set `decoder_layer_types`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
+from collections.abc import Callable
 
 from transformers import GenerationConfig, PreTrainedConfig
 from transformers.activations import ACT2CLS
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 LAYER_AGGREGATIONS = ("residual", "dlcl", "sparse")
 DLCL_WEIGHTS = ("learned", "average", "one")
@@ -19,29 +33,319 @@ DECODER_SELF_ATTENTIONS = ("multi_head", "merged_average", "average")
 # Cache-layer type of every decoder layer: one design whose slots hold keys/values, MAtt/AAN running sums and MSC
 # context keys/values (dynamic and static classes in the modeling file).
 CACHE_LAYER_TYPE = "deep_nmt"
+# What version 0.1.0 saved in `decoder_layer_types` (running-sum and MSC decoders), replaced silently on loading.
+EARLIER_CACHE_LAYER_TYPES = ("deep_nmt_average", "deep_nmt_msc")
 MSC_CONTEXT_CELLS = ("gru", "ffn")
 MSC_FUSIONS = ("gate", "add")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
+# Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
+# `PreTrainedConfig` itself: not unknown keys.
+TRANSFORMERS_CONFIG_KEYS = frozenset(
+    {
+        "auto_map",
+        "model_type",
+        "name_or_path",
+        "_name_or_path",
+        "_commit_hash",
+        "torch_dtype",
+        "num_labels",
+        "output_attentions",
+        "attn_implementation",
+        "experts_implementation",
+        "per_layer_config",
+        "_attn_implementation_internal",
+        "_experts_implementation_internal",
+    }
+)
 
 
-def _check_choice(field: str, value: object, choices: tuple) -> None:
-    if value not in choices:
-        raise ValueError(f"`{field}` must be one of {choices}, got {value!r}.")
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_positive_int(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{field}` must be a positive integer, got {value!r}.")
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_probability(field: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-        raise ValueError(f"`{field}` must be a number in [0, 1), got {value!r}.")
+@dataclasses.dataclass(frozen=True)
+class FieldKind:
+    """What a field accepts: `accepts(value)`, and `description` for the error (`must be <description>`)."""
+
+    description: str
+    accepts: Callable[[object], bool]
 
 
-def _check_bool(field: str, value: object) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"`{field}` must be True or False, got {value!r}.")
+def _choice(choices: tuple) -> FieldKind:
+    return FieldKind(f"one of {choices}", lambda value: value in choices)
+
+
+POSITIVE_INT = FieldKind("a positive integer", lambda value: _is_int(value) and value >= 1)
+PROBABILITY = FieldKind("a number in [0, 1)", lambda value: _is_number(value) and 0.0 <= value < 1.0)
+BOOL = FieldKind("True or False", lambda value: isinstance(value, bool))
+MSC_BLOCKS = FieldKind(
+    "a positive integer (layers per encoder block) or a non-empty list of positive integers (one per block)",
+    lambda value: (
+        value is None
+        or POSITIVE_INT.accepts(value)
+        or (isinstance(value, list) and bool(value) and all(POSITIVE_INT.accepts(size) for size in value))
+    ),
+)
+
+# What each field accepts, in the order the fields are checked: `msc_block_layers` before the sizes, since
+# `encoder_layers` is derived from it. The special ids are checked against the vocabularies (`STRUCTURAL_RULES`).
+FIELD_KINDS: dict[str, FieldKind] = {
+    "decoder_layers": POSITIVE_INT,
+    "msc_block_layers": MSC_BLOCKS,
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "decoder_vocab_size",
+            "d_model",
+            "encoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "sparse_block_size",
+        ),
+        POSITIVE_INT,
+    ),
+    **dict.fromkeys(("dropout", "attention_dropout", "activation_dropout"), PROBABILITY),
+    "relative_position_window": FieldKind(
+        "a non-negative integer (0 = off)", lambda value: _is_int(value) and value >= 0
+    ),
+    **dict.fromkeys(
+        (
+            "scale_embedding",
+            "share_embeddings",
+            "tie_word_embeddings",
+            "pre_norm",
+            "dlcl_history_norm",
+            "aan_ffn",
+            "msc_context_attention",
+            "msc_contextual_collaboration",
+            "msc_share_gru",
+            "msc_decoder_context",
+            "sdpa_avoid_cudnn",
+        ),
+        BOOL,
+    ),
+    "msc_context_cell": _choice(MSC_CONTEXT_CELLS),
+    "msc_fusion": _choice(MSC_FUSIONS),
+    "encoder_l2_lambda": FieldKind(
+        "a finite number >= 0 (0 = off)", lambda value: _is_number(value) and 0.0 <= value < math.inf
+    ),
+    "activation_function": _choice(ACTIVATIONS),
+    # the global aggregation before the per-stack ones, which default to it
+    "layer_aggregation": _choice(LAYER_AGGREGATIONS),
+    "encoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
+    "decoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
+    "dlcl_weights": _choice(DLCL_WEIGHTS),
+    "init_scheme": _choice(INIT_SCHEMES),
+    "ds_init_mode": _choice(DS_INIT_MODES),
+    "decoder_self_attention": _choice(DECODER_SELF_ATTENTIONS),
+    "ds_init_alpha": FieldKind("a number in (0, 1]", lambda value: _is_number(value) and 0.0 < value <= 1.0),
+    "layer_norm_eps": FieldKind("a positive number", lambda value: _is_number(value) and value > 0),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DependsOn:
+    """`fields` only mean something when `holds(config)`: set to anything but their defaults otherwise, they are an
+    error reading "<fields with their values> <requirement>, got <the values of `shown`>"."""
+
+    fields: tuple[str, ...]
+    requirement: str
+    holds: Callable[[DeepNMTConfig], bool]
+    shown: tuple[str, ...]
+
+
+MSC_SWITCHES = (
+    "msc_context_attention",
+    "msc_contextual_collaboration",
+    "msc_context_cell",
+    "msc_share_gru",
+    "msc_fusion",
+    "msc_decoder_context",
+)
+DEPENDS_ON = (
+    DependsOn(
+        ("ds_init_alpha", "ds_init_mode"),
+        "only apply with `init_scheme='ds_init'`",
+        lambda config: config.init_scheme == "ds_init",
+        ("init_scheme",),
+    ),
+    DependsOn(
+        ("aan_ffn",),
+        "needs `decoder_self_attention='average'` (the gated AAN)",
+        lambda config: config.decoder_self_attention == "average",
+        ("decoder_self_attention",),
+    ),
+    DependsOn(
+        ("encoder_block_boundaries",),
+        "only applies with `encoder_layer_aggregation='sparse'`",
+        lambda config: config.encoder_layer_aggregation == "sparse",
+        ("encoder_layer_aggregation",),
+    ),
+    DependsOn(
+        ("decoder_block_boundaries",),
+        "only applies with `decoder_layer_aggregation='sparse'`",
+        lambda config: config.decoder_layer_aggregation == "sparse",
+        ("decoder_layer_aggregation",),
+    ),
+    DependsOn(
+        ("dlcl_weights", "dlcl_history_norm"),
+        "only apply to DLCL: set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
+        "to 'dlcl' or 'sparse'",
+        lambda config: bool({"dlcl", "sparse"} & {config.encoder_layer_aggregation, config.decoder_layer_aggregation}),
+        ("encoder_layer_aggregation", "decoder_layer_aggregation"),
+    ),
+    DependsOn(
+        MSC_SWITCHES,
+        "only apply to MSC: set `msc_block_layers` (layers per encoder block)",
+        lambda config: config.msc_block_layers is not None,
+        ("msc_block_layers",),
+    ),
+    DependsOn(
+        MSC_SWITCHES[1:],
+        "configure the MSC context, which needs `msc_context_attention=True`",
+        lambda config: config.msc_context_attention,
+        ("msc_context_attention",),
+    ),
+    DependsOn(
+        ("msc_context_cell", "msc_share_gru"),
+        "configure the context cell, which needs `msc_contextual_collaboration=True`",
+        lambda config: config.msc_contextual_collaboration,
+        ("msc_contextual_collaboration",),
+    ),
+)
+
+
+# ---- structural rules: each returns what is wrong, or None ----------------------------------------------------------
+
+
+def _msc_blocks_pair_with_decoder_layers(config: DeepNMTConfig) -> str | None:
+    blocks = config.msc_block_layers
+    if isinstance(blocks, list) and len(blocks) != config.decoder_layers:
+        return (
+            f"MSC pairs decoder layer n with encoder block n: `decoder_layers` ({config.decoder_layers}) must "
+            f"equal the number of encoder blocks in `msc_block_layers` ({len(blocks)}: {blocks!r})."
+        )
+    return None
+
+
+def _encoder_layers_fill_the_msc_blocks(config: DeepNMTConfig) -> str | None:
+    blocks = config.msc_blocks
+    if blocks is not None and config.encoder_layers != sum(blocks):
+        return (
+            f"`encoder_layers` ({config.encoder_layers!r}) must equal the total of the MSC encoder blocks, "
+            f"{blocks} = {sum(blocks)}; leave `encoder_layers` unset to derive it."
+        )
+    return None
+
+
+def _msc_encoder_is_residual(config: DeepNMTConfig) -> str | None:
+    if config.msc_block_layers is not None and config.encoder_layer_aggregation != "residual":
+        return (
+            "MSC encoder blocks are residual stacks read block by block; `encoder_layer_aggregation` must be "
+            f"'residual' with `msc_block_layers`, got {config.encoder_layer_aggregation!r}."
+        )
+    return None
+
+
+def _msc_decoder_is_not_merged(config: DeepNMTConfig) -> str | None:
+    if config.msc_block_layers is not None and config.decoder_self_attention == "merged_average":
+        return (
+            "MSC decoder layers fuse two cross-attentions (encoder block n and context n), which merged "
+            "attention cannot take: `decoder_self_attention` must be 'multi_head' or 'average' with "
+            "`msc_block_layers`, got 'merged_average'."
+        )
+    return None
+
+
+def _heads_divide_the_width(config: DeepNMTConfig) -> str | None:
+    for side in ("encoder", "decoder"):
+        heads = getattr(config, f"{side}_attention_heads")
+        if config.d_model % heads:
+            return f"`d_model` ({config.d_model}) must be divisible by `{side}_attention_heads`, got {heads}."
+    return None
+
+
+def _shared_embeddings_have_one_vocabulary(config: DeepNMTConfig) -> str | None:
+    if config.share_embeddings and config.decoder_vocab_size != config.vocab_size:
+        return (
+            f"`decoder_vocab_size` ({config.decoder_vocab_size}) must equal `vocab_size` ({config.vocab_size}) when "
+            "`share_embeddings=True`; set `share_embeddings=False` for separate vocabularies."
+        )
+    return None
+
+
+def _block_boundaries_cut_their_stack(config: DeepNMTConfig) -> str | None:
+    for side in ("encoder", "decoder"):
+        if getattr(config, f"{side}_layer_aggregation") != "sparse":
+            continue
+        field, layers = f"{side}_block_boundaries", getattr(config, f"{side}_layers")
+        boundaries = getattr(config, field)
+        valid = (
+            isinstance(boundaries, list)
+            and all(_is_int(b) for b in boundaries)
+            and len(boundaries) >= 2
+            and boundaries[0] == 0
+            and boundaries[-1] == layers
+            and all(a < b for a, b in zip(boundaries, boundaries[1:]))
+        )
+        if not valid:
+            return (
+                f"`{field}` must be strictly increasing integers from 0 to `{side}_layers` ({layers}), e.g. "
+                f"[0, 6, 12, ..., {layers}], got {boundaries!r}."
+            )
+    return None
+
+
+def _token_ids_are_in_their_vocabulary(config: DeepNMTConfig) -> str | None:
+    # pad/bos/eos are used on both sides; decoding starts in the target vocabulary.
+    shared_ids = min(config.vocab_size, config.decoder_vocab_size)
+    for field, limit in (
+        ("pad_token_id", shared_ids),
+        ("bos_token_id", shared_ids),
+        ("eos_token_id", shared_ids),
+        ("decoder_start_token_id", config.decoder_vocab_size),
+    ):
+        value = getattr(config, field)
+        for token_id in value if isinstance(value, list) else [value]:
+            if token_id is not None and not (_is_int(token_id) and 0 <= token_id < limit):
+                return f"`{field}` must be an id in [0, {limit}), got {value!r}."
+    return None
+
+
+STRUCTURAL_RULES = (
+    _msc_blocks_pair_with_decoder_layers,
+    _encoder_layers_fill_the_msc_blocks,
+    _msc_encoder_is_residual,
+    _msc_decoder_is_not_merged,
+    _heads_divide_the_width,
+    _shared_embeddings_have_one_vocabulary,
+    _block_boundaries_cut_their_stack,
+    _token_ids_are_in_their_vocabulary,
+)
+
+
+def unknown_config_keys(config_class: type, keys) -> dict[str, str | None]:
+    """The keys that are neither fields nor aliases (`attribute_map`) of `config_class`, each with the closest field
+    name (None when nothing is close), in sorted order."""
+    known = {item.name for item in dataclasses.fields(config_class)} | set(config_class.attribute_map)
+    return {
+        key: next(iter(difflib.get_close_matches(key, sorted(known), n=1)), None) for key in sorted(set(keys) - known)
+    }
+
+
+def describe_unknown_keys(unknown: dict[str, str | None]) -> str:
+    """`'dropuot' (did you mean 'dropout'?), 'foo'`"""
+    return ", ".join(f"{key!r}" + (f" (did you mean {hint!r}?)" if hint else "") for key, hint in unknown.items())
+
+
+def _settings(config: DeepNMTConfig, fields) -> str:
+    return " / ".join(f"`{field}={getattr(config, field)!r}`" for field in fields)
 
 
 class DeepNMTConfig(PreTrainedConfig):
@@ -152,6 +456,10 @@ class DeepNMTConfig(PreTrainedConfig):
         pad_token_id / bos_token_id / eos_token_id / decoder_start_token_id (`int`):
             Special token ids, defaults 1 / 0 / 2 / 0 (the tokenizer of the package puts `<s>`, `<pad>`, `</s>`,
             `<unk>` at ids 0-3).
+        decoder_layer_types (`list[str]`, derived):
+            The cache-layer type of each decoder layer, which `generate()` builds its cache from: derived from
+            `decoder_self_attention` and the MSC settings (None for a plain multi-head decoder). A given value is
+            replaced, with a warning.
     """
 
     model_type = "deep_nmt"
@@ -212,17 +520,12 @@ class DeepNMTConfig(PreTrainedConfig):
     decoder_start_token_id: int | None = 0
 
     def __post_init__(self, **kwargs):
-        if self.decoder_vocab_size is None:
-            self.decoder_vocab_size = self.vocab_size
-        if self.encoder_layer_aggregation is None:
-            self.encoder_layer_aggregation = self.layer_aggregation
-        if self.decoder_layer_aggregation is None:
-            self.decoder_layer_aggregation = self.layer_aggregation
-        self._resolve_msc_layout()
-        self.validate_settings()
-        # `generate()` builds its cache from this field (read as `layer_types` of the decoder view of the config):
-        # every decoder layer gets the cache layer that holds all of its decoding state. Always derived.
-        self.decoder_layer_types = [CACHE_LAYER_TYPE] * self.decoder_layers
+        for alias, field in self.attribute_map.items():  # `hidden_size=...` is `d_model=...`, checked like it
+            if alias in kwargs:
+                setattr(self, field, kwargs.pop(alias))
+        self._warn_unknown_keys(kwargs)
+        self._resolve()
+        self._validate()
         super().__post_init__(**kwargs)
 
     @property
@@ -253,206 +556,99 @@ class DeepNMTConfig(PreTrainedConfig):
             self.auto_map = {**auto_map, "AutoModel": f"modeling_deep_nmt.{base_model}"}
         return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
-    def _resolve_msc_layout(self) -> None:
-        """Check `msc_block_layers` against `decoder_layers` and derive (or check) `encoder_layers`."""
-        layers = self.msc_block_layers
-        if layers is None:
+    def _resolve(self) -> None:
+        """Fill the derived values from the given ones. A value derived from a malformed one is left as it is, for
+        `_validate` to name the malformed one."""
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
+        if self.encoder_layer_aggregation is None:
+            self.encoder_layer_aggregation = self.layer_aggregation
+        if self.decoder_layer_aggregation is None:
+            self.decoder_layer_aggregation = self.layer_aggregation
+        if isinstance(self.msc_block_layers, tuple):
+            self.msc_block_layers = list(self.msc_block_layers)
+        if self.msc_block_layers is None:
             if self.encoder_layers is None:
                 self.encoder_layers = 6
-            return
-        _check_positive_int("decoder_layers", self.decoder_layers)
-        is_int = isinstance(layers, int) and not isinstance(layers, bool)
-        is_list = isinstance(layers, (list, tuple)) and all(
-            isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in layers
-        )
-        if not (is_int and layers >= 1) and not (is_list and layers):
-            raise ValueError(
-                "`msc_block_layers` must be a positive integer (layers per encoder block) or a non-empty list of "
-                f"positive integers (one per block), got {layers!r}."
-            )
-        if is_list:
-            self.msc_block_layers = layers = list(layers)
-            if len(layers) != self.decoder_layers:
-                raise ValueError(
-                    f"MSC pairs decoder layer n with encoder block n: `decoder_layers` ({self.decoder_layers}) must "
-                    f"equal the number of encoder blocks in `msc_block_layers` ({len(layers)}: {layers!r})."
-                )
-        total = sum(self.msc_blocks)
-        if self.encoder_layers is None:
-            self.encoder_layers = total
-        elif self.encoder_layers != total:
-            raise ValueError(
-                f"`encoder_layers` ({self.encoder_layers!r}) must equal the total of the MSC encoder blocks, "
-                f"{self.msc_blocks} = {total}; leave `encoder_layers` unset to derive it."
-            )
+        elif (
+            self.encoder_layers is None
+            and MSC_BLOCKS.accepts(self.msc_block_layers)
+            and POSITIVE_INT.accepts(self.decoder_layers)
+        ):
+            self.encoder_layers = sum(self.msc_blocks)  # MSC: the blocks make the encoder
+        for side in ("encoder", "decoder"):
+            field, layers = f"{side}_block_boundaries", getattr(self, f"{side}_layers")
+            boundaries = getattr(self, field)
+            if isinstance(boundaries, tuple):
+                setattr(self, field, list(boundaries))
+            elif (
+                boundaries is None
+                and getattr(self, f"{side}_layer_aggregation") == "sparse"
+                and POSITIVE_INT.accepts(layers)
+                and POSITIVE_INT.accepts(self.sparse_block_size)
+            ):
+                setattr(self, field, list(range(0, layers, self.sparse_block_size)) + [layers])
+        self._resolve_decoder_layer_types()
 
-    def validate_settings(self) -> None:
-        """Raise `ValueError` naming the field and the value for every bad setting or combination."""
-        for field in (
-            "vocab_size",
-            "decoder_vocab_size",
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_attention_heads",
-            "decoder_attention_heads",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-        ):
-            _check_positive_int(field, getattr(self, field))
-        for field in ("dropout", "attention_dropout", "activation_dropout"):
-            _check_probability(field, getattr(self, field))
-        window = self.relative_position_window
-        if isinstance(window, bool) or not isinstance(window, int) or window < 0:
-            raise ValueError(f"`relative_position_window` must be a non-negative integer (0 = off), got {window!r}.")
-        for field in (
-            "scale_embedding",
-            "share_embeddings",
-            "tie_word_embeddings",
-            "pre_norm",
-            "dlcl_history_norm",
-            "aan_ffn",
-            "msc_context_attention",
-            "msc_contextual_collaboration",
-            "msc_share_gru",
-            "msc_decoder_context",
-            "sdpa_avoid_cudnn",
-        ):
-            _check_bool(field, getattr(self, field))
-        _check_choice("msc_context_cell", self.msc_context_cell, MSC_CONTEXT_CELLS)
-        _check_choice("msc_fusion", self.msc_fusion, MSC_FUSIONS)
-        l2 = self.encoder_l2_lambda
-        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not l2 >= 0.0 or l2 == float("inf"):
-            raise ValueError(f"`encoder_l2_lambda` must be a finite number >= 0 (0 = off), got {l2!r}.")
-        _check_choice("activation_function", self.activation_function, ACTIVATIONS)
-        _check_choice("layer_aggregation", self.layer_aggregation, LAYER_AGGREGATIONS)
-        _check_choice("encoder_layer_aggregation", self.encoder_layer_aggregation, LAYER_AGGREGATIONS)
-        _check_choice("decoder_layer_aggregation", self.decoder_layer_aggregation, LAYER_AGGREGATIONS)
-        _check_choice("dlcl_weights", self.dlcl_weights, DLCL_WEIGHTS)
-        _check_choice("init_scheme", self.init_scheme, INIT_SCHEMES)
-        _check_choice("ds_init_mode", self.ds_init_mode, DS_INIT_MODES)
-        _check_choice("decoder_self_attention", self.decoder_self_attention, DECODER_SELF_ATTENTIONS)
-        alpha = self.ds_init_alpha
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0.0 < alpha <= 1.0:
-            raise ValueError(f"`ds_init_alpha` must be a number in (0, 1], got {alpha!r}.")
-        if self.init_scheme != "ds_init" and (self.ds_init_alpha != 1.0 or self.ds_init_mode != "paper"):
-            raise ValueError(
-                f"`ds_init_alpha={self.ds_init_alpha!r}` / `ds_init_mode={self.ds_init_mode!r}` only apply with "
-                f"`init_scheme='ds_init'`, got `init_scheme={self.init_scheme!r}`."
+    def _resolve_decoder_layer_types(self) -> None:
+        # `generate()` builds its cache from this field (read as `layer_types` of the decoder view of the config):
+        # every decoder layer gets the cache layer that holds all of its decoding state. Always derived; a saved value
+        # is replaced, silently when an earlier version of the package derived it.
+        derived = None
+        if POSITIVE_INT.accepts(self.decoder_layers):
+            derived = [CACHE_LAYER_TYPE] * self.decoder_layers
+        given = self.decoder_layer_types
+        earlier = given is None or (isinstance(given, list) and set(given) <= set(EARLIER_CACHE_LAYER_TYPES))
+        if given != derived and not earlier:
+            logger.warning(
+                f"`decoder_layer_types` is derived (a {CACHE_LAYER_TYPE!r} cache layer per decoder layer): the given "
+                f"{given!r} is replaced by {derived!r}."
             )
-        if self.aan_ffn and self.decoder_self_attention != "average":
-            raise ValueError(
-                f"`aan_ffn=True` needs `decoder_self_attention='average'` (the gated AAN), got "
-                f"{self.decoder_self_attention!r}."
-            )
-        for side in ("encoder", "decoder"):
-            heads = getattr(self, f"{side}_attention_heads")
-            if self.d_model % heads:
-                raise ValueError(
-                    f"`d_model` ({self.d_model}) must be divisible by `{side}_attention_heads`, got {heads}."
-                )
-        if self.share_embeddings and self.decoder_vocab_size != self.vocab_size:
-            raise ValueError(
-                f"`decoder_vocab_size` ({self.decoder_vocab_size}) must equal `vocab_size` ({self.vocab_size}) when "
-                "`share_embeddings=True`; set `share_embeddings=False` for separate vocabularies."
-            )
-        if (
-            not isinstance(self.layer_norm_eps, (int, float))
-            or isinstance(self.layer_norm_eps, bool)
-            or (self.layer_norm_eps <= 0)
-        ):
-            raise ValueError(f"`layer_norm_eps` must be a positive number, got {self.layer_norm_eps!r}.")
-        _check_positive_int("sparse_block_size", self.sparse_block_size)
-        for side in ("encoder", "decoder"):
-            self._resolve_block_boundaries(side)
-        uses_dlcl = {"dlcl", "sparse"} & {self.encoder_layer_aggregation, self.decoder_layer_aggregation}
-        if not uses_dlcl and (self.dlcl_weights != "learned" or not self.dlcl_history_norm):
-            raise ValueError(
-                f"`dlcl_weights={self.dlcl_weights!r}` / `dlcl_history_norm={self.dlcl_history_norm!r}` only apply "
-                "to DLCL; set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
-                "to 'dlcl' or 'sparse', or leave them at their defaults ('learned', True)."
-            )
-        self._validate_msc()
-        # pad/bos/eos are used on both sides; decoding starts in the target vocabulary.
-        shared_ids = min(self.vocab_size, self.decoder_vocab_size)
-        for field, limit in (
-            ("pad_token_id", shared_ids),
-            ("bos_token_id", shared_ids),
-            ("eos_token_id", shared_ids),
-            ("decoder_start_token_id", self.decoder_vocab_size),
-        ):
+        self.decoder_layer_types = derived
+
+    def _validate(self) -> None:
+        """Raise `ValueError` naming the field and the value for the first bad setting or combination; changes
+        nothing."""
+        for field, kind in FIELD_KINDS.items():
             value = getattr(self, field)
-            for token_id in value if isinstance(value, list) else [value]:
-                if token_id is not None and (
-                    isinstance(token_id, bool) or not isinstance(token_id, int) or not 0 <= token_id < limit
-                ):
-                    raise ValueError(f"`{field}` must be an id in [0, {limit}), got {value!r}.")
+            if not kind.accepts(value):
+                raise ValueError(f"`{field}` must be {kind.description}, got {value!r}.")
+        defaults = {item.name: item.default for item in dataclasses.fields(DeepNMTConfig)}
+        for rule in DEPENDS_ON:
+            changed = any(getattr(self, field) != defaults[field] for field in rule.fields)
+            if changed and not rule.holds(self):
+                shown = [getattr(self, field) for field in rule.shown]
+                got = repr(shown[0]) if len(shown) == 1 else _settings(self, rule.shown)
+                default = ", ".join(repr(defaults[field]) for field in rule.fields)
+                leave = "it at its default" if len(rule.fields) == 1 else "them at their defaults"
+                raise ValueError(
+                    f"{_settings(self, rule.fields)} {rule.requirement}, got {got}; otherwise leave {leave} "
+                    f"({default})."
+                )
+        for rule in STRUCTURAL_RULES:
+            problem = rule(self)
+            if problem:
+                raise ValueError(problem)
+        self._warn_unused_layer_aggregation()
 
-    def _validate_msc(self) -> None:
-        # the MSC switches and their defaults, as the fields of this class declare them
-        defaults = {
-            item.name: item.default
-            for item in dataclasses.fields(DeepNMTConfig)
-            if item.name.startswith("msc_") and item.name != "msc_block_layers"
-        }
-        changed = {field: getattr(self, field) for field, value in defaults.items() if getattr(self, field) != value}
-        if self.msc_block_layers is None:
-            if changed:
-                raise ValueError(
-                    f"{', '.join(f'`{k}={v!r}`' for k, v in changed.items())} only apply to MSC; set "
-                    "`msc_block_layers` (layers per encoder block) or leave them at their defaults."
-                )
-            return
-        if self.encoder_layer_aggregation != "residual":
-            raise ValueError(
-                "MSC encoder blocks are residual stacks read block by block; `encoder_layer_aggregation` must be "
-                f"'residual' with `msc_block_layers`, got {self.encoder_layer_aggregation!r}."
-            )
-        if self.decoder_self_attention == "merged_average":
-            raise ValueError(
-                "MSC decoder layers fuse two cross-attentions (encoder block n and context n), which merged "
-                "attention cannot take: `decoder_self_attention` must be 'multi_head' or 'average' with "
-                "`msc_block_layers`, got 'merged_average'."
-            )
-        if not self.msc_context_attention:
-            unused = {k: v for k, v in changed.items() if k != "msc_context_attention"}
-            if unused:
-                raise ValueError(
-                    f"{', '.join(f'`{k}={v!r}`' for k, v in unused.items())} configure the MSC context, which "
-                    "`msc_context_attention=False` removes; leave them at their defaults."
-                )
-        elif not self.msc_contextual_collaboration and (self.msc_context_cell != "gru" or not self.msc_share_gru):
-            raise ValueError(
-                f"`msc_context_cell={self.msc_context_cell!r}` / `msc_share_gru={self.msc_share_gru!r}` configure the "
-                "context cell, which `msc_contextual_collaboration=False` removes; leave them at their defaults."
+    def _warn_unused_layer_aggregation(self) -> None:
+        class_default = type(self).__dataclass_fields__["layer_aggregation"].default
+        stacks = (self.encoder_layer_aggregation, self.decoder_layer_aggregation)
+        if self.layer_aggregation != class_default and self.layer_aggregation not in stacks:
+            logger.warning(
+                f"`layer_aggregation={self.layer_aggregation!r}` has no effect: both stacks have their own "
+                f"(`encoder_layer_aggregation={stacks[0]!r}`, `decoder_layer_aggregation={stacks[1]!r}`); set those "
+                "instead."
             )
 
-    def _resolve_block_boundaries(self, side: str) -> None:
-        field, layers = f"{side}_block_boundaries", getattr(self, f"{side}_layers")
-        boundaries = getattr(self, field)
-        if getattr(self, f"{side}_layer_aggregation") != "sparse":
-            if boundaries is not None:
-                raise ValueError(
-                    f"`{field}={boundaries!r}` only applies with `{side}_layer_aggregation='sparse'`, got "
-                    f"{getattr(self, f'{side}_layer_aggregation')!r}."
-                )
-            return
-        if boundaries is None:
-            boundaries = list(range(0, layers, self.sparse_block_size)) + [layers]
-        valid = (
-            isinstance(boundaries, (list, tuple))
-            and all(isinstance(b, int) and not isinstance(b, bool) for b in boundaries)
-            and len(boundaries) >= 2
-            and boundaries[0] == 0
-            and boundaries[-1] == layers
-            and all(a < b for a, b in zip(boundaries, boundaries[1:]))
-        )
-        if not valid:
-            raise ValueError(
-                f"`{field}` must be strictly increasing integers from 0 to `{side}_layers` ({layers}), e.g. "
-                f"[0, 6, 12, ..., {layers}], got {boundaries!r}."
+    def _warn_unknown_keys(self, kwargs: dict) -> None:
+        unknown = unknown_config_keys(type(self), set(kwargs) - TRANSFORMERS_CONFIG_KEYS)
+        if unknown:
+            generation = sorted(set(unknown) & set(GenerationConfig().to_dict()))
+            logger.warning(
+                f"{type(self).__name__} ignores {describe_unknown_keys(unknown)}: not one of its fields"
+                + (f"; {generation} belong in the model's `generation_config`." if generation else ".")
             )
-        setattr(self, field, list(boundaries))
 
 
 class DlclConfig(DeepNMTConfig):

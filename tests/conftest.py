@@ -237,3 +237,24 @@ def hub_cache():
         return snapshot
 
     return lay_out
+
+
+EXPORT_PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is not full"), ("hola mundo", "hi")]
+
+
+@pytest.fixture(scope="module")
+def tiny_export(tmp_path_factory, tiny_config):
+    """`(folder, model, tokenizer)`: a tiny DLCL model with noisy weights and 2 beams, exported with its tokenizer."""
+    from hf_deep_nmt import DlclForConditionalGeneration
+    from hf_deep_nmt.hub import export_hub_folder
+    from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer(EXPORT_PAIRS * 20, vocab_size=120, min_frequency=1)
+    torch.manual_seed(0)
+    model = DlclForConditionalGeneration(tiny_config(DlclConfig, vocab_size=len(tokenizer), tie_word_embeddings=False))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.5)
+    model.generation_config.num_beams = 2
+    folder = export_hub_folder(model, tokenizer, tmp_path_factory.mktemp("export") / "repo", repo_id="org/tiny")
+    return folder, model.eval(), tokenizer

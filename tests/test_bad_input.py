@@ -16,9 +16,10 @@ from hf_deep_nmt import (
     MscConfig,
     MscForConditionalGeneration,
 )
+from hf_deep_nmt.arguments import ModelArguments, parse_arguments
 from hf_deep_nmt.data import sample_corpus_dir
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import ModelArguments, build_model, parse_arguments, prepare
+from hf_deep_nmt.training import build_model, prepare
 from hf_deep_nmt.translate import translate
 
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
@@ -194,8 +195,7 @@ def test_a_saved_config_with_a_wrong_type_names_the_field(tmp_path, tiny_config)
     ],
 )
 def test_a_recipe_value_of_the_wrong_type_names_file_key_and_type(tmp_path, key, value, expected):
-    from hf_deep_nmt.staged import StageArguments
-    from hf_deep_nmt.training import ARGUMENT_CLASSES
+    from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments
 
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({key: value, "output_dir": str(tmp_path)}))
@@ -231,7 +231,8 @@ def test_a_recipe_pointing_at_a_missing_file_names_it(tmp_path, field):
         if field == "model_name_or_path":
             build_model(arguments[0], None)
         else:
-            prepare(*arguments)
+            model_args, data_args, _, training_args = arguments
+            prepare(model_args, data_args, training_args)
 
 
 def test_length_limits_that_drop_every_training_pair_are_named(tmp_path):
@@ -241,7 +242,8 @@ def test_length_limits_that_drop_every_training_pair_are_named(tmp_path):
     settings = {"train_file": str(tmp_path / "train.tsv"), "max_source_length": 3, "tokenizer_vocab_size": 300}
     recipe.write_text(json.dumps({**settings, "output_dir": str(tmp_path / "out")}))
     with pytest.raises(ValueError, match=r"No training pair is within `max_source_length=3`.*\(20 pairs read\)"):
-        prepare(*parse_arguments([str(recipe)]))
+        model_args, data_args, _, training_args = parse_arguments([str(recipe)])
+        prepare(model_args, data_args, training_args)
 
 
 def test_translate_command_names_a_missing_input_file_and_model_folder_in_one_line(tmp_path, capsys):

@@ -107,6 +107,15 @@ def test_each_failure_is_one_line_with_its_exit_code(monkeypatch, capsys, error,
     assert line.startswith("hf-deep-nmt train: error: ") and expected in line
 
 
+def test_a_type_error_is_reported_as_unexpected_with_the_way_to_its_traceback(monkeypatch, capsys):
+    # the checks raise ValueError for a user's mistake; a TypeError is a programming error and must not read as one
+    monkeypatch.setitem(COMMANDS, "train", _raising(TypeError("unsupported operand type(s) for +: 'int' and 'str'")))
+    assert main(["train", "recipe.json"]) == 1
+    line = error_line(capsys)
+    assert "TypeError: unsupported operand type(s) for +: 'int' and 'str'" in line
+    assert "(unexpected; rerun with --debug for the traceback)" in line
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_a_write_failure_while_translating_is_a_run_failure(exported, source, capsys):
     assert (

@@ -1,10 +1,19 @@
-"""Config validation (every bad value is named in the error), named-config defaults, serialisation round trips."""
+"""Config validation (every bad value is named in the error), the tables it is made of, warnings about settings
+without effect, named-config defaults, serialisation round trips."""
+
+import dataclasses
 
 import pytest
 from transformers import AutoConfig
 
-from hf_deep_nmt import DeepNMTConfig, DlclConfig
-from hf_deep_nmt.modeling.configuration_deep_nmt import ACTIVATIONS, DLCL_WEIGHTS, LAYER_AGGREGATIONS
+from hf_deep_nmt import DeepNMTConfig, DlclConfig, MscConfig, SdtConfig
+from hf_deep_nmt.modeling.configuration_deep_nmt import (
+    ACTIVATIONS,
+    DEPENDS_ON,
+    DLCL_WEIGHTS,
+    FIELD_KINDS,
+    LAYER_AGGREGATIONS,
+)
 
 SIZE_FIELDS = (
     "vocab_size",
@@ -172,3 +181,84 @@ def test_config_round_trips_through_dict_and_json(tiny_config, tmp_path, config_
     # the registered config class is written for remote code
     assert saved.pop("auto_map") == {"AutoConfig": f"configuration_deep_nmt.{config_class.__name__}"}
     assert {**saved, "_name_or_path": ""} == {**expected, "_name_or_path": ""}
+
+
+# ---- resolve, then validate from tables --------------------------------------------------------------------------
+
+# fields checked outside the two tables: the special ids (against the vocabularies), the derived cache-layer types and
+# two fixed flags
+OTHER_FIELDS = {
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "decoder_start_token_id",
+    "decoder_layer_types",
+    "use_cache",
+    "is_encoder_decoder",
+}
+
+
+def test_every_field_of_the_config_is_in_a_table_and_every_table_entry_is_a_field():
+    fields = {item.name for item in dataclasses.fields(DeepNMTConfig)}
+    own = set(DeepNMTConfig.__annotations__)
+    in_tables = set(FIELD_KINDS) | {field for rule in DEPENDS_ON for field in rule.fields}
+    assert own - in_tables - OTHER_FIELDS == set()
+    assert in_tables <= fields and OTHER_FIELDS <= fields
+    assert all(set(rule.shown) <= fields for rule in DEPENDS_ON)
+
+
+@pytest.mark.parametrize(
+    ("config_class", "overrides"),
+    [
+        (DeepNMTConfig, {}),
+        (SdtConfig, {"sparse_block_size": 2}),
+        (MscConfig, {"encoder_layers": None, "msc_block_layers": (2, 1)}),
+        (DeepNMTConfig, {"decoder_self_attention": "average", "share_embeddings": False, "decoder_vocab_size": 29}),
+    ],
+)
+def test_validation_changes_nothing(tiny_config, config_class, overrides):
+    config = tiny_config(config_class, **overrides)
+    resolved = config.to_dict()
+    config._validate()
+    assert config.to_dict() == resolved
+
+
+def test_an_alias_is_checked_like_its_field():
+    assert DeepNMTConfig(hidden_size=64).d_model == 64
+    with pytest.raises(ValueError, match=r"`d_model` \(63\) must be divisible by `encoder_attention_heads`"):
+        DeepNMTConfig(hidden_size=63)
+    with pytest.raises(ValueError, match=r"`encoder_layers` \(10\) must equal the total of the MSC encoder blocks"):
+        MscConfig(num_hidden_layers=10)
+
+
+def test_an_unknown_key_is_warned_about_with_the_closest_field(caplog):
+    with caplog.at_level("WARNING"):
+        config = DeepNMTConfig(dropuot=0.3, num_beams=4)
+    assert "DeepNMTConfig ignores 'dropuot' (did you mean 'dropout'?), 'num_beams'" in caplog.text
+    assert "['num_beams'] belong in the model's `generation_config`" in caplog.text
+    assert config.dropout == 0.1
+
+
+def test_a_layer_aggregation_that_neither_stack_uses_is_warned_about(caplog):
+    with caplog.at_level("WARNING"):
+        config = SdtConfig(layer_aggregation="dlcl")
+    assert "`layer_aggregation='dlcl'` has no effect" in caplog.text
+    assert (config.encoder_layer_aggregation, config.decoder_layer_aggregation) == ("sparse", "residual")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        DeepNMTConfig(encoder_layer_aggregation="dlcl", decoder_layer_aggregation="sparse")  # the global is default
+        SdtConfig(layer_aggregation="sparse")  # the encoder uses it
+    assert "has no effect" not in caplog.text
+
+
+def test_a_hand_set_decoder_layer_types_is_replaced_with_a_warning(caplog):
+    with caplog.at_level("WARNING"):
+        config = DeepNMTConfig(decoder_layers=2, decoder_layer_types=["full_attention"] * 2)
+    assert "`decoder_layer_types` is derived" in caplog.text
+    assert config.decoder_layer_types == ["deep_nmt"] * 2
+
+
+def test_the_layer_types_0_1_0_saved_are_replaced_silently(caplog):
+    with caplog.at_level("WARNING"):
+        config = DeepNMTConfig(decoder_layers=2, decoder_layer_types=["deep_nmt_msc"] * 2)
+    assert caplog.text == "" and config.decoder_layer_types == ["deep_nmt"] * 2

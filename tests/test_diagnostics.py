@@ -328,3 +328,17 @@ def test_inspect_cli_writes_pngs_and_json(tmp_path, tiny_config):
     assert (out / "inspect.json").read_bytes() == before
     assert cli_main(argv + ["--overwrite"]) == 0
     assert cli_main(argv[:-2] + ["--num-sentences", "0", "--output-dir", str(tmp_path / "other")]) == 2
+
+
+def test_inspect_refuses_a_model_of_another_package_naming_it(tmp_path):
+    from transformers import MarianConfig, MarianMTModel
+
+    from hf_deep_nmt.inspection import inspect_model
+
+    sizes = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8, decoder_ffn_dim=8)
+    marian = MarianMTModel(MarianConfig(vocab_size=37, pad_token_id=1, decoder_start_token_id=0, **sizes))
+    with pytest.raises(
+        ValueError, match=r"inspect measures models of this package .* got MarianMTModel \(model_type 'marian'\)"
+    ):
+        inspect_model(marian, tmp_path / "out", tokenizer=object())
+    assert not (tmp_path / "out").exists()

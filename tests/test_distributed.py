@@ -23,7 +23,8 @@ from datasets import load_from_disk
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments, multi_process_launch_without_gpu
+from hf_deep_nmt.arguments import DeepNMTTrainingArguments, multi_process_launch_without_gpu
+from hf_deep_nmt.trainer import DeepNMTTrainer
 
 torch.set_num_threads(1)
 work = sys.argv[1]

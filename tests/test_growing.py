@@ -90,6 +90,13 @@ def test_reset_option_reproduces_the_reference_codes_layer_norm_reset(sdt):
     )
 
 
+def test_the_reset_option_is_a_no_op_without_history_layer_norms():
+    model = trained_like(SdtForConditionalGeneration(SdtConfig(**SIZES, sparse_block_size=2, dlcl_history_norm=False)))
+    reset, kept = grow_encoder(model, reset_previous_block_norm=True), grow_encoder(model)
+    assert reset.state_dict().keys() == kept.state_dict().keys()
+    assert all(torch.equal(tensor, kept.state_dict()[name]) for name, tensor in reset.state_dict().items())
+
+
 def test_dense_dlcl_grows_one_uniform_row_per_new_layer():
     model = trained_like(DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES, layer_aggregation="dlcl")))
     grown = grow_encoder(model, 2, "top")

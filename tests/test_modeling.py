@@ -10,16 +10,28 @@ from torch.nn import functional as F
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_deep_nmt import (
+    MODEL_CLASSES,
     DeepNMTConfig,
     DeepNMTForConditionalGeneration,
     DlclConfig,
     DlclForConditionalGeneration,
+    DsInitConfig,
+    DsInitForConditionalGeneration,
     MscConfig,
+    MscForConditionalGeneration,
+    SdtConfig,
+    SdtForConditionalGeneration,
 )
 from hf_deep_nmt.modeling.configuration_deep_nmt import LAYER_AGGREGATIONS
 from hf_deep_nmt.modeling.modeling_deep_nmt import LAYER_AGGREGATION_CLASSES, shift_tokens_right
 
 LOSS_KEYS = ("missing_keys", "unexpected_keys", "mismatched_keys")
+NAMED_MODEL_CLASSES = {
+    DlclForConditionalGeneration: DlclConfig,
+    DsInitForConditionalGeneration: DsInitConfig,
+    SdtForConditionalGeneration: SdtConfig,
+    MscForConditionalGeneration: MscConfig,
+}
 
 
 def model_inputs(batch: dict) -> dict:
@@ -301,12 +313,18 @@ def test_layer_aggregation_classes_cover_the_config_choices():
     assert len(LAYER_AGGREGATION_CLASSES) == len(LAYER_AGGREGATIONS)
 
 
-def test_dlcl_model_class_adds_nothing_but_its_config():
-    assert DlclForConditionalGeneration.config_class is DlclConfig
-    assert DlclForConditionalGeneration.forward is DeepNMTForConditionalGeneration.forward
+def test_every_named_model_class_is_checked_below():
+    named = {model: config for config, model in MODEL_CLASSES.items() if config is not DeepNMTConfig}
+    assert NAMED_MODEL_CLASSES == named
+
+
+@pytest.mark.parametrize("model_class", NAMED_MODEL_CLASSES, ids=lambda cls: cls.__name__)
+def test_named_model_classes_add_nothing_but_their_config(model_class):
+    assert model_class.config_class is NAMED_MODEL_CLASSES[model_class]
+    assert model_class.forward is DeepNMTForConditionalGeneration.forward
     own = [
         name
-        for name, value in vars(DlclForConditionalGeneration).items()
+        for name, value in vars(model_class).items()
         if inspect.isfunction(value) or isinstance(value, (staticmethod, classmethod, property))
     ]
     assert own == []

@@ -19,8 +19,9 @@ from torch.utils.data import SequentialSampler
 from transformers import TrainerCallback, default_data_collator
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+from hf_deep_nmt.arguments import DeepNMTTrainingArguments
 from hf_deep_nmt.callbacks import NonFiniteTrainingError, nonfinite_steps_skipped
-from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments
+from hf_deep_nmt.trainer import DeepNMTTrainer
 
 BATCH = 2
 
@@ -258,7 +259,8 @@ from transformers import default_data_collator
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
 from hf_deep_nmt.callbacks import NonFiniteTrainingError, nonfinite_steps_skipped
-from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments, multi_process_launch_without_gpu
+from hf_deep_nmt.arguments import DeepNMTTrainingArguments, multi_process_launch_without_gpu
+from hf_deep_nmt.trainer import DeepNMTTrainer
 
 torch.set_num_threads(1)
 work, poisoned_calls, limit = sys.argv[1], {int(c) for c in sys.argv[2].split(",")}, int(sys.argv[3])

@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.arguments import parse_arguments
 from hf_deep_nmt.data import (
     load_parallel_dataset,
     read_jsonl,
@@ -27,7 +28,7 @@ from hf_deep_nmt.data import (
 )
 from hf_deep_nmt.evaluation import corpus_scores, decode_predictions, make_compute_metrics
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import build_model, parse_arguments
+from hf_deep_nmt.training import build_model
 from hf_deep_nmt.translate import translate
 
 
@@ -334,7 +335,7 @@ def test_the_bundled_sample_recipe_parses(tmp_path):
 
 
 def test_build_model_sizes_the_vocabulary_from_the_tokenizer_and_checks_overrides(tokenizer):
-    from hf_deep_nmt.training import ModelArguments
+    from hf_deep_nmt.arguments import ModelArguments
 
     model = build_model(
         ModelArguments(
@@ -374,7 +375,7 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypa
 
 
 def test_overrides_cannot_be_combined_with_a_saved_model(tokenizer):
-    from hf_deep_nmt.training import ModelArguments
+    from hf_deep_nmt.arguments import ModelArguments
 
     with pytest.raises(ValueError, match=r"`model_overrides` \(\['d_model'\]\) apply to a fresh"):
         build_model(ModelArguments(model_name_or_path="some/model", model_overrides={"d_model": 8}), tokenizer)
@@ -397,13 +398,39 @@ def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys
 
 
 def test_multi_process_launch_without_gpu_defaults_to_use_cpu(monkeypatch):
+    from hf_deep_nmt import arguments
+
+    monkeypatch.setattr(arguments.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert arguments.multi_process_launch_without_gpu()
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not arguments.multi_process_launch_without_gpu()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr(arguments.torch.cuda, "is_available", lambda: True)
+    assert not arguments.multi_process_launch_without_gpu()
+
+
+def test_checks_and_preparation_leave_the_arguments_as_given(tmp_path):
+    from hf_deep_nmt.run_folder import run_recipe
+    from hf_deep_nmt.training import check_before_work, prepare
+
+    recipe = tmp_path / "recipe.json"
+    settings = {"model_type": "deep_nmt", "tokenizer_vocab_size": 300, "max_eval_samples": 3}
+    recipe.write_text(json.dumps({**settings, "output_dir": str(tmp_path / "run")}))
+    model_args, data_args, export_args, training_args = arguments = parse_arguments([str(recipe)])
+    given = run_recipe(*arguments)
+    check_before_work(model_args, data_args, export_args, training_args)
+    prepared = prepare(model_args, data_args, training_args)
+    assert run_recipe(*arguments) == given and data_args.train_file is None  # the bundled sample was read
+    assert len(prepared.raw["train"]) == 8000 and len(prepared.references) == 3
+
+
+def test_a_misspelt_override_is_refused_before_the_corpus_is_read(tmp_path, monkeypatch):
     from hf_deep_nmt import training
 
-    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: False)
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert training.multi_process_launch_without_gpu()
-    monkeypatch.setenv("WORLD_SIZE", "1")
-    assert not training.multi_process_launch_without_gpu()
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(training.torch.cuda, "is_available", lambda: True)
-    assert not training.multi_process_launch_without_gpu()
+    recipe = tmp_path / "recipe.json"
+    settings = {"model_type": "deep_nmt", "model_overrides": {"dropuot": 0.2}, "output_dir": str(tmp_path / "run")}
+    recipe.write_text(json.dumps(settings))
+    monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("data loaded before check"))
+    with pytest.raises(ValueError, match=r"not DeepNMTConfig fields: 'dropuot' \(did you mean 'dropout'\?\)"):
+        training.run([str(recipe)])

@@ -16,15 +16,16 @@ import torch
 from safetensors.torch import load_file
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
 from hf_deep_nmt.averaging import average_checkpoints, list_checkpoints
 from hf_deep_nmt.callbacks import checkpoint_problem, last_complete_checkpoint
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir
 from hf_deep_nmt.hub import WRITTEN_MARKER, export_hub_folder
 from hf_deep_nmt.run_folder import LOCK_FILE, RUN_RECORD, RunFolder, RunFolderError
-from hf_deep_nmt.staged import StageArguments, run_staged
+from hf_deep_nmt.staged import run_staged
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import ARGUMENT_CLASSES, parse_arguments, run
+from hf_deep_nmt.training import run
 
 OVERRIDES = {
     "d_model": 16,

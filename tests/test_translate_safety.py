@@ -6,12 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
-from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt import DlclForConditionalGeneration
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.hub import export_hub_folder
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.translate import (
     MAX_OUTPUT_TOKENS,
     check_translation_options,
@@ -21,21 +18,7 @@ from hf_deep_nmt.translate import (
     write_translations,
 )
 
-PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is not full"), ("hola mundo", "hi")]
 LINES = ["el sol sale", "", "la mar no se llena", "hola mundo", "el sol sale hola"]
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory, tiny_config):
-    tokenizer = train_joint_tokenizer(PAIRS * 20, vocab_size=120, min_frequency=1)
-    torch.manual_seed(0)
-    model = DlclForConditionalGeneration(tiny_config(DlclConfig, vocab_size=len(tokenizer), tie_word_embeddings=False))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.5)
-    model.generation_config.num_beams = 2
-    folder = export_hub_folder(model, tokenizer, tmp_path_factory.mktemp("export") / "repo", repo_id="org/tiny")
-    return folder, model.eval(), tokenizer
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -47,8 +30,8 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     }
 
 
-def run(exported, *arguments) -> list[str]:
-    return ["translate", "--model", str(exported[0]), "--no-progress", *arguments]
+def run(tiny_export, *arguments) -> list[str]:
+    return ["translate", "--model", str(tiny_export[0]), "--no-progress", *arguments]
 
 
 def one_error_line(capsys) -> str:
@@ -63,7 +46,7 @@ def one_error_line(capsys) -> str:
 @pytest.mark.parametrize("alias", ["same", "relative", "symlink", "hardlink", "dotted"])
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_output_naming_the_input_file_is_refused_and_leaves_it_intact(
-    exported, tmp_path, monkeypatch, capsys, alias, overwrite
+    tiny_export, tmp_path, monkeypatch, capsys, alias, overwrite
 ):
     source = tmp_path / "text.es"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
@@ -80,30 +63,30 @@ def test_output_naming_the_input_file_is_refused_and_leaves_it_intact(
     if alias == "hardlink":
         os.link(source, tmp_path / "hard.es")
     before = snapshot(tmp_path)
-    command = run(exported, "--input", str(source), "--output", output, *(["--overwrite"] if overwrite else []))
+    command = run(tiny_export, "--input", str(source), "--output", output, *(["--overwrite"] if overwrite else []))
     assert main(command) == 2
     error = one_error_line(capsys)
     assert f"output {output} is the input file {source}" in error and "another file" in error
     assert snapshot(tmp_path) == before
 
 
-def test_an_existing_output_file_is_kept_unless_overwrite_is_given(exported, tmp_path, capsys):
-    folder, model, tokenizer = exported
+def test_an_existing_output_file_is_kept_unless_overwrite_is_given(tiny_export, tmp_path, capsys):
+    folder, model, tokenizer = tiny_export
     source, target = tmp_path / "in.es", tmp_path / "out.en"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     target.write_bytes(b"my earlier translations\n")
     before = snapshot(tmp_path)
-    assert main(run(exported, "--input", str(source), "--output", str(target))) == 2
+    assert main(run(tiny_export, "--input", str(source), "--output", str(target))) == 2
     error = one_error_line(capsys)
     assert f"output file {target} exists" in error and "--overwrite" in error
     assert snapshot(tmp_path) == before
-    assert main(run(exported, "--input", str(source), "--output", str(target), "--overwrite")) == 0
+    assert main(run(tiny_export, "--input", str(source), "--output", str(target), "--overwrite")) == 0
     assert target.read_text(encoding="utf-8").split("\n")[:-1] == translate(model, tokenizer, LINES, num_beams=2)
     with pytest.raises(FileExistsError, match="exists"):
         translate_file(model, tokenizer, source, target)
 
 
-def test_an_output_path_that_is_a_folder_or_in_a_missing_folder_is_a_clear_error(exported, tmp_path, capsys):
+def test_an_output_path_that_is_a_folder_or_in_a_missing_folder_is_a_clear_error(tiny_export, tmp_path, capsys):
     source = tmp_path / "in.es"
     source.write_text("hola\n", encoding="utf-8")
     (tmp_path / "results").mkdir()
@@ -113,15 +96,15 @@ def test_an_output_path_that_is_a_folder_or_in_a_missing_folder_is_a_clear_error
         (tmp_path / "absent" / "out.en", "does not exist"),
     ]:
         for flags in ([], ["--overwrite"]):
-            assert main(run(exported, "--input", str(source), "--output", str(output), *flags)) == 2
+            assert main(run(tiny_export, "--input", str(source), "--output", str(output), *flags)) == 2
             assert expected in one_error_line(capsys)
     assert snapshot(tmp_path) == before and sorted(path.name for path in tmp_path.iterdir()) == ["in.es", "results"]
 
 
-def test_a_device_file_is_written_without_overwrite(exported, tmp_path):
+def test_a_device_file_is_written_without_overwrite(tiny_export, tmp_path):
     source = tmp_path / "in.es"
     source.write_text("hola\n", encoding="utf-8")
-    assert main(run(exported, "--input", str(source), "--output", os.devnull)) == 0
+    assert main(run(tiny_export, "--input", str(source), "--output", os.devnull)) == 0
 
 
 # ---- one output line per input \n line ------------------------------------------------------------------------------
@@ -137,31 +120,31 @@ def test_split_lines_splits_on_newline_alone_and_drops_the_cr_of_crlf():
     assert split_lines("") == [] and split_lines("\n") == [""] and split_lines("x") == ["x"]
 
 
-def test_line_breaking_characters_inside_a_line_keep_one_output_line_per_input_line(exported, tmp_path):
-    folder, model, tokenizer = exported
+def test_line_breaking_characters_inside_a_line_keep_one_output_line_per_input_line(tiny_export, tmp_path):
+    folder, model, tokenizer = tiny_export
     lines = [f"el sol{separator}sale" for separator in SEPARATORS] + ["hola mundo"]
     source, target = tmp_path / "in.es", tmp_path / "out.en"
     source.write_bytes("".join(line + "\n" for line in lines).encode("utf-8"))
-    assert main(run(exported, "--input", str(source), "--output", str(target))) == 0
+    assert main(run(tiny_export, "--input", str(source), "--output", str(target))) == 0
     written = target.read_bytes().decode("utf-8")
     assert written.count("\n") == len(lines) and written.endswith("\n")
     assert written.split("\n")[:-1] == translate(model, tokenizer, lines, num_beams=2)
 
 
-def test_a_crlf_file_translates_as_its_lf_copy(exported, tmp_path):
+def test_a_crlf_file_translates_as_its_lf_copy(tiny_export, tmp_path):
     lf, crlf = tmp_path / "lf.es", tmp_path / "crlf.es"
     lf.write_bytes("".join(line + "\n" for line in LINES).encode())
     crlf.write_bytes("".join(line + "\r\n" for line in LINES).encode())
     for source in (lf, crlf):
-        assert main(run(exported, "--input", str(source), "--output", str(source.with_suffix(".en")))) == 0
+        assert main(run(tiny_export, "--input", str(source), "--output", str(source.with_suffix(".en")))) == 0
     assert (tmp_path / "crlf.en").read_bytes() == (tmp_path / "lf.en").read_bytes()
     assert (tmp_path / "lf.en").read_bytes().count(b"\n") == len(LINES) and b"\r" not in (
         tmp_path / "lf.en"
     ).read_bytes()
 
 
-def test_a_translation_holding_a_line_break_stays_on_its_line(exported, tmp_path, monkeypatch):
-    folder, model, tokenizer = exported
+def test_a_translation_holding_a_line_break_stays_on_its_line(tiny_export, tmp_path, monkeypatch):
+    folder, model, tokenizer = tiny_export
     decode = tokenizer.batch_decode
     monkeypatch.setattr(tokenizer, "batch_decode", lambda *a, **k: [f"x\ny\r{text}" for text in decode(*a, **k)])
     target = tmp_path / "out.en"
@@ -185,8 +168,8 @@ class StopAfter:
         return self.generate(**kwargs)
 
 
-def test_a_stopped_run_leaves_every_finished_window_on_disk_in_order(exported, tmp_path, monkeypatch):
-    folder, model, tokenizer = exported
+def test_a_stopped_run_leaves_every_finished_window_on_disk_in_order(tiny_export, tmp_path, monkeypatch):
+    folder, model, tokenizer = tiny_export
     lines = ["la mar no se llena " * 3, "hola", "el sol sale", "la mar", "hola mundo", "el sol", "sale", "mar"]
     expected = translate(model, tokenizer, lines, batch_size=2, num_beams=1, buffer_size=4)
     stop = StopAfter(model, calls=2)
@@ -199,10 +182,10 @@ def test_a_stopped_run_leaves_every_finished_window_on_disk_in_order(exported, t
     assert raised.value.__notes__ == [f"the first 4 of 8 translations were written to {target}"]
 
 
-def test_length_sorted_batches_still_reach_the_disk_as_an_input_prefix(exported, tmp_path, monkeypatch):
+def test_length_sorted_batches_still_reach_the_disk_as_an_input_prefix(tiny_export, tmp_path, monkeypatch):
     """The first line is the longest: its batch (with line 4) runs first, so after that batch line 1 is on disk and
     line 4 waits for lines 2 and 3."""
-    folder, model, tokenizer = exported
+    folder, model, tokenizer = tiny_export
     lines = ["la mar no se llena " * 4, "hola", "el sol", "la mar no se llena"]
     expected = translate(model, tokenizer, lines, batch_size=2, num_beams=1)
     target = tmp_path / "out.en"
@@ -213,20 +196,20 @@ def test_length_sorted_batches_still_reach_the_disk_as_an_input_prefix(exported,
     assert target.read_text(encoding="utf-8") == expected[0] + "\n"
 
 
-def test_a_run_failing_before_its_first_translation_touches_no_file(exported, tmp_path, monkeypatch, capsys):
-    folder, model, tokenizer = exported
+def test_a_run_failing_before_its_first_translation_touches_no_file(tiny_export, tmp_path, monkeypatch, capsys):
+    folder, model, tokenizer = tiny_export
     source, kept = tmp_path / "in.es", tmp_path / "kept.en"
     source.write_text("hola\nel sol\n", encoding="utf-8")
     kept.write_text("earlier\n", encoding="utf-8")
     before = snapshot(tmp_path)
     monkeypatch.setattr(DlclForConditionalGeneration, "generate", lambda self, **kwargs: 1 / 0)
     for output in (kept, tmp_path / "new.en"):
-        assert main(run(exported, "--input", str(source), "--output", str(output), "--overwrite")) == 1
+        assert main(run(tiny_export, "--input", str(source), "--output", str(output), "--overwrite")) == 1
         assert "ZeroDivisionError" in one_error_line(capsys)
     assert snapshot(tmp_path) == before
 
 
-def test_the_cli_says_how_many_lines_a_stopped_run_wrote(exported, tmp_path, monkeypatch, capsys):
+def test_the_cli_says_how_many_lines_a_stopped_run_wrote(tiny_export, tmp_path, monkeypatch, capsys):
     source, target = tmp_path / "in.es", tmp_path / "out.en"
     source.write_text("hola\nel sol\nla mar\n", encoding="utf-8")
     original = DlclForConditionalGeneration.generate
@@ -239,7 +222,7 @@ def test_the_cli_says_how_many_lines_a_stopped_run_wrote(exported, tmp_path, mon
         return original(self, **kwargs)
 
     monkeypatch.setattr(DlclForConditionalGeneration, "generate", interrupted)
-    assert main(run(exported, "--input", str(source), "--output", str(target), "--batch-size", "1")) == 130
+    assert main(run(tiny_export, "--input", str(source), "--output", str(target), "--batch-size", "1")) == 130
     error = one_error_line(capsys)
     assert f"interrupted (the first 1 of 3 translations were written to {target})" in error
     assert target.read_text(encoding="utf-8").count("\n") == 1
@@ -294,16 +277,16 @@ def test_out_of_range_decoding_options_are_refused_before_the_model_is_loaded(tm
         ("max_source_tokens", 0),
     ],
 )
-def test_the_library_refuses_the_same_values_naming_them(exported, option, value):
-    folder, model, tokenizer = exported
+def test_the_library_refuses_the_same_values_naming_them(tiny_export, option, value):
+    folder, model, tokenizer = tiny_export
     with pytest.raises(ValueError, match=rf"`{option}` must be .*got {value!r}"):
         check_translation_options(**{option: value})
     with pytest.raises(ValueError, match=rf"`{option}`"):
         translate(model, tokenizer, ["hola"], **{option: value})
 
 
-def test_output_length_is_capped_absolutely_whatever_a_and_b_allow(exported, monkeypatch):
-    folder, model, tokenizer = exported
+def test_output_length_is_capped_absolutely_whatever_a_and_b_allow(tiny_export, monkeypatch):
+    folder, model, tokenizer = tiny_export
     original, seen = model.generate, []
 
     def record(**kwargs):
@@ -326,12 +309,12 @@ def test_output_length_is_capped_absolutely_whatever_a_and_b_allow(exported, mon
     assert seen[-1][0] == 5 and seen[-1][1] <= 5  # the start token, 3 tokens, `</s>`
 
 
-def test_an_overlong_line_is_refused_naming_it_before_anything_is_translated(exported, tmp_path, capsys):
-    folder, model, tokenizer = exported
+def test_an_overlong_line_is_refused_naming_it_before_anything_is_translated(tiny_export, tmp_path, capsys):
+    folder, model, tokenizer = tiny_export
     source, target = tmp_path / "in.es", tmp_path / "out.en"
     source.write_text("hola\n" + "el sol sale " * 7000 + "\nhola\n", encoding="utf-8")
     before = snapshot(tmp_path)
-    assert main(run(exported, "--input", str(source), "--output", str(target))) == 2
+    assert main(run(tiny_export, "--input", str(source), "--output", str(target))) == 2
     error = one_error_line(capsys)
     assert "1 input line(s) are longer than 1024 tokens (line 2 has" in error and "--max-source-tokens" in error
     assert snapshot(tmp_path) == before
@@ -342,8 +325,8 @@ def test_an_overlong_line_is_refused_naming_it_before_anything_is_translated(exp
 
 
 @pytest.mark.parametrize(("buffer_size", "batches"), [(None, [4, 2]), (3, [3, 3]), (1, [1] * 6)])
-def test_batches_are_formed_within_windows_of_buffer_size_lines(exported, monkeypatch, buffer_size, batches):
-    folder, model, tokenizer = exported
+def test_batches_are_formed_within_windows_of_buffer_size_lines(tiny_export, monkeypatch, buffer_size, batches):
+    folder, model, tokenizer = tiny_export
     stop = StopAfter(model, calls=100)
     monkeypatch.setattr(model, "generate", stop)
     lines = ["hola", "el sol", "la mar", "hola mundo", "el sol sale", "la mar no se llena"]

@@ -1,0 +1,414 @@
+"""The arguments of `hf-deep-nmt train` / `train-staged` and every check that needs nothing but them.
+
+A recipe is a JSON or YAML file of argument values, overridden by `--field value` flags (`parse_arguments`); an
+unknown key or a value of the wrong type is an error naming it. `check_arguments` refuses, before any work, the
+settings that would otherwise fail or give nonsense only after training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import json
+import math
+import os
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from sacrebleu.metrics.bleu import BLEU
+from transformers import HfArgumentParser, Seq2SeqTrainingArguments
+
+from hf_deep_nmt import MODEL_CLASSES
+from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
+from hf_deep_nmt.data import sample_corpus_dir
+from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
+from hf_deep_nmt.growing import GROWTH_STRATEGIES
+from hf_deep_nmt.input_checks import check_config_overrides
+from hf_deep_nmt.translate import check_translation_options
+
+PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
+
+
+@dataclass
+class ModelArguments:
+    model_type: str = field(
+        default="deep_nmt_dlcl", metadata={"help": f"Named preset to start from, one of {tuple(PRESETS)}."}
+    )
+    model_overrides: dict[str, Any] = field(
+        default_factory=dict, metadata={"help": "Config fields that replace the preset's defaults (JSON object)."}
+    )
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "Start from a saved model folder or Hub id instead of a fresh preset."}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "Saved tokenizer; default: train a joint one on the training data."}
+    )
+    tokenizer_vocab_size: int = field(default=8000, metadata={"help": "Size of a newly trained joint vocabulary."})
+    tokenizer_model: str = field(default="bpe", metadata={"help": "Subword model of a new tokenizer: bpe or unigram."})
+
+
+@dataclass
+class DataArguments:
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Training corpus (.tsv, .jsonl or a two-file prefix); default: bundled sample."},
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Validation corpus; default: sample."})
+    dataset_name: str | None = field(default=None, metadata={"help": "A `datasets.load_dataset` name instead."})
+    dataset_config: str | None = field(default=None, metadata={"help": "Its configuration, e.g. de-en."})
+    dataset_validation_split: str = field(
+        default="validation", metadata={"help": "Split of `dataset_name` to evaluate on (e.g. test)."}
+    )
+    source_lang: str = field(default="es", metadata={"help": "Source language code."})
+    target_lang: str = field(default="en", metadata={"help": "Target language code."})
+    max_source_length: int = field(default=128, metadata={"help": "Longer source sentences are dropped (counted)."})
+    max_target_length: int = field(default=128, metadata={"help": "Longer target sentences are dropped (counted)."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N pairs only."})
+
+    def corpus_paths(self) -> tuple[str | None, str | None]:
+        """The training and validation files that are read: the bundled sample corpus when neither a file nor a
+        dataset is named (the arguments keep what the recipe said)."""
+        if self.train_file or self.dataset_name:
+            return self.train_file, self.validation_file
+        return str(sample_corpus_dir() / "train.tsv"), self.validation_file or str(sample_corpus_dir() / "valid.tsv")
+
+    def corpus_files(self) -> list[str]:
+        """The files of `corpus_paths` that are named (none for a `dataset_name` without files)."""
+        return [path for path in self.corpus_paths() if path]
+
+
+@dataclass
+class EvalExportArguments:
+    num_beams: int = field(default=4, metadata={"help": "Beam size for evaluation and export."})
+    length_penalty: float = field(default=1.0, metadata={"help": "Length penalty alpha (see length_penalty_form)."})
+    length_penalty_form: str = field(
+        default="fairseq",
+        metadata={"help": "fairseq: score / |Y|**alpha (generate()'s own); gnmt: score / ((5 + |Y|) / 6)**alpha."},
+    )
+    max_length_a: float = field(default=1.5, metadata={"help": "Output may be a * source_length + b tokens long."})
+    max_length_b: int = field(default=10, metadata={"help": "See max_length_a."})
+    eval_max_tokens: int | None = field(
+        default=None, metadata={"help": "Token budget of a translation batch in the final evaluation."}
+    )
+    tokenized_bleu: bool = field(default=False, metadata={"help": "Also report tokenized BLEU (multi-bleu style)."})
+    bleu_tokenize: str = field(default="13a", metadata={"help": "sacreBLEU tokenizer for the tokenized BLEU."})
+    compound_split: bool = field(default=False, metadata={"help": "Split a-b as a ##AT##-##AT## b (En-De papers)."})
+    bleu_lowercase: bool = field(default=False, metadata={"help": "Case-insensitive tokenized BLEU (IWSLT)."})
+    average_checkpoints: int = field(
+        default=0, metadata={"help": "Evaluate and export the mean of the last N checkpoints (0: the final weights)."}
+    )
+    plot_curves: bool = field(
+        default=True, metadata={"help": "Write training_curves.png (loss, validation BLEU); needs matplotlib."}
+    )
+    translate_examples: int = field(default=5, metadata={"help": "Validation sentences to translate and show."})
+    export_dir: str | None = field(default=None, metadata={"help": "Write a Hub-ready folder here after training."})
+    overwrite_export: bool = field(default=False, metadata={"help": "Replace a non-empty export_dir."})
+    repo_id: str | None = field(default=None, metadata={"help": "Hub repository id named in the model card."})
+
+    def __post_init__(self):
+        if self.length_penalty_form not in LENGTH_PENALTY_FORMS:
+            raise ValueError(
+                f"`length_penalty_form` must be one of {LENGTH_PENALTY_FORMS}, got {self.length_penalty_form!r}."
+            )
+        if self.average_checkpoints < 0:
+            raise ValueError(f"`average_checkpoints` must be >= 0, got {self.average_checkpoints}.")
+
+    def tokenized_bleu_options(self) -> dict | None:
+        if not self.tokenized_bleu:
+            return None
+        return dict(tokenize=self.bleu_tokenize, compound_split=self.compound_split, lowercase=self.bleu_lowercase)
+
+
+LR_SCHEDULES = ("trainer", "inverse_sqrt", "noam")
+
+
+@dataclass
+class DeepNMTTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` plus token-budget batches and the papers' learning-rate schedules."""
+
+    max_tokens: int | None = field(
+        default=None,
+        metadata={"help": "Token budget per training batch and process (padded size); replaces the sentence count."},
+    )
+    lr_schedule: str = field(
+        default="trainer",
+        metadata={
+            "help": "trainer: `lr_scheduler_type`; inverse_sqrt: fairseq (warm-up from warmup_init_lr to "
+            "learning_rate); noam: learning_rate * d^-0.5 * min(n^-0.5, n * warmup^-1.5)."
+        },
+    )
+    warmup_init_lr: float = field(default=1e-7, metadata={"help": "Start of the fairseq inverse_sqrt warm-up."})
+    max_consecutive_nonfinite_steps: int = field(
+        default=DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS,
+        metadata={
+            "help": "Optimizer steps with a NaN/inf loss or gradient are skipped (no update, schedule held); more "
+            "than this many in a row stop the run with NonFiniteTrainingError (0: stop at the first)."
+        },
+    )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start afresh in an output_dir holding another run: remove what runs of this package wrote there "
+            "(checkpoints, results, curves, its record); other files are kept."
+        },
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        NonFiniteGuard(self.max_consecutive_nonfinite_steps)  # validates the value
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"`max_tokens` must be >= 1 or unset, got {self.max_tokens}.")
+
+
+@dataclass
+class StageArguments:
+    """The stages of `hf-deep-nmt train-staged` (SDT): depths, steps, growth and the restarted schedule."""
+
+    stage_depths: list[int] = field(
+        default_factory=lambda: [6, 12, 18, 24, 30, 36, 42, 48],
+        metadata={"help": "Encoder depth of each stage, increasing; the first is trained from scratch."},
+    )
+    stage_max_steps: int = field(default=5000, metadata={"help": "Optimizer steps per stage."})
+    growth_strategy: str = field(default="top", metadata={"help": f"How to grow: one of {GROWTH_STRATEGIES}."})
+    reset_previous_block_norm: bool = field(
+        default=False, metadata={"help": "Reset the old top block's LayerNorm after growing (the reference code)."}
+    )
+    schedule_warmup_steps: int = field(default=8000, metadata={"help": "Warm-up of the inverse-sqrt schedule."})
+    schedule_init_lr: float = field(default=1e-7, metadata={"help": "Learning rate at step 0 of the warm-up."})
+
+    def __post_init__(self):
+        depths = self.stage_depths
+        if not depths or any(not isinstance(d, int) or d < 1 for d in depths) or depths != sorted(set(depths)):
+            raise ValueError(f"`stage_depths` must be strictly increasing positive integers, got {depths!r}.")
+        if self.stage_max_steps < 1 or self.schedule_warmup_steps < 1:
+            raise ValueError(
+                f"`stage_max_steps` and `schedule_warmup_steps` must be >= 1, got {self.stage_max_steps} and "
+                f"{self.schedule_warmup_steps}."
+            )
+        if self.growth_strategy not in GROWTH_STRATEGIES:
+            raise ValueError(f"`growth_strategy` must be one of {GROWTH_STRATEGIES}, got {self.growth_strategy!r}.")
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, EvalExportArguments, DeepNMTTrainingArguments)
+CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def multi_process_launch_without_gpu() -> bool:
+    """True under `torchrun`/`accelerate launch` with several processes on a machine with no CUDA device.
+
+    There `Seq2SeqTrainingArguments` must get `use_cpu=True`, or transformers runs every process as an independent,
+    non-distributed rank 0 (each training its own copy and each writing the output).
+    """
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
+
+
+def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLASSES) -> tuple[Any, ...]:
+    """`CONFIG.json|yaml [--field value ...]`: the file gives values, the command line overrides them.
+
+    Unknown keys in the file are an error naming them (a misspelt field must not be ignored). `use_cpu` defaults to
+    true for a multi-process launch on a machine without a GPU (see `multi_process_launch_without_gpu`).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = HfArgumentParser(classes)
+    cpu_default = {"use_cpu": True} if multi_process_launch_without_gpu() else {}
+    parser.set_defaults(**cpu_default)
+    if argv and argv[0].endswith(CONFIG_SUFFIXES):
+        path = Path(argv.pop(0))
+        if not path.is_file():
+            raise FileNotFoundError(f"Config file not found: {path}")
+        text = path.read_text(encoding="utf-8")
+        try:
+            values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as error:
+            raise ValueError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}.")
+        known = {f.name for cls in classes for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {unknown}; see `hf-deep-nmt train --help` for valid ones.")
+        check_recipe_values(values, classes, str(path))
+        if not argv:
+            return parser.parse_dict({**cpu_default, **values})
+        # Values from the file become defaults of the command line parser, so flags given after it win.
+        parser.set_defaults(**{key: value for key, value in values.items() if key != "model_overrides"})
+        outputs = parser.parse_args_into_dataclasses(args=argv)
+        if "model_overrides" in values:
+            outputs[0].model_overrides = {**values["model_overrides"], **outputs[0].model_overrides}
+        return outputs
+    return parser.parse_args_into_dataclasses(args=argv)
+
+
+def check_explicit_run(argv: list[str] | None, command: str = "train") -> None:
+    """`ValueError` unless the command line names a model (`model_type` or `model_name_or_path`) and an `output_dir`,
+    in a config file or as flags: without them the defaults would start a full-size job into ./trainer_output."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    given = {item[2:].split("=")[0] for item in argv if item.startswith("--")}
+    if argv and argv[0].endswith(CONFIG_SUFFIXES):
+        path = Path(argv[0])
+        values = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+        given |= set(values or {})
+    missing = []
+    if not given & {"model_type", "model_name_or_path"}:
+        missing.append(f"a model (`model_type`, one of {tuple(PRESETS)}, or `model_name_or_path`)")
+    if "output_dir" not in given:
+        missing.append("an `output_dir`")
+    if missing:
+        raise ValueError(
+            f"`hf-deep-nmt {command}` needs a recipe naming {' and '.join(missing)}: give a config file such as "
+            f"recipes/configs/sample.json (flags after it override it), or the flags. Without them the defaults "
+            f"would train a full-size model for thousands of steps into ./trainer_output."
+        )
+
+
+def _accepts(annotation: Any, value: Any) -> bool:
+    """Whether `value` (as read from JSON / YAML) fits `annotation`; unknown annotations accept anything."""
+    if annotation is Any or annotation is typing.Any:
+        return True
+    if annotation is None or annotation is type(None):
+        return value is None
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        return any(_accepts(argument, value) for argument in typing.get_args(annotation))
+    if origin is typing.Literal:
+        return value in typing.get_args(annotation)
+    if origin is not None:  # list[int], dict[str, Any], ...: the container type only
+        return isinstance(origin, type) and isinstance(value, origin)
+    if not isinstance(annotation, type):
+        return True
+    if issubclass(annotation, enum.Enum):
+        return isinstance(value, annotation) or value in {member.value for member in annotation}
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is str:
+        return isinstance(value, str)
+    if annotation in (list, dict):
+        return isinstance(value, annotation)
+    return True
+
+
+def check_recipe_values(values: dict[str, Any], classes: tuple, source: str) -> None:
+    """Raise `ValueError` naming `source`, the key, the value and the expected type for the first recipe value whose
+    type does not fit its argument (e.g. `"max_steps": "ten"`), which the argument dataclasses would otherwise take
+    as is and fail on much later."""
+    hints: dict[str, Any] = {}
+    for cls in classes:
+        try:
+            resolved = typing.get_type_hints(cls)
+        except Exception:  # an annotation that cannot be resolved is left unchecked
+            resolved = {}
+        for item in dataclasses.fields(cls):
+            hints.setdefault(item.name, resolved.get(item.name, Any))
+    for key, value in values.items():
+        if key in hints and not _accepts(hints[key], value):
+            expected = getattr(hints[key], "__name__", None) or str(hints[key]).replace("typing.", "")
+            raise ValueError(f"{source}: `{key}` must be of type {expected}, got {value!r} ({type(value).__name__}).")
+
+
+# An output cap above this many tokens per sentence (max_length_a * max_source_length + max_length_b) is refused:
+# no sentence of a translation corpus needs it, and decoding up to it would run for hours.
+MAX_EVALUATION_OUTPUT_TOKENS = 4096
+
+
+def check_model_arguments(model_args: ModelArguments) -> None:
+    """For a fresh preset (no `model_name_or_path`): `ValueError` for a preset that does not exist or an override that
+    is not a field of its config."""
+    if model_args.model_name_or_path:
+        return
+    if model_args.model_type not in PRESETS:
+        raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
+    check_config_overrides(PRESETS[model_args.model_type], model_args.model_overrides)
+
+
+def check_arguments(
+    data_args: DataArguments, export_args: EvalExportArguments, training_args: Seq2SeqTrainingArguments
+) -> None:
+    """`ValueError` for a setting that would fail or give nonsense only after training (or at its end): naming the
+    setting, its value and what is valid. Cheap: nothing is loaded or built, no file is looked at."""
+    problems = []
+
+    def at_least_one(name: str, value) -> None:
+        if value is not None and value < 1:
+            problems.append(f"`{name}` must be >= 1, got {value}")
+
+    at_least_one("num_beams", export_args.num_beams)
+    at_least_one("max_eval_samples", data_args.max_eval_samples)
+    at_least_one("per_device_eval_batch_size", training_args.per_device_eval_batch_size)
+    at_least_one("per_device_train_batch_size", training_args.per_device_train_batch_size)
+    at_least_one("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
+    at_least_one("eval_max_tokens", export_args.eval_max_tokens)
+    at_least_one("max_source_length", data_args.max_source_length)
+    at_least_one("max_target_length", data_args.max_target_length)
+    for name in ("length_penalty", "max_length_a"):
+        value = getattr(export_args, name)
+        if not math.isfinite(value):
+            problems.append(f"`{name}` must be a finite number, got {value}")
+    if math.isfinite(export_args.max_length_a):
+        if export_args.max_length_a < 0:
+            problems.append(f"`max_length_a` must be >= 0, got {export_args.max_length_a}")
+        cap = export_args.max_length_a * data_args.max_source_length + export_args.max_length_b
+        if not 1 <= cap <= MAX_EVALUATION_OUTPUT_TOKENS:
+            problems.append(
+                f"the output cap `max_length_a * max_source_length + max_length_b` = {export_args.max_length_a} * "
+                f"{data_args.max_source_length} + {export_args.max_length_b} = {cap:g} tokens must be between 1 and "
+                f"{MAX_EVALUATION_OUTPUT_TOKENS}"
+            )
+    if not problems:  # the final evaluation's decoding options, as `translate` will check them after training
+        try:
+            check_translation_options(**evaluation_options(export_args, training_args))
+        except ValueError as error:
+            problems.append(str(error).rstrip("."))
+    tokenizers = sacrebleu_tokenizers()
+    if export_args.bleu_tokenize not in tokenizers:
+        hint = difflib.get_close_matches(export_args.bleu_tokenize, tokenizers, n=1)
+        problems.append(
+            f"`bleu_tokenize` must be one of sacreBLEU's tokenizers {tokenizers}, got {export_args.bleu_tokenize!r}"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+        )
+    if problems:
+        raise ValueError("; ".join(problems) + ".")
+    if export_args.average_checkpoints:
+        if training_args.save_strategy == "no":
+            raise ValueError(
+                f"`average_checkpoints={export_args.average_checkpoints}` needs checkpoints: set `save_strategy` "
+                "(steps or epoch), not 'no'."
+            )
+        limit = training_args.save_total_limit
+        if limit is not None and limit < export_args.average_checkpoints:
+            raise ValueError(
+                f"`save_total_limit={limit}` keeps fewer checkpoints than `average_checkpoints="
+                f"{export_args.average_checkpoints}` averages; raise it or unset it."
+            )
+
+
+def evaluation_options(export_args, training_args) -> dict:
+    """The decoding options of the final evaluation, for `translate` / `check_translation_options`: every validation
+    line is translated (no source length limit), outputs capped at `MAX_EVALUATION_OUTPUT_TOKENS`."""
+    return dict(
+        batch_size=training_args.per_device_eval_batch_size,
+        num_beams=export_args.num_beams,
+        length_penalty=export_args.length_penalty,
+        length_penalty_form=export_args.length_penalty_form,
+        max_length_a=export_args.max_length_a,
+        max_length_b=export_args.max_length_b,
+        max_tokens=export_args.eval_max_tokens,
+        max_source_tokens=None,
+        max_output_tokens=MAX_EVALUATION_OUTPUT_TOKENS,
+    )
+
+
+def sacrebleu_tokenizers() -> list[str]:
+    return list(BLEU.TOKENIZERS)

@@ -1,0 +1,81 @@
+"""`DeepNMTTrainer`: `Seq2SeqTrainer` with the token-budget batches and learning-rate schedules of the papers, and the
+guard that skips non-finite steps."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import datasets
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer
+from transformers.trainer_utils import seed_worker
+
+from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
+from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
+from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
+
+
+class DeepNMTTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with token-budget training batches (`args.max_tokens`, one share per process), the fairseq
+    inverse-sqrt / Noam schedules (`args.lr_schedule`) and a `NonFiniteGuard` (skips non-finite steps, stops after
+    `args.max_consecutive_nonfinite_steps` in a row; one passed in `callbacks` is used instead). Everything else is
+    the library's."""
+
+    def __init__(self, *args, callbacks=None, **kwargs):
+        callbacks = list(callbacks or [])
+        if not any(isinstance(callback, NonFiniteGuard) for callback in callbacks):
+            training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+            limit = getattr(training_args, "max_consecutive_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS)
+            callbacks.insert(0, NonFiniteGuard(limit))
+        super().__init__(*args, callbacks=callbacks, **kwargs)
+
+    def get_train_dataloader(self) -> DataLoader:
+        max_tokens = getattr(self.args, "max_tokens", None)
+        if max_tokens is None:
+            return super().get_train_dataloader()
+        if not isinstance(self.train_dataset, datasets.Dataset):
+            raise TypeError(f"`max_tokens` needs a tokenized `datasets.Dataset`, got {type(self.train_dataset)}.")
+        sampler = TokenBudgetBatchSampler(
+            pair_lengths(self.train_dataset),
+            max_tokens,
+            num_replicas=max(1, self.args.world_size),
+            rank=self.args.process_index,
+            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+        )
+        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
+        workers = self.args.dataloader_num_workers
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=self.data_collator,
+            num_workers=workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers if workers else False,
+            worker_init_fn=partial(seed_worker, num_workers=workers, rank=self.args.process_index),
+        )
+        loader = self.accelerator.prepare(loader)
+        # The sampler already gives this process its own share; `accelerate` wraps it in a `BatchSamplerShard` that
+        # would share it out again (dropping or repeating batches): make that wrapper pass everything through.
+        shard = getattr(loader, "batch_sampler", None)
+        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
+            shard.num_processes, shard.process_index = 1, 0
+        return loader
+
+    def create_scheduler(self, num_training_steps: int, optimizer=None):
+        scheduler = self._create_scheduler(num_training_steps, optimizer)
+        # Callbacks get the optimizer and scheduler the handler was built with (None unless passed to the Trainer):
+        # hand over the ones in use, so that `NonFiniteGuard` can hold the schedule on a skipped step.
+        self.callback_handler.optimizer, self.callback_handler.lr_scheduler = self.optimizer, scheduler
+        return scheduler
+
+    def _create_scheduler(self, num_training_steps: int, optimizer=None):
+        schedule = getattr(self.args, "lr_schedule", "trainer")
+        if schedule == "trainer" or self.lr_scheduler is not None:
+            return super().create_scheduler(num_training_steps, optimizer)
+        optimizer = optimizer or self.optimizer
+        warmup_steps = max(1, self.args.get_warmup_steps(num_training_steps))
+        if schedule == "inverse_sqrt":
+            self.lr_scheduler = inverse_sqrt_scheduler(optimizer, warmup_steps, self.args.warmup_init_lr)
+        else:
+            self.lr_scheduler = noam_scheduler(optimizer, self.model.config.d_model, warmup_steps)
+        return self.lr_scheduler
