@@ -19,18 +19,24 @@ Figures (every output is forced to the same length so that all contenders do equ
   the bytes saved for backward of plain and DLCL stacks;
 * operators: ATen operator calls and autograd nodes per training step of plain and DLCL stacks (counts);
 * throughput: tokens/s, MFU and peak memory of own vs HF Marian training through `DeepNMTTrainer` with token-budget
-  batches (bf16 on CUDA, fp32 on CPU).
+  batches (bf16 on CUDA, fp32 on CPU);
+* compiled: decoding with the static cache and a compiled forward (what `translate --compile` does) against eager
+  decoding with the dynamic cache, at batch 1 greedy and batch 64 beam 4, for multi-head and MAtt decoders, and
+  compiled against eager training steps (pre-norm and DLCL); bf16 on CUDA (`--device cuda`), fp32 on CPU. The bytes
+  a batch-1 decoding step reads (`decoding_step_bytes`) give the MAtt / multi-head target.
 
 Contenders alternate (A, B, C, A, B, C, ...) after one warm-up each and medians are reported, since a shared
 machine is noisy. One command prints the table and writes JSON:
 
     python benchmarks/perf.py                  # base sizes, writes benchmarks/results/perf.json
     python benchmarks/perf.py --size smoke     # tiny sizes, one repeat: checks that it runs (CI)
+    python benchmarks/perf.py --sections compiled --device cuda   # compiled decoding on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -75,6 +81,7 @@ SIZES = {
         pair_length=32,
         deep_memory=dict(layers=24, d_model=128, batch=32, length=40),
         throughput_steps=3,
+        compiled_beam_batch=64,
     ),
     "smoke": dict(
         d_model=32,
@@ -99,6 +106,7 @@ SIZES = {
         pair_length=8,
         deep_memory=dict(layers=4, d_model=32, batch=2, length=8),
         throughput_steps=2,
+        compiled_beam_batch=4,
     ),
 }
 PAD, BOS, EOS = 1, 0, 2
@@ -656,6 +664,123 @@ def run_throughput(size: dict, repeats: int, workdir: Path, budgets: tuple[int, 
     }
 
 
+# ------------------------------------------------------------------------------------------------ compiled decoding
+def decoding_step_bytes(size: dict, self_attention: str, source_length: int, step: int, bytes_per_value: int) -> int:
+    """Bytes one batch-1 decoding step reads: every decoder weight it multiplies by (the cross-attention keys/values
+    of the source are projected once, before the steps) and the output layer, plus the cached states it attends (keys
+    and values of `step` earlier tokens for multi-head self-attention, one running sum for MAtt, the source keys and
+    values for cross-attention). Embedding rows, biases and LayerNorms are negligible and left out."""
+    d, ffn, vocab = size["d_model"], size["ffn"], size["vocab"]
+    if self_attention == "merged_average":
+        # MAtt: query and output maps of the cross-attention, its value map applied to the decoder input as well
+        weights = 3 * d * d + 2 * d * ffn
+        states = 2 * source_length * d + d
+    else:
+        weights = 4 * d * d + 2 * d * d + 2 * d * ffn  # self-attention Q/K/V/O, cross-attention Q/O, FFN
+        states = 2 * step * d + 2 * source_length * d
+    return (size["layers"] * (weights + states) + vocab * d) * bytes_per_value
+
+
+def compiled_decode(model, source, beams: int, new_tokens: int, backend: str | None, device) -> Callable[[], float]:
+    """One timed `generate()`: eager with the dynamic cache (`backend` None), or compiled with the static cache."""
+    from hf_deep_nmt.translate import compiled_decoding
+
+    def run() -> float:
+        decoding = compiled_decoding(model, new_tokens + 1, backend) if backend else contextlib.nullcontext({})
+        with torch.inference_mode(), decoding as extra:
+            synchronize(device)
+            started = time.perf_counter()
+            output = model.generate(
+                input_ids=source,
+                attention_mask=torch.ones_like(source),
+                num_beams=beams,
+                min_new_tokens=new_tokens,
+                max_length=new_tokens + 1,
+                do_sample=False,
+                **extra,
+            )
+            synchronize(device)
+            elapsed = time.perf_counter() - started
+        if output.shape != (source.shape[0], new_tokens + 1):
+            raise RuntimeError(f"expected {new_tokens} forced new tokens, got shape {tuple(output.shape)}")
+        return elapsed
+
+    return run
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_compiled(size: dict, repeats: int, device: torch.device, backend: str) -> dict:
+    """Compiled + static against eager + dynamic decoding, and compiled against eager training steps (see the module
+    docstring). `backend` other than "inductor" (e.g. "aot_eager") only checks that the section runs."""
+    import torch._dynamo
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    models = {
+        "multi_head": own_model(size).to(device=device, dtype=dtype).eval(),
+        "matt": own_model(size, self_attention="merged_average").to(device=device, dtype=dtype).eval(),
+    }
+    results: dict = {"device": device.type, "dtype": str(dtype).removeprefix("torch."), "decoding": {}}
+    generator = torch.Generator().manual_seed(3)
+    for setting, (batch, beams) in {"batch1_greedy": (1, 1), "beam4": (size["compiled_beam_batch"], 4)}.items():
+        source = torch.randint(4, size["vocab"] - 1, (batch, size["source_length"] - 1), generator=generator)
+        source = torch.cat([source, torch.full((batch, 1), EOS)], dim=1).to(device)
+        measures = {}
+        for name, model in models.items():
+            for compiled in (False, True):
+                label = f"{name}_{'compiled_static' if compiled else 'eager_dynamic'}"
+                chosen = backend if compiled else None
+                measures[label] = compiled_decode(model, source, beams, size["new_tokens"], chosen, device)
+        timings = alternate(measures, repeats)
+        medians = {name: statistics.median(values) for name, values in timings.items()}
+        tokens = batch * size["new_tokens"]
+        results["decoding"][setting] = {
+            "batch": batch,
+            "beams": beams,
+            "seconds": timings,
+            "tokens_per_second": {name: tokens / seconds for name, seconds in medians.items()},
+        }
+    bytes_per_value = 2 if dtype == torch.bfloat16 else 4
+    step = size["new_tokens"] // 2
+    results["bytes_per_step"] = {
+        name: decoding_step_bytes(size, attention, size["source_length"], step, bytes_per_value)
+        for name, attention in (("multi_head", "multi_head"), ("matt", "merged_average"))
+    }
+    results["bytes_per_step_base_32k"] = {
+        name: decoding_step_bytes(SIZES["base"], attention, 24, 12, 2)
+        for name, attention in (("multi_head", "multi_head"), ("matt", "merged_average"))
+    }
+    batch = training_batch(size, size["train_batch"], size["train_length"])
+    batch = {key: value.to(device) for key, value in batch.items()}
+    steps = {}
+    for name, aggregation in (("pre_norm", "residual"), ("dlcl", "dlcl")):
+        model = own_model(size, aggregation=aggregation).to(device)
+        eager = own_model(size, aggregation=aggregation).to(device)
+        eager.load_state_dict(model.state_dict())
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=backend, fullgraph=True)
+        steps[f"{name}_eager"] = timed_step(training_step(eager, batch), device)
+        steps[f"{name}_compiled"] = timed_step(training_step(compiled, batch), device)
+    results["training_seconds"] = alternate(steps, repeats)
+    return results
+
+
+def timed_step(step: Callable[[], float], device: torch.device) -> Callable[[], float]:
+    def run() -> float:
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+        with autocast:
+            synchronize(device)
+            started = time.perf_counter()
+            step()
+            synchronize(device)
+            return time.perf_counter() - started
+
+    return run
+
+
 def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool]]:
     """(figure, ratio of medians, ratio of fastest runs, target, met by the medians) for every target measured.
 
@@ -711,6 +836,24 @@ def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool]]:
         target = f"<= {depth / shallow:.2f} (O(L))"
         figure = f"operators: DLCL extra calls at {depth}L / at {shallow}L"
         rows.append((figure, growth, growth, target, growth <= depth / shallow))
+    compiled = results.get("compiled")
+    if compiled:
+        on_gpu = compiled["device"] == "cuda"
+        for setting, label, goal in (("batch1_greedy", "batch-1 greedy", 3.0), ("beam4", "beam 4", 1.5)):
+            seconds = compiled["decoding"][setting]["seconds"]
+            batch = compiled["decoding"][setting]["batch"]
+            for name in ("multi_head", "matt"):
+                target = f">= {goal:.2f}" if on_gpu else "(GPU target)"
+                add(f"compiled: {name} {label} (batch {batch}) compiled+static / eager+dynamic", seconds,
+                    f"{name}_eager_dynamic", f"{name}_compiled_static", target,
+                    lambda value, goal=goal: value >= goal)  # fmt: skip
+        bytes_ratio = compiled["bytes_per_step"]["multi_head"] / compiled["bytes_per_step"]["matt"]
+        add("compiled: MAtt / multi-head batch-1 greedy", compiled["decoding"]["batch1_greedy"]["seconds"],
+            "multi_head_compiled_static", "matt_compiled_static", f">= {bytes_ratio:.2f} (bytes read per step)",
+            lambda value: value >= bytes_ratio)  # fmt: skip
+        for name in ("pre_norm", "dlcl"):
+            add(f"compiled: {name} training step compiled / eager speed", compiled["training_seconds"],
+                f"{name}_eager", f"{name}_compiled", ">= 1.00", lambda value: value >= 1.0)  # fmt: skip
     throughput = results.get("throughput")
     if throughput:
         for budget, figures in throughput["budgets"].items():
@@ -780,6 +923,20 @@ def print_tables(results: dict) -> None:
                       f"{figures['peak_bytes'][name] / 2**20:.0f} |")  # fmt: skip
         print(f"\nmeasured {throughput['dtype']} matmul peak: {throughput['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; "
               f"parameters {throughput['parameters']}\n")  # fmt: skip
+    compiled = results.get("compiled")
+    if compiled:
+        print(f"| compiled decoding ({compiled['device']}, {compiled['dtype']}) | setting | target tok/s |")
+        print("|---|---|---:|")
+        for figures in compiled["decoding"].values():
+            for name, speed in figures["tokens_per_second"].items():
+                print(f"| {name} | batch {figures['batch']}, {figures['beams']} beam(s) | {speed:.1f} |")
+        print("\n| training step (compiled section) | median s |\n|---|---:|")
+        for name, seconds in compiled["training_seconds"].items():
+            print(f"| {name} | {statistics.median(seconds):.3f} |")
+        base = compiled["bytes_per_step_base_32k"]
+        print(f"\nbytes read per batch-1 decoding step, base size, 32k vocabulary, bf16, 24-token source, step 12: "
+              f"multi-head {base['multi_head'] / 2**20:.1f} MiB, MAtt {base['matt'] / 2**20:.1f} MiB, ratio "
+              f"{base['multi_head'] / base['matt']:.2f}\n")  # fmt: skip
     memory = results.get("memory")
     if memory and not (decoding or training):
         print("| peak memory above the loaded model | MB |")
@@ -799,8 +956,12 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per contender (after one warm-up)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for every contender")
-    sections = ("training", "decoding", "deep", "operators", "throughput", "memory")
+    sections = ("training", "decoding", "deep", "operators", "throughput", "memory", "compiled")
     parser.add_argument("--sections", nargs="+", choices=sections, default=list(sections))
+    parser.add_argument("--device", default=None, help="compiled section: cpu or cuda (default: cuda when available)")
+    parser.add_argument(
+        "--compile-backend", default="inductor", help="compiled section; another backend only checks that it runs"
+    )
     parser.add_argument("--budgets", nargs="+", type=int, default=None, help="throughput token budgets")
     parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/perf[_SIZE].json")
     parser.add_argument("--workdir", type=Path, default=None, help="where the CTranslate2 conversion is kept")
@@ -837,6 +998,9 @@ def main(argv: list[str] | None = None) -> dict:
         if "throughput" in args.sections:
             budgets = tuple(args.budgets or size["budgets"])
             results["throughput"] = run_throughput(size, repeats, workdir, budgets)
+        if "compiled" in args.sections:
+            device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            results["compiled"] = run_compiled(size, repeats, device, args.compile_backend)
         if "memory" in args.sections:
             results["memory"] = {
                 "training": {kind: measure_memory("train", kind, args, workdir) for kind in ("own_multi_head",)},

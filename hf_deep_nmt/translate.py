@@ -38,18 +38,19 @@ STATIC_CACHE_BUCKET = 64
 
 
 @contextlib.contextmanager
-def compiled_decoding(model: PreTrainedModel, longest_output: int) -> Iterator[dict]:
+def compiled_decoding(model: PreTrainedModel, longest_output: int, backend: str = "inductor") -> Iterator[dict]:
     """Inside: `model.forward` compiled as one graph (CUDA graphs on CUDA through `mode="reduce-overhead"`, Inductor
-    code elsewhere), compiled once per model and kept; yields the `generate()` options that go with it, the static
-    cache sized to a multiple of `STATIC_CACHE_BUCKET` slots above `longest_output`. Compiling the forward itself,
-    rather than transformers' `compile_config` route, covers beam search, which that route leaves eager. The first
-    decoding call of each batch (an empty cache) and each new shape compile once; the rest replays."""
-    compiled = getattr(model, "_hf_deep_nmt_compiled_forward", None)
+    code elsewhere; another `backend`, e.g. "aot_eager", only for checks), compiled once per model and backend and
+    kept; yields the `generate()` options that go with it, the static cache sized to a multiple of
+    `STATIC_CACHE_BUCKET` slots above `longest_output`. Compiling the forward itself, rather than transformers'
+    `compile_config` route, covers beam search, which that route leaves eager. The first decoding call of each batch
+    (an empty cache) and each new shape compile once; the rest replays."""
+    kept = model.__dict__.setdefault("_hf_deep_nmt_compiled_forward", {})
+    compiled = kept.get(backend)
     if compiled is None:
         device = next(model.parameters()).device
-        mode = "reduce-overhead" if device.type == "cuda" else None
-        compiled = torch.compile(model.forward, fullgraph=True, mode=mode)
-        model._hf_deep_nmt_compiled_forward = compiled
+        mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
+        compiled = kept[backend] = torch.compile(model.forward, fullgraph=True, backend=backend, mode=mode)
     own = model.__dict__.get("forward")
     model.forward = compiled
     bucket = -(-(longest_output + 1) // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET

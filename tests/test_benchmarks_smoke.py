@@ -124,3 +124,27 @@ def test_ctranslate2_conversion_decodes_like_hf_marian(perf, tmp_path):
     results = translator.translate_batch(tokens, beam_size=1, min_decoding_length=5, max_decoding_length=5)
     produced = [[int(token[1:]) for token in result.hypotheses[0]] for result in results]
     assert produced == expected
+
+
+def test_the_compiled_section_runs_and_reports_its_ratios(perf, tmp_path):
+    """At smoke size, with a backend that skips code generation (the figures mean nothing; the harness runs)."""
+    threads = torch.get_num_threads()
+    try:
+        results = perf.main(
+            ["--size", "smoke", "--sections", "compiled", "--compile-backend", "aot_eager", "--device", "cpu",
+             "--json", str(tmp_path / "perf.json"), "--threads", "1"]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    compiled = results["compiled"]
+    expected = {f"{name}_{kind}" for name in ("multi_head", "matt") for kind in ("eager_dynamic", "compiled_static")}
+    for setting in ("batch1_greedy", "beam4"):
+        assert set(compiled["decoding"][setting]["tokens_per_second"]) == expected
+    assert set(compiled["training_seconds"]) == {"pre_norm_eager", "pre_norm_compiled", "dlcl_eager", "dlcl_compiled"}
+    figures = [row["figure"] for row in results["ratios"]]
+    assert len(figures) == 7 and all(figure.startswith("compiled:") for figure in figures)
+    # the bytes a base-size batch-1 step reads, by hand: 6 layers of weights and cached states, the 32k output layer
+    d, ffn, vocab, source, step = 512, 2048, 32000, 24, 12
+    multi_head = 6 * (6 * d * d + 2 * d * ffn + 2 * step * d + 2 * source * d) + vocab * d
+    matt = 6 * (3 * d * d + 2 * d * ffn + 2 * source * d + d) + vocab * d
+    assert compiled["bytes_per_step_base_32k"] == {"multi_head": 2 * multi_head, "matt": 2 * matt}
