@@ -120,7 +120,8 @@ def is_tracing() -> bool:
     """True while `torch.compile`, `torch.export` (and the ONNX exporter built on it) or `torch.jit.trace` trace the
     forward: input checks that need the values of tensors (a host synchronisation, a data-dependent branch) are skipped
     there and run in eager calls only."""
-    return torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.jit.is_tracing()
+    exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
+    return torch.compiler.is_compiling() or (exporting is not None and exporting()) or torch.jit.is_tracing()
 
 
 # Interface version of the cache layers below. Cache layers are found by `_layer_type` in one registry per process
