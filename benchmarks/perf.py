@@ -351,7 +351,11 @@ def saved_for_backward_bytes(model: torch.nn.Module, batch: dict[str, torch.Tens
     return sum(storages.values())
 
 
-def decode(kind: str, model, source: torch.Tensor, beams: int, new_tokens: int) -> Callable[[], float]:
+def decode(
+    kind: str, model, source: torch.Tensor, beams: int, new_tokens: int, backend: str | None = None
+) -> Callable[[], float]:
+    """One timed decoding of `source`, every output forced to `new_tokens`. PyTorch contenders: eager with the dynamic
+    cache, or with `backend` the static cache and the compiled forward of `translate --compile`."""
     if kind == "ctranslate2":
         tokens = [[f"t{i}" for i in row[:-1]] for row in source.tolist()]  # CTranslate2 appends </s> itself
 
@@ -373,8 +377,14 @@ def decode(kind: str, model, source: torch.Tensor, beams: int, new_tokens: int) 
 
         return run
 
+    from hf_deep_nmt.translate import compiled_decoding
+
+    device = source.device
+
     def run() -> float:
-        with torch.inference_mode():
+        decoding = compiled_decoding(model, new_tokens + 1, backend) if backend else contextlib.nullcontext({})
+        with torch.inference_mode(), decoding as extra:
+            synchronize(device)
             started = time.perf_counter()
             output = model.generate(
                 input_ids=source,
@@ -384,7 +394,9 @@ def decode(kind: str, model, source: torch.Tensor, beams: int, new_tokens: int) 
                 max_length=new_tokens + 1,  # the start token + new_tokens
                 do_sample=False,
                 use_cache=True,
+                **extra,
             )
+            synchronize(device)
             elapsed = time.perf_counter() - started
         if output.shape != (source.shape[0], new_tokens + 1):
             raise RuntimeError(f"{kind}: expected {new_tokens} forced new tokens, got shape {tuple(output.shape)}")
@@ -681,33 +693,6 @@ def decoding_step_bytes(size: dict, self_attention: str, source_length: int, ste
     return (size["layers"] * (weights + states) + vocab * d) * bytes_per_value
 
 
-def compiled_decode(model, source, beams: int, new_tokens: int, backend: str | None, device) -> Callable[[], float]:
-    """One timed `generate()`: eager with the dynamic cache (`backend` None), or compiled with the static cache."""
-    from hf_deep_nmt.translate import compiled_decoding
-
-    def run() -> float:
-        decoding = compiled_decoding(model, new_tokens + 1, backend) if backend else contextlib.nullcontext({})
-        with torch.inference_mode(), decoding as extra:
-            synchronize(device)
-            started = time.perf_counter()
-            output = model.generate(
-                input_ids=source,
-                attention_mask=torch.ones_like(source),
-                num_beams=beams,
-                min_new_tokens=new_tokens,
-                max_length=new_tokens + 1,
-                do_sample=False,
-                **extra,
-            )
-            synchronize(device)
-            elapsed = time.perf_counter() - started
-        if output.shape != (source.shape[0], new_tokens + 1):
-            raise RuntimeError(f"expected {new_tokens} forced new tokens, got shape {tuple(output.shape)}")
-        return elapsed
-
-    return run
-
-
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -733,7 +718,7 @@ def run_compiled(size: dict, repeats: int, device: torch.device, backend: str) -
             for compiled in (False, True):
                 label = f"{name}_{'compiled_static' if compiled else 'eager_dynamic'}"
                 chosen = backend if compiled else None
-                measures[label] = compiled_decode(model, source, beams, size["new_tokens"], chosen, device)
+                measures[label] = decode(label, model, source, beams, size["new_tokens"], chosen)
         timings = alternate(measures, repeats)
         medians = {name: statistics.median(values) for name, values in timings.items()}
         tokens = batch * size["new_tokens"]

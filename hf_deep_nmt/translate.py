@@ -171,6 +171,8 @@ def iter_translations(
     sentence, so a stopped run has produced a prefix of the input. See `translate` for the options.
     """
     _check_sentences(sentences)
+    if not isinstance(compile, bool):
+        raise ValueError(f"`compile` must be True or False, got {compile!r}.")
     check_translation_options(
         batch_size,
         num_beams,

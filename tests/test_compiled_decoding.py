@@ -269,51 +269,30 @@ def test_the_onnx_export_computes_what_torch_computes_on_a_padded_batch(family_m
 # ---- translate --compile --------------------------------------------------------------------------------------------
 
 
-def test_translate_with_compiled_decoding_gives_the_same_translations(tiny_config, tmp_path):
-    from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+def test_translate_with_compiled_decoding_gives_the_same_translations(tiny_export, tmp_path):
     from hf_deep_nmt.cli import main
-    from hf_deep_nmt.hub import export_hub_folder
-    from hf_deep_nmt.tokenizer import train_joint_tokenizer
     from hf_deep_nmt.translate import translate
 
-    pairs = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is not full"), ("hola mundo", "hi")]
+    folder, model, tokenizer = tiny_export
     lines = ["el sol sale", "", "la mar no se llena hola", "hola mundo", "el sol"]
-    tokenizer = train_joint_tokenizer(pairs * 20, vocab_size=120, min_frequency=1)
-    torch.manual_seed(0)
-    model = DlclForConditionalGeneration(tiny_config(DlclConfig, vocab_size=len(tokenizer), tie_word_embeddings=False))
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.5)
-    model.eval()
     eager = translate(model, tokenizer, lines, num_beams=2, batch_size=2)
     torch._dynamo.reset()
+    model.__dict__.pop("_hf_deep_nmt_compiled_forward", None)
     assert translate(model, tokenizer, lines, num_beams=2, batch_size=2, compile=True) == eager
     assert "_hf_deep_nmt_compiled_forward" in model.__dict__  # decoding went through the compiled forward
     assert "forward" not in model.__dict__  # and the model's own forward is back
     assert any(eager)  # something was translated, so the comparison means something
-    folder = export_hub_folder(model, tokenizer, tmp_path / "repo", repo_id="org/tiny")
     (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
     out = tmp_path / "out.txt"
-    assert (
-        main(
-            [
-                "translate",
-                "--model",
-                str(folder),
-                "--input",
-                str(tmp_path / "in.txt"),
-                "--output",
-                str(out),
-                "--num-beams",
-                "2",
-                "--batch-size",
-                "2",
-                "--no-progress",
-                "--compile",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 0
-    )
+    arguments = ["translate", "--model", str(folder), "--input", str(tmp_path / "in.txt"), "--output", str(out)]
+    options = ["--num-beams", "2", "--batch-size", "2", "--no-progress", "--compile", "--device", "cpu"]
+    assert main(arguments + options) == 0
     assert out.read_text().split("\n")[:-1] == eager
+
+
+def test_translate_refuses_a_compile_setting_that_is_not_a_bool(tiny_export):
+    from hf_deep_nmt.translate import translate
+
+    _, model, tokenizer = tiny_export
+    with pytest.raises(ValueError, match=r"`compile` must be True or False, got 'yes'"):
+        translate(model, tokenizer, ["el sol"], compile="yes")
