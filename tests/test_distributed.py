@@ -72,6 +72,10 @@ result = {
 }
 with open(f"{work}/rank{dist.get_rank()}.json", "w") as handle:
     json.dump(result, handle)
+# leave together and close gloo's threads before the interpreter exits (a rank that exits with gloo's threads
+# still running can abort with "terminate called without an active exception")
+dist.barrier()
+dist.destroy_process_group()
 """
 
 
