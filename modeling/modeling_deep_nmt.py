@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +21,7 @@ from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache, StaticLayer
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput, Seq2SeqModelOutput
+from transformers.modeling_outputs import BaseModelOutput, BaseModelOutputWithPast, Seq2SeqLMOutput, Seq2SeqModelOutput
 from transformers.modeling_utils import PreTrainedModel
 from transformers.utils import logging
 
@@ -96,6 +97,25 @@ class DeepNMTEncoderOutput(BaseModelOutput):
 
     block_outputs: torch.FloatTensor | None = None
     context_states: torch.FloatTensor | None = None
+
+    def layer_memory(self, index: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What decoder layer `index` attends: `(states, context states or None)`. One entry for every layer of a
+        plain model (the encoder output); under MSC, block `index` and context `index`."""
+        if self.block_outputs is None:
+            return self.last_hidden_state, None
+        context = None if self.context_states is None else self.context_states[:, index]
+        return self.block_outputs[:, index], context
+
+
+def warn_ignored_arguments(module: nn.Module, arguments: dict) -> None:
+    """Warn (once per set of names) about keyword arguments a forward accepts for compatibility but does not use, such
+    as `output_attentions=True`: they are not silently dropped. Unset or False values say nothing."""
+    ignored = sorted(name for name, value in arguments.items() if value is not None and value is not False)
+    if ignored:
+        logger.warning_once(
+            f"{type(module).__name__}.forward ignores {', '.join(ignored)}: this model neither takes these inputs nor "
+            "returns attention weights or per-layer hidden states."
+        )
 
 
 class DeepNMTSinusoidalPositions(nn.Module):
@@ -321,6 +341,32 @@ def causal_average(states: torch.Tensor, cache_layer=None) -> torch.Tensor:
     return cache_layer.update_average(states)
 
 
+def depth_scale(config: DeepNMTConfig, layer_idx: int | None) -> float:
+    """DS-Init's factor on the Glorot bound of every matrix of layer `layer_idx` (0-based, counted per stack; depth
+    l = layer_idx + 1): alpha / sqrt(l) (paper) or sqrt(alpha) * l^(-1/4) (reference code). 1 without DS-Init and for
+    matrices outside the layers (`layer_idx` None)."""
+    if config.init_scheme != "ds_init" or layer_idx is None:
+        return 1.0
+    depth, alpha = layer_idx + 1, config.ds_init_alpha
+    return alpha / math.sqrt(depth) if config.ds_init_mode == "paper" else math.sqrt(alpha) * depth**-0.25
+
+
+class DeepNMTLinear(nn.Linear):
+    """A weight matrix with its initialisation (`_init_weights`): Glorot-uniform in +-`init_scale * sqrt(6 /
+    glorot_fan)`, zero bias. `glorot_fan` is fan-in + fan-out of the matrix as the reference implementation stores
+    it (see `init_scheme` in the config's docs), `init_scale` DS-Init's depth factor (`depth_scale`)."""
+
+    def __init__(
+        self, in_features: int, out_features: int, glorot_fan: int | None = None, init_scale: float = 1.0
+    ) -> None:
+        super().__init__(in_features, out_features)
+        self.glorot_fan = glorot_fan if glorot_fan is not None else in_features + out_features
+        self.init_scale = init_scale
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, glorot_fan={self.glorot_fan}, init_scale={self.init_scale:.6g}"
+
+
 class DeepNMTAttention(nn.Module):
     """Multi-head scaled dot-product attention (SDPA). Decoding state goes to the `EncoderDecoderCache` only."""
 
@@ -333,32 +379,36 @@ class DeepNMTAttention(nn.Module):
         context_memory: bool = False,
     ):
         super().__init__()
-        self.embed_dim = config.d_model
+        self.embed_dim = width = config.d_model
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads
         self.dropout = config.attention_dropout
         self.avoid_cudnn = config.sdpa_avoid_cudnn
         self.is_cross_attention = is_cross_attention
-        # MSC context attention: a second cross-attention of the layer, whose keys/values are cached in the
+        # MSC's context attention: a second cross-attention of the layer, whose keys/values are cached in the
         # `context_keys`/`context_values` slots of the layer's cache layer.
         self.context_memory = context_memory
         self.is_causal = False  # causality comes from the explicit mask built by the decoder
         self.layer_idx = layer_idx
-        self.q_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.k_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.v_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        self.out_proj = nn.Linear(self.embed_dim, self.embed_dim)
-        # Glorot fans of the reference packing (SPEC P2): fairseq stores every Q/K/V as one d x 3d matrix; the DS-Init
-        # code packs self-attention Q/K/V but keeps separate d x d cross-attention maps.
+        # Glorot fans of the reference packing: fairseq stores Q/K/V as one d x 3d matrix (fan 4d); the DS-Init code
+        # packs self-attention Q/K/V the same way but keeps separate d x d cross-attention maps (fan 2d).
         packed = not (is_cross_attention and config.init_scheme == "ds_init")
-        for proj in (self.q_proj, self.k_proj, self.v_proj):
-            proj.glorot_fan = (4 if packed else 2) * self.embed_dim
-        self.out_proj.glorot_fan = 2 * self.embed_dim
+        projection_fan = (4 if packed else 2) * width
+        scale = depth_scale(config, layer_idx)
+        self.q_proj = DeepNMTLinear(width, width, projection_fan, scale)
+        self.k_proj = DeepNMTLinear(width, width, projection_fan, scale)
+        self.v_proj = DeepNMTLinear(width, width, projection_fan, scale)
+        self.out_proj = DeepNMTLinear(width, width, init_scale=scale)
         # Relative position keys (self-attention only): 2k+1 vectors a_{-k..k}, shared by the heads of this layer.
         self.relative_window = 0 if is_cross_attention else config.relative_position_window
         self.relative_keys = (
             nn.Parameter(torch.empty(2 * self.relative_window + 1, self.head_dim)) if self.relative_window else None
         )
+
+    @classmethod
+    def in_decoder(cls, config: DeepNMTConfig, layer_idx: int, is_cross_attention: bool) -> DeepNMTAttention:
+        """The decoder's self- or cross-attention sublayer (`DECODER_ATTENTION_CLASSES`)."""
+        return cls(config, config.decoder_attention_heads, is_cross_attention, layer_idx)
 
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         batch, length, _ = states.shape
@@ -436,17 +486,20 @@ class DeepNMTAttention(nn.Module):
 
 class DeepNMTMergedAttention(DeepNMTAttention):
     r"""
-    Merged attention, MAtt (Zhang, Titov, Sennrich 2019, SPEC §2.2): one decoder sublayer in place of self- and
-    cross-attention,
+    Merged attention, MAtt (Zhang, Titov, Sennrich 2019): one decoder sublayer in place of self- and cross-attention,
 
         MAtt(S, H) = [ M_a (S W_v + b_v) + MultiHead_concat(S, H) ] W_o + b_o
 
     where `M_a` is the causal average (current position included) over the full width, and `W_v`, `b_v`, `W_o` are
-    those of the cross-attention, as in the reference code (SPEC P3-P4). No gate, no FFN inside.
+    those of the cross-attention, as in the authors' code. No gate, no FFN inside.
     """
 
     def __init__(self, config: DeepNMTConfig, num_heads: int, layer_idx: int):
         super().__init__(config, num_heads, is_cross_attention=True, layer_idx=layer_idx)
+
+    @classmethod
+    def in_decoder(cls, config: DeepNMTConfig, layer_idx: int, is_cross_attention: bool) -> DeepNMTMergedAttention:
+        return cls(config, config.decoder_attention_heads, layer_idx)
 
     def forward(
         self,
@@ -465,7 +518,7 @@ class DeepNMTMergedAttention(DeepNMTAttention):
 
 class DeepNMTAverageAttention(nn.Module):
     r"""
-    The gated average attention network, AAN (Zhang, Xiong, Su 2018; SPEC §2.3), in place of decoder self-attention:
+    The gated average attention network, AAN (Zhang, Xiong, Su 2018), in place of decoder self-attention:
 
         g_j = FFN(mean_{k<=j} y_k)            (the plain mean without `aan_ffn`)
         [i_j; f_j] = sigmoid(W_z [y_j; g_j] + b_z)
@@ -475,16 +528,19 @@ class DeepNMTAverageAttention(nn.Module):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        self.gate = nn.Linear(2 * config.d_model, 2 * config.d_model)
-        self.gate.glorot_fan = 4 * config.d_model
+        width, scale = config.d_model, depth_scale(config, layer_idx)
+        self.gate = DeepNMTLinear(2 * width, 2 * width, init_scale=scale)
         if config.aan_ffn:
-            self.fc1 = nn.Linear(config.d_model, config.decoder_ffn_dim)
-            self.fc2 = nn.Linear(config.decoder_ffn_dim, config.d_model)
-            self.fc1.glorot_fan = self.fc2.glorot_fan = config.d_model + config.decoder_ffn_dim
+            self.fc1 = DeepNMTLinear(width, config.decoder_ffn_dim, init_scale=scale)
+            self.fc2 = DeepNMTLinear(config.decoder_ffn_dim, width, init_scale=scale)
             self.activation_fn = ACT2FN[config.activation_function]
             self.activation_dropout = config.activation_dropout
         else:
             self.fc1 = self.fc2 = None
+
+    @classmethod
+    def in_decoder(cls, config: DeepNMTConfig, layer_idx: int, is_cross_attention: bool) -> DeepNMTAverageAttention:
+        return cls(config, layer_idx)
 
     def forward(
         self,
@@ -500,71 +556,117 @@ class DeepNMTAverageAttention(nn.Module):
         return input_gate * hidden_states + forget_gate * average
 
 
-class DeepNMTSublayer(GradientCheckpointingLayer):
-    """What encoder and decoder layers share: the residual wrapper (DLCL paper Eq. 3 / Eq. 4) and the FFN
-    `fc2(Drop(act(fc1(x))))`, with Marian/BART parameter names."""
+# `decoder_self_attention` -> (the self-attention sublayer, None where MAtt merges it away; the cross-attention
+# sublayer). A test ties the keys to the config's choices.
+DECODER_ATTENTION_CLASSES = {
+    "multi_head": (DeepNMTAttention, DeepNMTAttention),
+    "average": (DeepNMTAverageAttention, DeepNMTAttention),
+    "merged_average": (None, DeepNMTMergedAttention),
+}
+
+
+class DeepNMTResidualNorm(nn.LayerNorm):
+    """One residual block: the LayerNorm of a sublayer with the residual dropout and the placement rule,
+
+        post-norm (DLCL paper Eq. 3):  x <- LN(x + Drop(F(x)))
+        pre-norm  (Eq. 4):             x <- x + Drop(F(LN(x)))
+
+    `around(x, F)` applies the block to the sublayer `F`; called as a module it is the plain LayerNorm. The layer
+    holds it under the norm's name, as Marian names its norms (`self_attn_layer_norm`, `encoder_attn_layer_norm`,
+    `final_layer_norm`), so the saved parameter names are the LayerNorm's."""
+
+    def __init__(self, config: DeepNMTConfig):
+        super().__init__(config.d_model, eps=config.layer_norm_eps)
+        self.pre_norm = config.pre_norm
+        self.dropout = config.dropout
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, pre_norm={self.pre_norm}, dropout={self.dropout}"
+
+    def around(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        inputs = self(hidden_states) if self.pre_norm else hidden_states
+        outputs = hidden_states + F.dropout(sublayer(inputs), p=self.dropout, training=self.training)
+        return outputs if self.pre_norm else self(outputs)
+
+
+def msc_attends_context(config: DeepNMTConfig, side: str) -> bool:
+    """Whether the layers of `side` ("encoder" or "decoder") attend MSC's context states."""
+    if config.msc_block_layers is None or not config.msc_context_attention:
+        return False
+    return side == "encoder" or config.msc_decoder_context
+
+
+def msc_context_modules(
+    config: DeepNMTConfig, side: str, num_heads: int, layer_idx: int
+) -> tuple[DeepNMTAttention | None, DeepNMTLinear | None]:
+    """A layer's attention to the context states and its fusion gate (None, None where the layer attends no context;
+    no gate with additive fusion). Built after the layer's own attention, as 0.1.0 did: the parameters keep their
+    order, and so their seeded draws."""
+    if not msc_attends_context(config, side):
+        return None, None
+    context_attention = DeepNMTAttention(config, num_heads, True, layer_idx, context_memory=True)
+    if config.msc_fusion != "gate":
+        return context_attention, None
+    width = config.d_model
+    return context_attention, DeepNMTLinear(2 * width, width, init_scale=depth_scale(config, layer_idx))
+
+
+class DeepNMTLayer(GradientCheckpointingLayer):
+    r"""
+    What encoder and decoder layers share: the feed-forward sublayer `fc2(Drop(act(fc1(x))))` in its residual block
+    (Marian/BART parameter names), and MSC's attention to the context states (Wei et al. 2020, Eq. 10-13), fused with
+    the layer's own attention output `A_h`:
+
+        A_c = Attention(x, C)          fused = g * A_h + (1 - g) * A_c,  g = sigmoid(W [A_h; A_c] + b)   ("gate")
+                                       fused = A_h + A_c                                                 ("add")
+
+    `context_attn` and `fusion_gate` are None where the layer attends no context.
+    """
 
     def __init__(self, config: DeepNMTConfig, layer_idx: int, ffn_dim: int):
         super().__init__()
-        self.pre_norm = config.pre_norm
-        self.dropout = config.dropout
-        self.activation_dropout = config.activation_dropout
-        self.activation_fn = ACT2FN[config.activation_function]
+        width, scale = config.d_model, depth_scale(config, layer_idx)
         self.layer_idx = layer_idx
-        self.fc1 = nn.Linear(config.d_model, ffn_dim)
-        self.fc2 = nn.Linear(ffn_dim, config.d_model)
-        self.fc1.glorot_fan = self.fc2.glorot_fan = config.d_model + ffn_dim
-        self.final_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+        self.fc1 = DeepNMTLinear(width, ffn_dim, init_scale=scale)
+        self.fc2 = DeepNMTLinear(ffn_dim, width, init_scale=scale)
+        self.final_layer_norm = DeepNMTResidualNorm(config)
 
-    def _scale_initialisation(self, config: DeepNMTConfig) -> None:
-        """DS-Init: the Glorot bound of every matrix of this layer (depth l = layer_idx + 1, per stack) is multiplied
-        by alpha / sqrt(l) (paper) or sqrt(alpha) * l^(-1/4) (reference code). Embeddings, biases, LayerNorms keep
-        their initialisation."""
-        if config.init_scheme != "ds_init":
-            return
-        depth, alpha = self.layer_idx + 1, config.ds_init_alpha
-        scale = alpha / math.sqrt(depth) if config.ds_init_mode == "paper" else math.sqrt(alpha) * depth**-0.25
-        for module in self.modules():
-            if isinstance(module, nn.Linear) and hasattr(module, "glorot_fan"):
-                module.init_scale = scale
-
-    def _add_context_attention(self, config: DeepNMTConfig, num_heads: int, enabled: bool) -> None:
-        """MSC: a second attention, to the context states, fused with the layer's own attention (Wei et al. 2020,
-        Eq. 10-13): `g * A_h + (1 - g) * A_c` with `g = sigmoid(W [A_h; A_c] + b)`, or `A_h + A_c`."""
-        self.context_attn = self.fusion_gate = None
-        if not enabled:
-            return
-        self.context_attn = DeepNMTAttention(config, num_heads, True, self.layer_idx, context_memory=True)
-        if config.msc_fusion == "gate":
-            self.fusion_gate = nn.Linear(2 * config.d_model, config.d_model)
-            self.fusion_gate.glorot_fan = 3 * config.d_model
-
-    def _fuse(self, primary: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
-        if self.fusion_gate is None:
-            return primary + context
-        gate = torch.sigmoid(self.fusion_gate(torch.cat([primary, context], dim=-1)))
-        return gate * primary + (1.0 - gate) * context
-
-    def _feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation_fn(self.fc1(hidden_states))
         hidden_states = F.dropout(hidden_states, p=self.activation_dropout, training=self.training)
         return self.fc2(hidden_states)
 
-    def _residual(self, hidden_states: torch.Tensor, layer_norm: nn.LayerNorm, sublayer, *args, **kwargs):
-        # post-norm: x <- LN(x + Drop(F(x)));  pre-norm: x <- x + Drop(F(LN(x)))
-        inputs = layer_norm(hidden_states) if self.pre_norm else hidden_states
-        outputs = hidden_states + F.dropout(sublayer(inputs, *args, **kwargs), p=self.dropout, training=self.training)
-        return outputs if self.pre_norm else layer_norm(outputs)
+    def with_context(
+        self,
+        attended: torch.Tensor,
+        normed: torch.Tensor,
+        context_states: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        cache_layer: DeepNMTCacheLayerMixin | None = None,
+    ) -> torch.Tensor:
+        """`attended` fused with the attention of `normed` (the sublayer input) to `context_states`; `attended` itself
+        where the layer attends no context. The context states are per source position: the source padding mask
+        applies to them."""
+        if self.context_attn is None:
+            return attended
+        context = self.context_attn(
+            normed, key_value_states=context_states, attention_mask=attention_mask, cache_layer=cache_layer
+        )
+        if self.fusion_gate is None:
+            return attended + context
+        gate = torch.sigmoid(self.fusion_gate(torch.cat([attended, context], dim=-1)))
+        return gate * attended + (1.0 - gate) * context
 
 
-class DeepNMTEncoderLayer(DeepNMTSublayer):
+class DeepNMTEncoderLayer(DeepNMTLayer):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
         super().__init__(config, layer_idx, config.encoder_ffn_dim)
-        self.self_attn = DeepNMTAttention(config, config.encoder_attention_heads, False, layer_idx)
-        self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        msc_context = config.msc_block_layers is not None and config.msc_context_attention
-        self._add_context_attention(config, config.encoder_attention_heads, msc_context)
-        self._scale_initialisation(config)
+        heads = config.encoder_attention_heads
+        self.self_attn = DeepNMTAttention(config, heads, False, layer_idx)
+        self.self_attn_layer_norm = DeepNMTResidualNorm(config)
+        self.context_attn, self.fusion_gate = msc_context_modules(config, "encoder", heads, layer_idx)
 
     def forward(
         self,
@@ -572,46 +674,27 @@ class DeepNMTEncoderLayer(DeepNMTSublayer):
         attention_mask: torch.Tensor | None = None,
         context_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        if self.context_attn is None:
-            hidden_states = self._residual(
-                hidden_states, self.self_attn_layer_norm, self.self_attn, attention_mask=attention_mask
-            )
-        else:
-            hidden_states = self._residual(
-                hidden_states, self.self_attn_layer_norm, self._attend_with_context, attention_mask, context_states
-            )
-        return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
+        def attend(normed: torch.Tensor) -> torch.Tensor:
+            attended = self.self_attn(normed, attention_mask=attention_mask)
+            return self.with_context(attended, normed, context_states, attention_mask)
 
-    def _attend_with_context(
-        self, normed: torch.Tensor, attention_mask: torch.Tensor | None, context_states: torch.Tensor
-    ) -> torch.Tensor:
-        # The context states are per source position: the source padding mask applies to them as well.
-        primary = self.self_attn(normed, attention_mask=attention_mask)
-        context = self.context_attn(normed, key_value_states=context_states, attention_mask=attention_mask)
-        return self._fuse(primary, context)
+        hidden_states = self.self_attn_layer_norm.around(hidden_states, attend)
+        return self.final_layer_norm.around(hidden_states, self.feed_forward)
 
 
-class DeepNMTDecoderLayer(DeepNMTSublayer):
+class DeepNMTDecoderLayer(DeepNMTLayer):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
         super().__init__(config, layer_idx, config.decoder_ffn_dim)
-        heads = config.decoder_attention_heads
-        # MAtt: one sublayer (the cross-attention module with the causal average merged in) instead of two.
-        if config.decoder_self_attention == "merged_average":
-            self.self_attn = self.self_attn_layer_norm = None
-            self.encoder_attn = DeepNMTMergedAttention(config, heads, layer_idx)
-        else:
-            if config.decoder_self_attention == "average":
-                self.self_attn = DeepNMTAverageAttention(config, layer_idx)
-            else:
-                self.self_attn = DeepNMTAttention(config, heads, False, layer_idx)
-            self.self_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-            self.encoder_attn = DeepNMTAttention(config, heads, True, layer_idx)
-        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        msc_context = (
-            config.msc_block_layers is not None and config.msc_context_attention and config.msc_decoder_context
+        self_attention, cross_attention = DECODER_ATTENTION_CLASSES[config.decoder_self_attention]
+        self.self_attn = self.self_attn_layer_norm = None  # MAtt: merged into the cross-attention sublayer
+        if self_attention is not None:
+            self.self_attn = self_attention.in_decoder(config, layer_idx, is_cross_attention=False)
+            self.self_attn_layer_norm = DeepNMTResidualNorm(config)
+        self.encoder_attn = cross_attention.in_decoder(config, layer_idx, is_cross_attention=True)
+        self.encoder_attn_layer_norm = DeepNMTResidualNorm(config)
+        self.context_attn, self.fusion_gate = msc_context_modules(
+            config, "decoder", config.decoder_attention_heads, layer_idx
         )
-        self._add_context_attention(config, heads, msc_context)
-        self._scale_initialisation(config)
 
     def forward(
         self,
@@ -623,67 +706,47 @@ class DeepNMTDecoderLayer(DeepNMTSublayer):
         cross_cache: DeepNMTCacheLayerMixin | None = None,
         context_states: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`self_cache` / `cross_cache`: this layer's cache layers in the self- and cross-attention halves of the
-        decoding cache (None without a cache)."""
+        """`encoder_hidden_states` / `context_states`: what this layer attends (`DeepNMTEncoderOutput.layer_memory`).
+        `self_cache` / `cross_cache`: this layer's cache layers in the self- and cross-attention halves of the decoding
+        cache (None without a cache)."""
+        # MAtt keeps its running sum in the self-attention half
+        merged = {"average_cache_layer": self_cache} if self.self_attn is None else {}
+
+        def attend_source(normed: torch.Tensor) -> torch.Tensor:
+            attended = self.encoder_attn(normed, encoder_hidden_states, encoder_attention_mask, cross_cache, **merged)
+            return self.with_context(attended, normed, context_states, encoder_attention_mask, cross_cache)
+
         if self.self_attn is not None:
-            hidden_states = self._residual(
+            hidden_states = self.self_attn_layer_norm.around(
                 hidden_states,
-                self.self_attn_layer_norm,
-                self.self_attn,
-                attention_mask=self_attention_mask,
-                cache_layer=self_cache,
+                lambda normed: self.self_attn(normed, attention_mask=self_attention_mask, cache_layer=self_cache),
             )
-        cross_kwargs = {"cache_layer": cross_cache}
-        if self.self_attn is None:  # MAtt: the merged sublayer keeps its running sum in the self-attention half
-            cross_kwargs["average_cache_layer"] = self_cache
-        if self.context_attn is None:
-            hidden_states = self._residual(
-                hidden_states,
-                self.encoder_attn_layer_norm,
-                self.encoder_attn,
-                key_value_states=encoder_hidden_states,
-                attention_mask=encoder_attention_mask,
-                **cross_kwargs,
-            )
-        else:
-            hidden_states = self._residual(
-                hidden_states,
-                self.encoder_attn_layer_norm,
-                self._cross_attend_with_context,
-                encoder_hidden_states,
-                encoder_attention_mask,
-                cross_kwargs,
-                context_states,
-            )
-        return self._residual(hidden_states, self.final_layer_norm, self._feed_forward)
-
-    def _cross_attend_with_context(
-        self,
-        normed: torch.Tensor,
-        encoder_hidden_states: torch.Tensor,
-        encoder_attention_mask: torch.Tensor | None,
-        cross_kwargs: dict,
-        context_states: torch.Tensor,
-    ) -> torch.Tensor:
-        primary = self.encoder_attn(
-            normed, key_value_states=encoder_hidden_states, attention_mask=encoder_attention_mask, **cross_kwargs
-        )
-        context = self.context_attn(
-            normed,
-            key_value_states=context_states,
-            attention_mask=encoder_attention_mask,
-            cache_layer=cross_kwargs["cache_layer"],
-        )
-        return self._fuse(primary, context)
+        hidden_states = self.encoder_attn_layer_norm.around(hidden_states, attend_source)
+        return self.final_layer_norm.around(hidden_states, self.feed_forward)
 
 
-class DeepNMTResidualHistory(nn.Module):
-    """Plain stack: a layer reads the output of the layer below; the stack output is the top layer's output.
+class DeepNMTLayerHistory(nn.Module):
+    """How a stack's layers are wired: what each layer reads and what the stack returns. One interface, so every
+    stack runs one loop:
 
-    The layer-history components share one interface: `start(embedding)` returns the per-call state (kept in the
-    caller's `forward`, never on the module), `layer_input(state, i)` is the input of layer i (0-based),
-    `push(state, output, i)` records its output, `stack_output(state)` is what the stack returns before its final
-    LayerNorm."""
+    - `start(embedding)`: the per-call state (kept in the caller's `forward`, never on the module);
+    - `layer_input(state, i)`: the input of layer i (0-based); `layer_context(state, i)`: the context states layer i
+      attends (MSC's encoder), else None;
+    - `push(state, output, i)`: record the output of layer i;
+    - `stack_output(state)`: what the stack returns before its final LayerNorm; `memory_outputs(state)`: what the
+      encoder returns besides it for the decoder layers to attend (`DeepNMTEncoderOutput` fields; MSC only).
+
+    A new wiring is a subclass, and a key of `LAYER_AGGREGATION_CLASSES` when the config selects it."""
+
+    def layer_context(self, state, index: int) -> torch.Tensor | None:
+        return None
+
+    def memory_outputs(self, state) -> dict[str, torch.Tensor | None]:
+        return {}
+
+
+class DeepNMTResidualHistory(DeepNMTLayerHistory):
+    """Plain stack: a layer reads the output of the layer below; the stack output is the top layer's output."""
 
     def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
         super().__init__()
@@ -788,10 +851,10 @@ class DeepNMTHistoryRow(torch.autograd.Function):
         return grad_weight, grad_newest, None, None, None
 
 
-class DeepNMTBlockHistory(nn.Module):
+class DeepNMTBlockHistory(DeepNMTLayerHistory):
     r"""
-    Learned linear combination of block outputs: SDT's sparse connections (Li et al. 2020, SPEC §3.1), with DLCL
-    (Wang et al. 2019, Eq. 7-9, SPEC §1) as the case where every layer is a block.
+    Learned linear combination of block outputs: SDT's sparse connections (Li et al. 2020), with DLCL
+    (Wang et al. 2019, Eq. 7-9) as the case where every layer is a block.
 
     `boundaries` `[0, b_1, ..., L]` cut the stack into B blocks. Stored: `y_0` (the embedding) and the output of the
     last layer of each block. `weight[r, j]` (lower triangle of `(B+1) x (B+1)`, raw scalars, uniform-average init)
@@ -881,10 +944,8 @@ class DeepNMTContextFeedForward(nn.Module):
 
     def __init__(self, d_model: int):
         super().__init__()
-        self.fc1 = nn.Linear(2 * d_model, d_model)
-        self.fc2 = nn.Linear(d_model, d_model)
-        self.fc1.glorot_fan = 3 * d_model
-        self.fc2.glorot_fan = 2 * d_model
+        self.fc1 = DeepNMTLinear(2 * d_model, d_model)
+        self.fc2 = DeepNMTLinear(d_model, d_model)
 
     def forward(self, inputs: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         return self.fc2(F.relu(self.fc1(torch.cat([hidden, inputs], dim=-1))))
@@ -892,7 +953,7 @@ class DeepNMTContextFeedForward(nn.Module):
 
 class DeepNMTMscContext(nn.Module):
     r"""
-    MSC contextual collaboration (Wei et al. 2020, Eq. 9; SPEC §4.2): `C^n = Q(C^{n-1}, B^n)`, run position-wise
+    MSC contextual collaboration (Wei et al. 2020, Eq. 9): `C^n = Q(C^{n-1}, B^n)`, run position-wise
     across the blocks (each source position is its own recurrence of length N), `C^0` the encoder input. Q is a
     `GRUCell(d, d)` with hidden state `C^{n-1}` and input `B^n` (one shared by all blocks, or one per block), or the
     feed-forward ablation; without contextual collaboration `C^n` is `B^n` itself.
@@ -918,6 +979,66 @@ class DeepNMTMscContext(nn.Module):
         return state.view(block_output.shape)
 
 
+class DeepNMTMultiscaleState:
+    """Per-call state of the MSC encoder: the newest layer output, the context the current block attends, and the
+    normalised block outputs and contexts so far."""
+
+    __slots__ = ("last", "context", "blocks", "contexts")
+
+    def __init__(self, embedding: torch.Tensor, context: torch.Tensor | None):
+        self.last, self.context = embedding, context
+        self.blocks: list[torch.Tensor] = []
+        self.contexts: list[torch.Tensor] = []
+
+
+class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
+    r"""
+    MSC's encoder (Wei et al. 2020) as a layer history: N blocks of residual layers. Block n ends with its own
+    LayerNorm, `LN_n(B^n)`, which decoder layer n attends (the last one is the encoder output), while the residual
+    stream goes on from the un-normalised `B^n`. With a context, the layers of block n attend `C^{n-1}` and
+    `C^n = Q(C^{n-1}, LN_n(B^n))`, `C^0` the encoder input (`DeepNMTMscContext`).
+
+    The block LayerNorms and the context cell are the encoder's modules, handed in rather than registered here: their
+    saved names, `encoder.block_layer_norms.*` and `encoder.context.*`, are those of every saved MSC model.
+    """
+
+    def __init__(self, config: DeepNMTConfig, block_layer_norms: nn.ModuleList, context: DeepNMTMscContext | None):
+        super().__init__()
+        boundaries = config.msc_block_boundaries()
+        self.block_ends = {end - 1: block for block, end in enumerate(boundaries[1:])}  # last layer -> its block
+        self.returns_context = msc_attends_context(config, "decoder")
+        self.encoder_parts = (block_layer_norms, context)  # a tuple: plain references, not registered (see above)
+
+    def start(self, embedding: torch.Tensor) -> DeepNMTMultiscaleState:
+        _, context = self.encoder_parts
+        return DeepNMTMultiscaleState(embedding, embedding if context is not None else None)
+
+    def layer_input(self, state: DeepNMTMultiscaleState, index: int) -> torch.Tensor:
+        return state.last
+
+    def layer_context(self, state: DeepNMTMultiscaleState, index: int) -> torch.Tensor | None:
+        return state.context
+
+    def push(self, state: DeepNMTMultiscaleState, output: torch.Tensor, index: int) -> None:
+        state.last = output
+        block = self.block_ends.get(index)
+        if block is None:
+            return
+        block_layer_norms, context = self.encoder_parts
+        normed = block_layer_norms[block](output)
+        state.blocks.append(normed)
+        if context is not None:
+            state.context = context(state.context, normed, block)
+            state.contexts.append(state.context)
+
+    def stack_output(self, state: DeepNMTMultiscaleState) -> torch.Tensor:
+        return state.blocks[-1]
+
+    def memory_outputs(self, state: DeepNMTMultiscaleState) -> dict[str, torch.Tensor | None]:
+        contexts = torch.stack(state.contexts, dim=1) if self.returns_context else None
+        return {"block_outputs": torch.stack(state.blocks, dim=1), "context_states": contexts}
+
+
 class DeepNMTPreTrainedModel(PreTrainedModel):
     config_class = DeepNMTConfig
     config: DeepNMTConfig
@@ -937,12 +1058,12 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
         modules without parameters of their own.
         """
         d_model = self.config.d_model
-        if isinstance(module, nn.Linear):
-            if hasattr(module, "glorot_fan"):
-                bound = math.sqrt(6.0 / module.glorot_fan) * getattr(module, "init_scale", 1.0)
-                init.uniform_(module.weight, -bound, bound)
-            else:
-                init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
+        if isinstance(module, DeepNMTLinear):
+            bound = module.init_scale * math.sqrt(6.0 / module.glorot_fan)
+            init.uniform_(module.weight, -bound, bound)
+            init.zeros_(module.bias)
+        elif isinstance(module, nn.Linear):  # the output layer (tied to the target embeddings by default)
+            init.normal_(module.weight, mean=0.0, std=d_model**-0.5)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
@@ -979,7 +1100,6 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
         # post-norm output row.
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_norm else None
-        self.gradient_checkpointing = False
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -1012,25 +1132,22 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
 
 
 class DeepNMTEncoder(DeepNMTStack):
-    r"""
-    Encoder stack. Under MSC (`config.msc_block_layers`, Wei et al. 2020, SPEC §4) the layers form N blocks; block n
-    ends with its own LayerNorm, `LN_n(B^n)`, whose output decoder layer n attends (the last one is the encoder's
-    final LayerNorm), while the residual stream goes on from the un-normalised `B^n`. With the context, layers of
-    block n also attend to `C^{n-1}`, and `C^n = Q(C^{n-1}, LN_n(B^n))`, `C^0` the encoder input.
-    """
+    """Encoder stack. Under MSC (`config.msc_block_layers`) its history is `DeepNMTMultiscaleHistory`: the layers form
+    N blocks, each ending in its own LayerNorm (`block_layer_norms`), and the context cell (`context`) carries the
+    context states across them."""
 
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, "encoder")
         self.layers = nn.ModuleList(DeepNMTEncoderLayer(config, i) for i in range(config.encoder_layers))
-        self.block_boundaries = config.msc_block_boundaries()
         self.block_layer_norms = self.context = None
-        if self.block_boundaries is not None:
-            self.layer_norm = None  # the top block's LayerNorm plays its part
+        if config.msc_block_layers is not None:
             self.block_layer_norms = nn.ModuleList(
                 nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) for _ in config.msc_blocks
             )
-            if config.msc_context_attention:
+            if msc_attends_context(config, "encoder"):
                 self.context = DeepNMTMscContext(config)
+            self.history = DeepNMTMultiscaleHistory(config, self.block_layer_norms, self.context)
+            self.layer_norm = None  # the top block's LayerNorm plays its part
         self.post_init()
 
     def forward(
@@ -1039,7 +1156,8 @@ class DeepNMTEncoder(DeepNMTStack):
         attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutput:
+    ) -> DeepNMTEncoderOutput:
+        warn_ignored_arguments(self, kwargs)
         if input_ids is None:
             raise ValueError("The encoder needs `input_ids` (batch, source_length).")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -1053,29 +1171,11 @@ class DeepNMTEncoder(DeepNMTStack):
             self.check_input_ids(input_ids)
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
-        if self.block_boundaries is not None:
-            return self._multiscale(hidden_states, mask)
         state = self.history.start(hidden_states)  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
-            self.history.push(state, layer(self.history.layer_input(state, index), mask), index)
-        return DeepNMTEncoderOutput(last_hidden_state=self.finish(state))
-
-    def _multiscale(self, hidden_states: torch.Tensor, mask: torch.Tensor | None) -> DeepNMTEncoderOutput:
-        blocks, contexts = [], []
-        context = hidden_states if self.context is not None else None  # C^0 = the encoder input
-        for block, (start, end) in enumerate(zip(self.block_boundaries, self.block_boundaries[1:])):
-            for layer in self.layers[start:end]:
-                hidden_states = layer(hidden_states, mask, context)
-            normed = self.block_layer_norms[block](hidden_states)
-            blocks.append(normed)
-            if self.context is not None:
-                context = self.context(context, normed, block)
-                contexts.append(context)
-        return DeepNMTEncoderOutput(
-            last_hidden_state=blocks[-1],
-            block_outputs=torch.stack(blocks, dim=1),
-            context_states=torch.stack(contexts, dim=1) if contexts and self.config.msc_decoder_context else None,
-        )
+            output = layer(self.history.layer_input(state, index), mask, self.history.layer_context(state, index))
+            self.history.push(state, output, index)
+        return DeepNMTEncoderOutput(last_hidden_state=self.finish(state), **self.history.memory_outputs(state))
 
 
 class DeepNMTDecoder(DeepNMTStack):
@@ -1087,16 +1187,14 @@ class DeepNMTDecoder(DeepNMTStack):
     def forward(
         self,
         input_ids: torch.LongTensor,
-        encoder_hidden_states: torch.Tensor,
+        encoder_outputs: DeepNMTEncoderOutput,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         use_cache: bool = False,
-        encoder_block_outputs: torch.Tensor | None = None,
-        encoder_context_states: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, Cache | None]:
-        """Under MSC, decoder layer n attends `encoder_block_outputs[:, n]` (and `encoder_context_states[:, n]`)
-        instead of `encoder_hidden_states`."""
+    ) -> BaseModelOutputWithPast:
+        """Decoder layer n attends `encoder_outputs.layer_memory(n)`: the encoder output, or under MSC encoder block n
+        (and context n)."""
         if use_cache and past_key_values is None:
             past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         if not use_cache:
@@ -1130,17 +1228,18 @@ class DeepNMTDecoder(DeepNMTStack):
         cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
         state = self.history.start(hidden_states)  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
+            memory, context = encoder_outputs.layer_memory(index)
             output = layer(
                 self.history.layer_input(state, index),
-                encoder_hidden_states if encoder_block_outputs is None else encoder_block_outputs[:, index],
+                memory,
                 self_mask,
                 cross_mask,
                 self_cache=self_caches[index],
                 cross_cache=cross_caches[index],
-                context_states=None if encoder_context_states is None else encoder_context_states[:, index],
+                context_states=context,
             )
             self.history.push(state, output, index)
-        return self.finish(state), past_key_values
+        return BaseModelOutputWithPast(last_hidden_state=self.finish(state), past_key_values=past_key_values)
 
     @staticmethod
     def _self_attention_mask(
@@ -1213,6 +1312,7 @@ class DeepNMTModel(DeepNMTPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
+        warn_ignored_arguments(self, kwargs)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
         else:
@@ -1220,32 +1320,32 @@ class DeepNMTModel(DeepNMTPreTrainedModel):
         if decoder_input_ids is None:
             raise ValueError("`decoder_input_ids` (or `labels`) are required to run the decoder.")
         use_cache = use_cache if use_cache is not None else (self.config.use_cache and not self.training)
-        decoder_states, cache = self.decoder(
+        decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
-            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_outputs=encoder_outputs,
             attention_mask=decoder_attention_mask,
             encoder_attention_mask=attention_mask,
             past_key_values=past_key_values,
             use_cache=use_cache,
-            encoder_block_outputs=getattr(encoder_outputs, "block_outputs", None),
-            encoder_context_states=getattr(encoder_outputs, "context_states", None),
         )
         return Seq2SeqModelOutput(
-            last_hidden_state=decoder_states,
-            past_key_values=cache,
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
         )
 
-    def _check_encoder_outputs(self, encoder_outputs) -> BaseModelOutput:
+    def _check_encoder_outputs(self, encoder_outputs) -> DeepNMTEncoderOutput:
         """`encoder_outputs` given by the caller: a `BaseModelOutput` or a tuple in the order of
         [`DeepNMTEncoderOutput`] (`last_hidden_state`, then under MSC `block_outputs` and `context_states`)."""
-        if not isinstance(encoder_outputs, BaseModelOutput):
-            names = ("last_hidden_state", "block_outputs", "context_states")
+        names = ("last_hidden_state", "block_outputs", "context_states")
+        if isinstance(encoder_outputs, BaseModelOutput) and not isinstance(encoder_outputs, DeepNMTEncoderOutput):
+            encoder_outputs = DeepNMTEncoderOutput(**{name: getattr(encoder_outputs, name, None) for name in names})
+        elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = DeepNMTEncoderOutput(**dict(zip(names, tuple(encoder_outputs)[:3])))
         blocks = self.config.msc_blocks
         if blocks is None:
             return encoder_outputs
-        needs_context = self.config.msc_context_attention and self.config.msc_decoder_context
+        needs_context = msc_attends_context(self.config, "decoder")
         block_outputs = getattr(encoder_outputs, "block_outputs", None)
         context_states = getattr(encoder_outputs, "context_states", None)
         expected = f"(batch, {len(blocks)}, source_length, {self.config.d_model})"
@@ -1336,6 +1436,7 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             Target ids; -100 marks positions ignored by the loss. When `decoder_input_ids` is not given it is
             `labels` shifted right behind `decoder_start_token_id`.
         """
+        warn_ignored_arguments(self, kwargs)
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None:
