@@ -403,9 +403,15 @@ class DeepNMTConfig(PreTrainedConfig):
             Keep the DLCL LayerNorms (one per stored layer output in pre-norm, one per combination row in post-norm);
             `False` is the paper's "- layer norm" ablation.
         init_scheme (`str`, *optional*, defaults to `"default"`):
-            `"default"` (Glorot-uniform with the bounds of packed Q/K/V) or `"ds_init"`: depth-scaled initialisation
-            (Zhang, Titov, Sennrich 2019): every attention and FFN matrix of layer l (from 1, per stack) is drawn
-            with its Glorot bound multiplied by `ds_init_alpha / sqrt(l)`.
+            `"default"` or `"ds_init"`. Every weight matrix is drawn uniformly in +-sqrt(6 / fan), fan = fan-in +
+            fan-out of the matrix as the reference implementations store it: in+out for every matrix except the
+            attention Q/K/V maps, which fairseq packs into one d x 3d matrix (fan 4d). `"ds_init"`: depth-scaled
+            initialisation (Zhang, Titov, Sennrich 2019): every matrix of layer l (from 1, per stack; attention, FFN,
+            AAN, MSC context attention and fusion gate) has its bound multiplied by `ds_init_alpha / sqrt(l)` (see
+            `ds_init_mode`); and as in the authors' code, which packs self-attention Q/K/V but keeps separate d x d
+            cross-attention maps, cross-attention Q/K/V use fan 2d. Embeddings are N(0, 1/d), biases 0, LayerNorms
+            1/0, the GRU cells torch's own uniform +-1/sqrt(d). Each matrix's fan and scale show in the model's
+            `repr` (`DeepNMTLinear`).
         ds_init_alpha (`float`, *optional*, defaults to 1.0):
             The alpha of DS-Init, in (0, 1].
         ds_init_mode (`str`, *optional*, defaults to `"paper"`):

@@ -620,7 +620,8 @@ class DeepNMTLayer(GradientCheckpointingLayer):
         A_c = Attention(x, C)          fused = g * A_h + (1 - g) * A_c,  g = sigmoid(W [A_h; A_c] + b)   ("gate")
                                        fused = A_h + A_c                                                 ("add")
 
-    `context_attn` and `fusion_gate` are None where the layer attends no context.
+    Each layer sets `context_attn` and `fusion_gate` after its own attention (`msc_context_modules`); None where the
+    layer attends no context.
     """
 
     def __init__(self, config: DeepNMTConfig, layer_idx: int, ffn_dim: int):
@@ -713,7 +714,13 @@ class DeepNMTDecoderLayer(DeepNMTLayer):
         merged = {"average_cache_layer": self_cache} if self.self_attn is None else {}
 
         def attend_source(normed: torch.Tensor) -> torch.Tensor:
-            attended = self.encoder_attn(normed, encoder_hidden_states, encoder_attention_mask, cross_cache, **merged)
+            attended = self.encoder_attn(
+                normed,
+                key_value_states=encoder_hidden_states,
+                attention_mask=encoder_attention_mask,
+                cache_layer=cross_cache,
+                **merged,
+            )
             return self.with_context(attended, normed, context_states, encoder_attention_mask, cross_cache)
 
         if self.self_attn is not None:
@@ -998,20 +1005,22 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
     stream goes on from the un-normalised `B^n`. With a context, the layers of block n attend `C^{n-1}` and
     `C^n = Q(C^{n-1}, LN_n(B^n))`, `C^0` the encoder input (`DeepNMTMscContext`).
 
-    The block LayerNorms and the context cell are the encoder's modules, handed in rather than registered here: their
-    saved names, `encoder.block_layer_norms.*` and `encoder.context.*`, are those of every saved MSC model.
+    The block LayerNorms and the context cell are the encoder's modules (`encoder.block_layer_norms`,
+    `encoder.context`: the names every saved MSC model has), read from the encoder at each call, so that a module
+    replaced there (e.g. by PEFT's `modules_to_save`) is the one that runs. The encoder is held in a tuple: a plain
+    reference, not a submodule.
     """
 
-    def __init__(self, config: DeepNMTConfig, block_layer_norms: nn.ModuleList, context: DeepNMTMscContext | None):
+    def __init__(self, config: DeepNMTConfig, encoder: nn.Module):
         super().__init__()
         boundaries = config.msc_block_boundaries()
         self.block_ends = {end - 1: block for block, end in enumerate(boundaries[1:])}  # last layer -> its block
         self.returns_context = msc_attends_context(config, "decoder")
-        self.encoder_parts = (block_layer_norms, context)  # a tuple: plain references, not registered (see above)
+        self.owner = (encoder,)
 
     def start(self, embedding: torch.Tensor) -> DeepNMTMultiscaleState:
-        _, context = self.encoder_parts
-        return DeepNMTMultiscaleState(embedding, embedding if context is not None else None)
+        attends_context = self.owner[0].context is not None
+        return DeepNMTMultiscaleState(embedding, embedding if attends_context else None)
 
     def layer_input(self, state: DeepNMTMultiscaleState, index: int) -> torch.Tensor:
         return state.last
@@ -1024,11 +1033,11 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
         block = self.block_ends.get(index)
         if block is None:
             return
-        block_layer_norms, context = self.encoder_parts
-        normed = block_layer_norms[block](output)
+        encoder = self.owner[0]
+        normed = encoder.block_layer_norms[block](output)
         state.blocks.append(normed)
-        if context is not None:
-            state.context = context(state.context, normed, block)
+        if encoder.context is not None:
+            state.context = encoder.context(state.context, normed, block)
             state.contexts.append(state.context)
 
     def stack_output(self, state: DeepNMTMultiscaleState) -> torch.Tensor:
@@ -1146,7 +1155,7 @@ class DeepNMTEncoder(DeepNMTStack):
             )
             if msc_attends_context(config, "encoder"):
                 self.context = DeepNMTMscContext(config)
-            self.history = DeepNMTMultiscaleHistory(config, self.block_layer_norms, self.context)
+            self.history = DeepNMTMultiscaleHistory(config, self)
             self.layer_norm = None  # the top block's LayerNorm plays its part
         self.post_init()
 

@@ -22,8 +22,14 @@ from hf_deep_nmt import (
     SdtConfig,
     SdtForConditionalGeneration,
 )
-from hf_deep_nmt.modeling.configuration_deep_nmt import LAYER_AGGREGATIONS
-from hf_deep_nmt.modeling.modeling_deep_nmt import LAYER_AGGREGATION_CLASSES, shift_tokens_right
+from hf_deep_nmt.modeling.configuration_deep_nmt import DECODER_SELF_ATTENTIONS, LAYER_AGGREGATIONS
+from hf_deep_nmt.modeling.modeling_deep_nmt import (
+    DECODER_ATTENTION_CLASSES,
+    LAYER_AGGREGATION_CLASSES,
+    DeepNMTEncoderOutput,
+    DeepNMTLinear,
+    shift_tokens_right,
+)
 
 LOSS_KEYS = ("missing_keys", "unexpected_keys", "mismatched_keys")
 NAMED_MODEL_CLASSES = {
@@ -311,6 +317,89 @@ def test_layer_aggregation_is_chosen_per_stack(tiny_config, encoder, decoder):
 def test_layer_aggregation_classes_cover_the_config_choices():
     assert set(LAYER_AGGREGATION_CLASSES) == set(LAYER_AGGREGATIONS)
     assert len(LAYER_AGGREGATION_CLASSES) == len(LAYER_AGGREGATIONS)
+
+
+def test_decoder_attention_classes_cover_the_config_choices():
+    assert set(DECODER_ATTENTION_CLASSES) == set(DECODER_SELF_ATTENTIONS)
+    assert len(DECODER_ATTENTION_CLASSES) == len(DECODER_SELF_ATTENTIONS)
+
+
+@pytest.mark.parametrize("choice", DECODER_SELF_ATTENTIONS)
+def test_each_decoder_layer_holds_the_sublayers_its_choice_names(tiny_config, choice):
+    model = DeepNMTForConditionalGeneration(tiny_config(DeepNMTConfig, decoder_self_attention=choice))
+    self_attention, cross_attention = DECODER_ATTENTION_CLASSES[choice]
+    for layer in model.model.decoder.layers:
+        if self_attention is None:
+            assert layer.self_attn is None and layer.self_attn_layer_norm is None
+        else:
+            assert type(layer.self_attn) is self_attention and layer.self_attn_layer_norm is not None
+        assert type(layer.encoder_attn) is cross_attention
+
+
+def test_every_weight_matrix_but_the_output_layer_states_its_initialisation(tiny_config):
+    """No matrix's initialisation hangs on attributes set after construction: each one below the output layer is a
+    DeepNMTLinear whose fan and scale show in the model's repr."""
+    model = DeepNMTForConditionalGeneration(
+        tiny_config(DeepNMTConfig, msc_block_layers=[1, 2], msc_context_cell="ffn")
+    )
+    linears = {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
+    ours = {name for name, module in model.named_modules() if isinstance(module, DeepNMTLinear)}
+    assert linears - ours == {"lm_head"}
+    assert "model.encoder.context.cells.0.fc1" in ours and "model.decoder.layers.0.fusion_gate" in ours
+    width = model.config.d_model
+    assert f"in_features={width}, out_features={width}, bias=True, glorot_fan={4 * width}, init_scale=1)" in repr(
+        model.model.encoder.layers[0].self_attn.q_proj
+    )
+
+
+def test_the_encoder_output_routes_one_memory_to_every_decoder_layer():
+    states, blocks, contexts = torch.randn(2, 5, 4), torch.randn(2, 3, 5, 4), torch.randn(2, 3, 5, 4)
+    plain = DeepNMTEncoderOutput(last_hidden_state=states)
+    assert all(plain.layer_memory(index)[0] is states and plain.layer_memory(index)[1] is None for index in range(3))
+    msc = DeepNMTEncoderOutput(last_hidden_state=blocks[:, -1], block_outputs=blocks, context_states=contexts)
+    for index in range(3):
+        memory, context = msc.layer_memory(index)
+        assert torch.equal(memory, blocks[:, index]) and torch.equal(context, contexts[:, index])
+    encoder_only = DeepNMTEncoderOutput(last_hidden_state=blocks[:, -1], block_outputs=blocks)
+    assert encoder_only.layer_memory(1)[1] is None
+
+
+def test_a_copied_msc_model_runs_its_own_encoder_modules(tiny_config, random_model):
+    """The MSC history reads the block LayerNorms and the context cell from its encoder at each call: a deep copy runs
+    the copy's modules, not the original's."""
+    model = random_model(tiny_config(MscConfig, msc_block_layers=[2, 1])).eval()
+    copied = copy.deepcopy(model)
+    source, target = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[0, 8, 9]])
+    with torch.no_grad():
+        before = model(input_ids=source, decoder_input_ids=target).logits
+        copied.model.encoder.block_layer_norms[0].weight.mul_(3.0)
+        copied.model.encoder.context.cells[0].weight_hh.mul_(3.0)
+        assert torch.equal(model(input_ids=source, decoder_input_ids=target).logits, before)
+        assert not torch.allclose(copied(input_ids=source, decoder_input_ids=target).logits, before)
+
+
+def test_the_decoder_returns_a_model_output(tiny_config, random_model):
+    model = random_model(tiny_config(DeepNMTConfig)).eval()
+    source, target = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[0, 8, 9]])
+    with torch.no_grad():
+        encoded = model.model.encoder(input_ids=source)
+        decoded = model.model.decoder(input_ids=target, encoder_outputs=encoded, use_cache=True)
+        full = model(input_ids=source, decoder_input_ids=target)
+    assert decoded.last_hidden_state.shape == (1, 3, model.config.d_model)
+    assert decoded.past_key_values.get_seq_length() == 3
+    torch.testing.assert_close(model.lm_head(decoded.last_hidden_state), full.logits)
+
+
+@pytest.mark.parametrize("argument", ["output_attentions", "output_hidden_states", "inputs_embeds"])
+def test_arguments_the_model_ignores_warn_instead_of_vanishing(tiny_config, random_model, caplog, argument):
+    model = random_model(tiny_config(DeepNMTConfig)).eval()
+    source, target = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[0, 8, 9]])
+    value = torch.zeros(1, 4, model.config.d_model) if argument == "inputs_embeds" else True
+    with caplog.at_level("WARNING"), torch.no_grad():
+        model(input_ids=source, decoder_input_ids=target, output_attentions=False)  # unset/False: nothing to say
+        assert caplog.text == ""
+        model(input_ids=source, decoder_input_ids=target, **{argument: value})
+    assert f"ignores {argument}" in caplog.text
 
 
 def test_every_named_model_class_is_checked_below():
