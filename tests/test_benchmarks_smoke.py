@@ -26,7 +26,7 @@ def smoke_run(perf, tmp_path_factory):
     threads = torch.get_num_threads()
     try:
         results = perf.main(
-            ["--size", "smoke", "--sections", "training", "decoding", "deep", "operators", "throughput", "--json",
+            ["--smoke", "--sections", "training", "decoding", "deep", "operators", "throughput", "--json",
              str(folder / "perf.json"), "--workdir", str(folder), "--threads", "1"]
         )  # fmt: skip
     finally:
@@ -177,7 +177,7 @@ def test_the_compiled_section_runs_and_reports_its_ratios(perf, tmp_path):
     threads = torch.get_num_threads()
     try:
         results = perf.main(
-            ["--size", "smoke", "--sections", "compiled", "--compile-backend", "aot_eager", "--device", "cpu",
+            ["--smoke", "--sections", "compiled", "--compile-backend", "aot_eager", "--device", "cpu",
              "--json", str(tmp_path / "perf.json"), "--threads", "1"]
         )  # fmt: skip
     finally:
