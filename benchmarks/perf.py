@@ -23,13 +23,19 @@ Figures (every output is forced to the same length so that all contenders do equ
 * compiled: decoding with the static cache and a compiled forward (what `translate --compile` does) against eager
   decoding with the dynamic cache, at batch 1 greedy and batch 64 beam 4, for multi-head and MAtt decoders, and
   compiled against eager training steps (pre-norm and DLCL); bf16 on CUDA (`--device cuda`), fp32 on CPU. The bytes
-  a batch-1 decoding step reads (`decoding_step_bytes`) give the MAtt / multi-head target.
+  a batch-1 decoding step reads (`decoding_step_bytes`) give the MAtt / multi-head target;
+* matt: merged attention against multi-head decoder self-attention in otherwise identical post-norm models:
+  generate() tokens/s at beam 4 and greedy, and the time of one cached step of the decoder stack alone (no output
+  layer, no search) over batch x 4 rows, the part MAtt changes;
+* msc: generate() tokens/s at beam 4 and greedy of a pre-norm baseline (as many encoder as decoder layers), a plain
+  encoder as deep as the MSC one, and MSC (one block of `msc_block_layers` layers per decoder layer, GRU context,
+  gated fusion): 6, 36 and 6 x 6 encoder layers at base size.
 
 Contenders alternate (A, B, C, A, B, C, ...) after one warm-up each and medians are reported, since a shared
 machine is noisy. One command prints the table and writes JSON:
 
     python benchmarks/perf.py                  # base sizes, writes benchmarks/results/perf.json
-    python benchmarks/perf.py --size smoke     # tiny sizes, one repeat: checks that it runs (CI)
+    python benchmarks/perf.py --smoke          # tiny sizes, one repeat: checks that it runs (CI); = --size smoke
     python benchmarks/perf.py --sections compiled --device cuda   # compiled decoding on a GPU
 """
 
@@ -55,7 +61,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from transformers import MarianConfig, MarianMTModel
 
-from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, MscConfig, MscForConditionalGeneration
 
 SIZES = {
     "base": dict(
@@ -82,6 +88,7 @@ SIZES = {
         deep_memory=dict(layers=24, d_model=128, batch=32, length=40),
         throughput_steps=3,
         compiled_beam_batch=64,
+        msc_block_layers=6,
     ),
     "smoke": dict(
         d_model=32,
@@ -107,6 +114,7 @@ SIZES = {
         deep_memory=dict(layers=4, d_model=32, batch=2, length=8),
         throughput_steps=2,
         compiled_beam_batch=4,
+        msc_block_layers=2,
     ),
 }
 PAD, BOS, EOS = 1, 0, 2
@@ -115,27 +123,40 @@ DECODERS = ("own_multi_head", "own_matt", "hf_marian", "ctranslate2")
 
 # ----------------------------------------------------------------------------------------------------- contenders
 def own_model(
-    size: dict, *, self_attention: str = "multi_head", layers: int | None = None, aggregation: str = "residual"
+    size: dict,
+    *,
+    self_attention: str = "multi_head",
+    layers: int | None = None,
+    aggregation: str = "residual",
+    pre_norm: bool = True,
+    block_layers: int | None = None,
 ) -> DeepNMTForConditionalGeneration:
+    """This package's model at `size`; `layers` encoder layers (default: as many as decoder layers), or with
+    `block_layers` an MSC model whose encoder has one block of that many layers per decoder layer."""
     torch.manual_seed(0)
-    config = DeepNMTConfig(
+    config_class, model_class = (
+        (MscConfig, MscForConditionalGeneration) if block_layers else (DeepNMTConfig, DeepNMTForConditionalGeneration)
+    )
+    extra = {"msc_block_layers": block_layers} if block_layers else {}
+    config = config_class(
         vocab_size=size["vocab"],
         d_model=size["d_model"],
         encoder_ffn_dim=size["ffn"],
         decoder_ffn_dim=size["ffn"],
         encoder_attention_heads=size["heads"],
         decoder_attention_heads=size["heads"],
-        encoder_layers=layers or size["layers"],
+        encoder_layers=layers or size["layers"] * (block_layers or 1),
         decoder_layers=size["layers"],
-        pre_norm=True,
+        pre_norm=pre_norm,
         layer_aggregation=aggregation,
         decoder_self_attention=self_attention,
         pad_token_id=PAD,
         bos_token_id=BOS,
         eos_token_id=EOS,
         decoder_start_token_id=BOS,
+        **extra,
     )
-    return DeepNMTForConditionalGeneration(config)
+    return model_class(config)
 
 
 def marian_model(size: dict) -> MarianMTModel:
@@ -495,22 +516,92 @@ def run_training(size: dict, repeats: int) -> dict:
     }
 
 
-def run_decoding(size: dict, repeats: int, workdir: Path, kinds: list[str]) -> dict:
+def run_generate(size: dict, repeats: int, models: dict, beams: tuple[int, ...] = (4, 1)) -> dict:
+    """generate() of every model on the decoding source, outputs forced to `new_tokens`, contenders alternating;
+    one entry per beam size, as `run_decoding` gives."""
     source = decoding_source(size)
-    models = {kind: decoding_model(kind, size, workdir) for kind in kinds}
+    tokens = size["batch"] * size["new_tokens"]
     results = {}
-    for beams in (1, 4):
-        timings = alternate(
-            {kind: decode(kind, model, source, beams, size["new_tokens"]) for kind, model in models.items()}, repeats
-        )
-        medians = {kind: statistics.median(values) for kind, values in timings.items()}
-        tokens = size["batch"] * size["new_tokens"]
-        results[f"beams_{beams}"] = {
+    for beam in beams:
+        measures = {name: decode(name, model, source, beam, size["new_tokens"]) for name, model in models.items()}
+        timings = alternate(measures, repeats)
+        medians = {name: statistics.median(values) for name, values in timings.items()}
+        results[f"beams_{beam}"] = {
             "seconds": timings,
             "median_seconds": medians,
-            "tokens_per_second": {kind: tokens / seconds for kind, seconds in medians.items()},
+            "tokens_per_second": {name: tokens / seconds for name, seconds in medians.items()},
         }
     return results
+
+
+def run_decoding(size: dict, repeats: int, workdir: Path, kinds: list[str]) -> dict:
+    models = {kind: decoding_model(kind, size, workdir) for kind in kinds}
+    return run_generate(size, repeats, models, beams=(1, 4))
+
+
+def decoder_steps(model, source: torch.Tensor, rows: int, steps: int) -> Callable[[], float]:
+    """One timed run of `steps` consecutive cached steps of the decoder stack alone (no output layer, no search) on
+    `rows` sequences: the encoder output of `source` repeated to `rows`, random input tokens."""
+    decoder = model.get_decoder()
+    with torch.inference_mode():
+        memory = model.get_encoder()(input_ids=source).last_hidden_state
+        memory = memory.repeat_interleave(rows // source.shape[0], dim=0)
+    tokens = torch.randint(4, model.config.vocab_size - 1, (rows, steps), generator=torch.Generator().manual_seed(4))
+
+    def run() -> float:
+        with torch.inference_mode():
+            cache = None
+            started = time.perf_counter()
+            for step in range(steps):
+                _, cache = decoder(
+                    input_ids=tokens[:, step : step + 1],
+                    encoder_hidden_states=memory,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+            return time.perf_counter() - started
+
+    return run
+
+
+def run_matt(size: dict, repeats: int) -> dict:
+    """Merged attention against multi-head decoder self-attention in otherwise identical post-norm models: generate()
+    at beam 4 and greedy, and the decoder stack alone for `new_tokens` cached steps on batch x 4 rows."""
+    models = {
+        "multi_head": own_model(size, pre_norm=False).eval(),
+        "matt": own_model(size, self_attention="merged_average", pre_norm=False).eval(),
+    }
+    results: dict = {"pre_norm": False} | run_generate(size, repeats, models)
+    rows, steps = size["batch"] * 4, size["new_tokens"]
+    source = decoding_source(size)
+    timings = alternate({name: decoder_steps(model, source, rows, steps) for name, model in models.items()}, repeats)
+    results["decoder_steps"] = {
+        "rows": rows,
+        "steps": steps,
+        "seconds": timings,
+        "median_step_seconds": {name: statistics.median(values) / steps for name, values in timings.items()},
+    }
+    return results
+
+
+def msc_names(size: dict) -> tuple[str, str, str]:
+    """The MSC section's contenders: the baseline, a plain encoder as deep as the MSC one, and MSC."""
+    blocks, block_layers = size["layers"], size["msc_block_layers"]
+    return f"baseline_{blocks}", f"plain_{blocks * block_layers}", f"msc_{blocks}x{block_layers}"
+
+
+def run_msc(size: dict, repeats: int) -> dict:
+    """Decoding cost of a deep MSC encoder (one block of `msc_block_layers` layers per decoder layer, GRU context,
+    gated fusion on both sides): generate() of the baseline, of a plain encoder of the same depth and of MSC, all
+    pre-norm with `layers` decoder layers."""
+    baseline, plain, msc = msc_names(size)
+    models = {
+        baseline: own_model(size).eval(),
+        plain: own_model(size, layers=size["layers"] * size["msc_block_layers"]).eval(),
+        msc: own_model(size, block_layers=size["msc_block_layers"]).eval(),
+    }
+    parameters = {name: sum(parameter.numel() for parameter in model.parameters()) for name, model in models.items()}
+    return {"contenders": [baseline, plain, msc], "parameters": parameters} | run_generate(size, repeats, models)
 
 
 def run_deep(size: dict, repeats: int) -> dict:
@@ -766,8 +857,9 @@ def timed_step(step: Callable[[], float], device: torch.device) -> Callable[[], 
     return run
 
 
-def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool]]:
-    """(figure, ratio of medians, ratio of fastest runs, target, met by the medians) for every target measured.
+def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool | None]]:
+    """(figure, ratio of medians, ratio of fastest runs, target, met by the medians) for every target measured, and
+    the ratios that have no target (met None).
 
     On a shared machine the fastest run of each contender is the one least disturbed by others, so its ratio is
     reported next to the ratio of medians."""
@@ -839,6 +931,23 @@ def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool]]:
         for name in ("pre_norm", "dlcl"):
             add(f"compiled: {name} training step compiled / eager speed", compiled["training_seconds"],
                 f"{name}_eager", f"{name}_compiled", ">= 1.00", lambda value: value >= 1.0)  # fmt: skip
+    matt = results.get("matt")
+    if matt:
+        for beams in (4, 1):
+            name = "greedy" if beams == 1 else "beam 4"
+            add(f"matt {name}: MAtt / multi-head generate() speed (post-norm)", matt[f"beams_{beams}"]["seconds"],
+                "multi_head", "matt", "(no target)", lambda value: None)  # fmt: skip
+        add("matt: MAtt / multi-head decoder stack step speed", matt["decoder_steps"]["seconds"], "multi_head",
+            "matt", "(no target)", lambda value: None)  # fmt: skip
+    msc = results.get("msc")
+    if msc:
+        baseline, plain, deep = msc["contenders"]
+        for beams in (4, 1):
+            name = "greedy" if beams == 1 else "beam 4"
+            seconds = msc[f"beams_{beams}"]["seconds"]
+            for slower, faster in ((plain, baseline), (deep, baseline), (deep, plain)):
+                add(f"msc {name}: {slower} / {faster} generate() speed", seconds, faster, slower, "(no target)",
+                    lambda value: None)  # fmt: skip
     throughput = results.get("throughput")
     if throughput:
         for budget, figures in throughput["budgets"].items():
@@ -922,6 +1031,34 @@ def print_tables(results: dict) -> None:
         print(f"\nbytes read per batch-1 decoding step, base size, 32k vocabulary, bf16, 24-token source, step 12: "
               f"multi-head {base['multi_head'] / 2**20:.1f} MiB, MAtt {base['matt'] / 2**20:.1f} MiB, ratio "
               f"{base['multi_head'] / base['matt']:.2f}\n")  # fmt: skip
+    matt = results.get("matt")
+    if matt:
+        size = results["size"]
+        print(f"| MAtt against multi-head, post-norm (batch {size['batch']}, {size['source_length']} source, "
+              f"{size['new_tokens']} output tokens) | beams | median s | target tok/s |")  # fmt: skip
+        print("|---|---:|---:|---:|")
+        for beams in (4, 1):
+            figures = matt[f"beams_{beams}"]
+            for name, speed in figures["tokens_per_second"].items():
+                print(f"| {name} | {beams} | {figures['median_seconds'][name]:.3f} | {speed:.1f} |")
+        steps = matt["decoder_steps"]
+        print(f"\n| decoder stack only ({steps['rows']} rows, {steps['steps']} cached steps) | ms per step |")
+        print("|---|---:|")
+        for name, seconds in steps["median_step_seconds"].items():
+            print(f"| {name} | {seconds * 1e3:.2f} |")
+        print()
+    msc = results.get("msc")
+    if msc:
+        size = results["size"]
+        print(f"| MSC decoding (batch {size['batch']}, {size['source_length']} source, {size['new_tokens']} output "
+              "tokens) | parameters | beams | median s | target tok/s |")  # fmt: skip
+        print("|---|---:|---:|---:|---:|")
+        for beams in (4, 1):
+            figures = msc[f"beams_{beams}"]
+            for name in msc["contenders"]:
+                seconds, speed = figures["median_seconds"][name], figures["tokens_per_second"][name]
+                print(f"| {name} | {msc['parameters'][name]:,} | {beams} | {seconds:.3f} | {speed:.1f} |")
+        print()
     memory = results.get("memory")
     if memory and not (decoding or training):
         print("| peak memory above the loaded model | MB |")
@@ -933,15 +1070,17 @@ def print_tables(results: dict) -> None:
     print("| target | ratio of medians | ratio of fastest runs | target | met (medians) |")
     print("|---|---:|---:|---:|:---:|")
     for figure, median, fastest, target, met in ratio_rows(results):
-        print(f"| {figure} | {median:.2f} | {fastest:.2f} | {target} | {'yes' if met else 'no'} |")
+        shown = "" if met is None else "yes" if met else "no"
+        print(f"| {figure} | {median:.2f} | {fastest:.2f} | {target} | {shown} |")
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=sorted(SIZES), default="base")
+    parser.add_argument("--size", choices=sorted(SIZES), default=None, help="model and batch sizes (default: base)")
+    parser.add_argument("--smoke", action="store_true", help="the same as --size smoke: tiny sizes, one repeat")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per contender (after one warm-up)")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads for every contender")
-    sections = ("training", "decoding", "deep", "operators", "throughput", "memory", "compiled")
+    sections = ("training", "decoding", "deep", "operators", "throughput", "memory", "compiled", "matt", "msc")
     parser.add_argument("--sections", nargs="+", choices=sections, default=list(sections))
     parser.add_argument("--device", default=None, help="compiled section: cpu or cuda (default: cuda when available)")
     parser.add_argument(
@@ -953,6 +1092,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--report", type=Path, default=None, help="print the tables of a results JSON and exit")
     parser.add_argument("--memory-probe", nargs=2, metavar=("TASK", "KIND"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.smoke and args.size not in (None, "smoke"):
+        parser.error(f"--smoke is --size smoke; it contradicts --size {args.size}")
+    args.size = "smoke" if args.smoke else args.size or "base"
     if args.report:
         results = json.loads(args.report.read_text())
         print_tables(results)
@@ -983,6 +1125,10 @@ def main(argv: list[str] | None = None) -> dict:
         if "throughput" in args.sections:
             budgets = tuple(args.budgets or size["budgets"])
             results["throughput"] = run_throughput(size, repeats, workdir, budgets)
+        if "matt" in args.sections:
+            results["matt"] = run_matt(size, repeats)
+        if "msc" in args.sections:
+            results["msc"] = run_msc(size, repeats)
         if "compiled" in args.sections:
             device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
             results["compiled"] = run_compiled(size, repeats, device, args.compile_backend)

@@ -2,10 +2,11 @@
 
     python benchmarks/profile_perf.py                      # base sizes, every case
     python benchmarks/profile_perf.py --cases beam4_own_multi_head train_own
-    python benchmarks/profile_perf.py --size smoke         # tiny sizes, checks that it runs
+    python benchmarks/profile_perf.py --smoke              # tiny sizes, checks that it runs (= --size smoke)
 
-One file per case in benchmarks/results/profiles/ (operators by self CPU time, and by module scopes recorded with
-`record_function` around every top-level module of the model).
+One file per case in benchmarks/results/profiles/ (profiles_smoke/ at smoke size, so that a smoke run leaves the
+base-size profiles alone): operators by self CPU time, and by module scopes recorded with `record_function` around
+every top-level module of the model.
 """
 
 from __future__ import annotations
@@ -67,12 +68,17 @@ def case_runner(case: str, size: dict):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=sorted(perf.SIZES), default="base")
+    parser.add_argument("--size", choices=sorted(perf.SIZES), default=None, help="default: base")
+    parser.add_argument("--smoke", action="store_true", help="the same as --size smoke: tiny sizes")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES))
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rows", type=int, default=25)
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "profiles")
+    parser.add_argument("--out", type=Path, default=None, help="default: results/profiles (profiles_smoke)")
     args = parser.parse_args()
+    if args.smoke and args.size not in (None, "smoke"):
+        parser.error(f"--smoke is --size smoke; it contradicts --size {args.size}")
+    args.size = "smoke" if args.smoke else args.size or "base"
+    args.out = args.out or HERE / "results" / ("profiles" if args.size == "base" else f"profiles_{args.size}")
     if args.threads:
         torch.set_num_threads(args.threads)
     size = dict(perf.SIZES[args.size]) | {"name": args.size}

@@ -9,7 +9,7 @@ The target loss is the best validation loss the from-scratch run reaches within 
 training time (evaluation excluded) each route needs to first reach it, and their ratio.
 
     python benchmarks/sdt_speedup.py                  # 12-layer target, about 10 minutes on 2 CPU cores
-    python benchmarks/sdt_speedup.py --quick          # tiny, checks that it runs
+    python benchmarks/sdt_speedup.py --smoke          # tiny, checks that it runs; writes sdt_speedup_smoke.json
 """
 
 from __future__ import annotations
@@ -83,11 +83,13 @@ def main() -> None:
     parser.add_argument("--peak-lr", type=float, default=2e-3)
     parser.add_argument("--warmup", type=int, default=80)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "sdt_speedup.json")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", type=Path, default=None, help="default: results/sdt_speedup[_smoke].json")
+    parser.add_argument("--smoke", action="store_true", help="tiny depths and steps, to check that it runs")
     args = parser.parse_args()
-    if args.quick:
+    if args.smoke:
         args.depths, args.stage_steps, args.max_steps, args.eval_every, args.warmup = [1, 2], 4, 8, 4, 4
+    name = "sdt_speedup_smoke.json" if args.smoke else "sdt_speedup.json"
+    args.json = args.json or Path(__file__).parent / "results" / name
 
     raw = load_parallel_dataset(sample_corpus_dir() / "train.tsv", sample_corpus_dir() / "valid.tsv")
     tokenizer = train_joint_tokenizer(zip(raw["train"]["source"], raw["train"]["target"]), vocab_size=4000)

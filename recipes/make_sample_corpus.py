@@ -1,4 +1,6 @@
-"""Rebuild the bundled sample corpus (hf_deep_nmt/sample_data/) from the Spanish-English Bible text in ../shared/data.
+"""Rebuild the bundled sample corpus (hf_deep_nmt/sample_data/) from a verse-aligned Spanish-English Bible corpus: a
+folder with `train.tsv` and `valid.tsv` (`spanish<TAB>english`, one verse per line, validation verses from books kept
+out of training) and the `COPYRIGHT.*` and `PACKAGES.txt` files that come with it.
 
 The slice is deterministic: verses of at most MAX_WORDS words on both sides, every STRIDE-th of them, so that the
 sample spreads over all training books; validation verses come from the held-out books only.

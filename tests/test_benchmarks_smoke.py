@@ -3,6 +3,7 @@ the ratios it reports are the ones its raw timings give. No speed is asserted he
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ def smoke_run(perf, tmp_path_factory):
     threads = torch.get_num_threads()
     try:
         results = perf.main(
-            ["--size", "smoke", "--sections", "training", "decoding", "deep", "operators", "throughput", "--json",
+            ["--smoke", "--sections", "training", "decoding", "deep", "operators", "throughput", "--json",
              str(folder / "perf.json"), "--workdir", str(folder), "--threads", "1"]
         )  # fmt: skip
     finally:
@@ -81,6 +82,51 @@ def test_reported_ratios_follow_from_raw_timings(smoke_run):
     )
 
 
+def test_matt_and_msc_sections_report_the_ratios_of_their_timings(perf, tmp_path):
+    """The sections that replaced matt_speed.py and msc_speed.py: every contender runs, the JSON holds what main()
+    returns, and each ratio is the inverse ratio of the contenders' median seconds."""
+    threads = torch.get_num_threads()
+    try:
+        results = perf.main(
+            ["--smoke", "--sections", "matt", "msc", "--json", str(tmp_path / "perf.json"), "--workdir",
+             str(tmp_path), "--threads", "1"]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "perf.json").read_text()) == json.loads(json.dumps(results))  # tuples as lists
+    assert results["size"]["name"] == "smoke"
+    matt, msc = results["matt"], results["msc"]
+    assert msc["contenders"] == ["baseline_2", "plain_4", "msc_2x2"]
+    for beams in (4, 1):
+        assert set(matt[f"beams_{beams}"]["tokens_per_second"]) == {"multi_head", "matt"}
+        assert set(msc[f"beams_{beams}"]["tokens_per_second"]) == set(msc["contenders"])
+    assert set(matt["decoder_steps"]["median_step_seconds"]) == {"multi_head", "matt"}
+    assert matt["decoder_steps"]["rows"] == 4 * results["size"]["batch"]
+    assert msc["parameters"]["baseline_2"] < msc["parameters"]["plain_4"] < msc["parameters"]["msc_2x2"]
+
+    def speed_ratio(seconds: dict, first: str, second: str) -> float:
+        """Speed of `first` / speed of `second`: the median time of `second` / the median time of `first`."""
+        return statistics.median(seconds[second]) / statistics.median(seconds[first])
+
+    expected = {}
+    for beams, name in ((4, "beam 4"), (1, "greedy")):
+        seconds = matt[f"beams_{beams}"]["seconds"]
+        expected[f"matt {name}: MAtt / multi-head generate() speed (post-norm)"] = speed_ratio(
+            seconds, "matt", "multi_head"
+        )
+        seconds = msc[f"beams_{beams}"]["seconds"]
+        for first, second in (("plain_4", "baseline_2"), ("msc_2x2", "baseline_2"), ("msc_2x2", "plain_4")):
+            expected[f"msc {name}: {first} / {second} generate() speed"] = speed_ratio(seconds, first, second)
+    steps = matt["decoder_steps"]
+    expected["matt: MAtt / multi-head decoder stack step speed"] = speed_ratio(steps["seconds"], "matt", "multi_head")
+    assert steps["median_step_seconds"]["matt"] == pytest.approx(
+        statistics.median(steps["seconds"]["matt"]) / steps["steps"]
+    )
+    ratios = {row["figure"]: row["measured"] for row in results["ratios"]}
+    assert ratios == pytest.approx(expected)
+    assert all(row["met"] is None for row in results["ratios"])
+
+
 def test_operator_calls_grow_linearly_with_depth(perf):
     """A DLCL layer adds a fixed number of operator calls and autograd nodes to a training step, whatever its depth:
     at 2, 4 and 6 encoder layers the counts lie exactly on a line (second difference 0) for plain and DLCL stacks.
@@ -131,7 +177,7 @@ def test_the_compiled_section_runs_and_reports_its_ratios(perf, tmp_path):
     threads = torch.get_num_threads()
     try:
         results = perf.main(
-            ["--size", "smoke", "--sections", "compiled", "--compile-backend", "aot_eager", "--device", "cpu",
+            ["--smoke", "--sections", "compiled", "--compile-backend", "aot_eager", "--device", "cpu",
              "--json", str(tmp_path / "perf.json"), "--threads", "1"]
         )  # fmt: skip
     finally:

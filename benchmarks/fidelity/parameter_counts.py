@@ -3,7 +3,8 @@
 Every model is built on the meta device (no memory, no initialisation) and its unique parameters are counted (tied
 embeddings once). Vocabulary sizes are the papers' where they state them, otherwise the one noted in `vocab`:
 
-* DLCL Table 1 (WMT14 En-De, shared vocabulary, all embeddings tied): ~33k joint BPE vocabulary (SPEC §1.7).
+* DLCL Table 1 (WMT14 En-De, shared vocabulary, all embeddings tied): the ~33k joint BPE dictionary of the authors'
+  preprocessing, the size that the published 137M of pre-norm DLCL-30L fits.
 * DS-Init Table 3 (WMT14 En-De): separate 27,480-token source and target vocabularies, target embedding tied with
   the softmax; post-norm; "T2T" = pre-norm.
 * SDT Table 1 (WMT14 En-De, shared vocabulary): the same ~33k vocabulary as DLCL (same preprocessed data).
@@ -118,7 +119,10 @@ def systems() -> list[dict]:
         )
     wmt = dict(vocab_size=MSC_WMT_VOCAB)
     add("MSC Table 4", "TRANSFORMER (base)", 63, DeepNMTConfig(**wmt, **BASE))
-    default = "paper's WMT counts are not consistent with one variant (SPEC 4.4.5); see the variant rows"
+    default = (
+        "paper's WMT counts fit no single variant (base: context attention in the encoder only; big: no GRU "
+        "context); see the variant rows"
+    )
     for blocks, published in ((1, 73), (6, 215), (8, 272)):
         name = f"MSC, {6 * blocks} layers (base)"
         add("MSC Table 4", name, published, MscConfig(**wmt, **BASE, msc_block_layers=blocks), default)
