@@ -62,6 +62,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import MarianConfig, MarianMTModel
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, MscConfig, MscForConditionalGeneration
+from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTEncoderOutput
 
 SIZES = {
     "base": dict(
@@ -545,7 +546,7 @@ def decoder_steps(model, source: torch.Tensor, rows: int, steps: int) -> Callabl
     decoder = model.get_decoder()
     with torch.inference_mode():
         memory = model.get_encoder()(input_ids=source).last_hidden_state
-        memory = memory.repeat_interleave(rows // source.shape[0], dim=0)
+        memory = DeepNMTEncoderOutput(last_hidden_state=memory.repeat_interleave(rows // source.shape[0], dim=0))
     tokens = torch.randint(4, model.config.vocab_size - 1, (rows, steps), generator=torch.Generator().manual_seed(4))
 
     def run() -> float:
@@ -553,12 +554,9 @@ def decoder_steps(model, source: torch.Tensor, rows: int, steps: int) -> Callabl
             cache = None
             started = time.perf_counter()
             for step in range(steps):
-                _, cache = decoder(
-                    input_ids=tokens[:, step : step + 1],
-                    encoder_hidden_states=memory,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
+                cache = decoder(
+                    input_ids=tokens[:, step : step + 1], encoder_outputs=memory, past_key_values=cache, use_cache=True
+                ).past_key_values
             return time.perf_counter() - started
 
     return run
