@@ -127,7 +127,7 @@ def test_dlcl_config_defaults_are_the_paper_main_system():
     assert config.pre_norm is True
     assert (config.encoder_layer_aggregation, config.decoder_layer_aggregation) == ("dlcl", "dlcl")
     assert (config.dlcl_weights, config.dlcl_history_norm) == ("learned", True)
-    # SPEC §1.8: pre-norm DLCL uses residual, attention and ReLU dropout 0.1
+    # the DLCL paper's pre-norm system uses residual, attention and ReLU dropout 0.1
     assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.1, 0.1, 0.1)
     assert config.share_embeddings and config.tie_word_embeddings
     assert (config.bos_token_id, config.pad_token_id, config.eos_token_id, config.decoder_start_token_id) == (

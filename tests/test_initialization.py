@@ -1,5 +1,5 @@
-"""Initialisation: Glorot bounds of the reference packing (SPEC P2), the same whether the classes come from the
-installed package or from remote code, and never applied over loaded weights."""
+"""Initialisation: Glorot bounds of the reference packing (Q/K/V stored as one packed matrix), the same whether the
+classes come from the installed package or from remote code, and never applied over loaded weights."""
 
 import json
 import math

@@ -75,7 +75,7 @@ def test_paper_recipe_parses_and_builds_at_paper_size(name, tmp_path, capsys):
 
 
 def test_dlcl_30l_size_matches_the_paper():
-    # 137M with the paper's shared ~33K vocabulary (SPEC section 1.7: 30 x 3.15M + 6 x 4.20M + 33K x 512)
+    # 137M with the paper's shared ~33K vocabulary (DLCL paper: 30 x 3.15M + 6 x 4.20M + 33K x 512)
     model_args = parse_arguments(
         [str(PAPERS / "dlcl_prenorm_30l_wmt16_ende.yaml"), "--tokenizer_vocab_size", "33000"]
     )[0]
