@@ -9,7 +9,8 @@ changing anything, the kind of every field (`FIELD_KINDS`), the settings that on
 (`DEPENDS_ON`) and the relations between fields (`STRUCTURAL_RULES`), each failure a `ValueError` naming the field,
 its value and what would be valid. Settings that have no effect but cannot be errors, because folders saved by
 earlier versions may hold them, are warned about: unknown keys, a `layer_aggregation` that neither stack uses, a
-hand-set `decoder_layer_types`.
+hand-set `decoder_layer_types`. The MSC keys of version 0.1.0 are read, silently, into the fields that replaced them
+(`EARLIER_MSC_KEYS`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,10 @@ DECODER_SELF_ATTENTIONS = ("multi_head", "merged_average", "average")
 CACHE_LAYER_TYPE = "deep_nmt"
 # What version 0.1.0 saved in `decoder_layer_types` (running-sum and MSC decoders), replaced silently on loading.
 EARLIER_CACHE_LAYER_TYPES = ("deep_nmt_average", "deep_nmt_msc")
-MSC_CONTEXT_CELLS = ("gru", "ffn")
+# MSC's context: a GRU cell shared by the blocks or one per block, the feed-forward ablation cell likewise, the
+# normalised block output itself (no cell), or no context at all (and so no context attention).
+MSC_CONTEXTS = ("gru", "gru_per_block", "ffn", "ffn_per_block", "block_output", "none")
+MSC_CONTEXT_SIDES = ("encoder_and_decoder", "encoder")
 MSC_FUSIONS = ("gate", "add")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
@@ -122,15 +126,12 @@ FIELD_KINDS: dict[str, FieldKind] = {
             "pre_norm",
             "dlcl_history_norm",
             "aan_ffn",
-            "msc_context_attention",
-            "msc_contextual_collaboration",
-            "msc_share_gru",
-            "msc_decoder_context",
             "sdpa_avoid_cudnn",
         ),
         BOOL,
     ),
-    "msc_context_cell": _choice(MSC_CONTEXT_CELLS),
+    "msc_context": _choice(MSC_CONTEXTS),
+    "msc_context_sides": _choice(MSC_CONTEXT_SIDES),
     "msc_fusion": _choice(MSC_FUSIONS),
     "encoder_l2_lambda": FieldKind(
         "a finite number >= 0 (0 = off)", lambda value: _is_number(value) and 0.0 <= value < math.inf
@@ -160,14 +161,7 @@ class DependsOn:
     shown: tuple[str, ...]
 
 
-MSC_SWITCHES = (
-    "msc_context_attention",
-    "msc_contextual_collaboration",
-    "msc_context_cell",
-    "msc_share_gru",
-    "msc_fusion",
-    "msc_decoder_context",
-)
+MSC_SWITCHES = ("msc_context", "msc_context_sides", "msc_fusion")
 DEPENDS_ON = (
     DependsOn(
         ("ds_init_alpha", "ds_init_mode"),
@@ -208,15 +202,9 @@ DEPENDS_ON = (
     ),
     DependsOn(
         MSC_SWITCHES[1:],
-        "configure the MSC context, which needs `msc_context_attention=True`",
-        lambda config: config.msc_context_attention,
-        ("msc_context_attention",),
-    ),
-    DependsOn(
-        ("msc_context_cell", "msc_share_gru"),
-        "configure the context cell, which needs `msc_contextual_collaboration=True`",
-        lambda config: config.msc_contextual_collaboration,
-        ("msc_contextual_collaboration",),
+        "configure the attention to the MSC context, which needs a context (`msc_context` other than 'none')",
+        lambda config: config.msc_context != "none",
+        ("msc_context",),
     ),
 )
 
@@ -348,6 +336,100 @@ def _settings(config: DeepNMTConfig, fields) -> str:
     return " / ".join(f"`{field}={getattr(config, field)!r}`" for field in fields)
 
 
+# ---- the MSC switches of version 0.1.0 ------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class EarlierKey:
+    """A key that version 0.1.0 saved and that is no field any more: its default and kind then, and the field that
+    holds what it said now."""
+
+    default: object
+    kind: FieldKind
+    field: str
+
+
+# Version 0.1.0 set the MSC context with these keys, and wrote them into every config.json (MSC or not). They are read
+# once, on construction, into `msc_context` and `msc_context_sides`, silently, and never written again.
+EARLIER_MSC_KEYS = {
+    "msc_context_attention": EarlierKey(True, BOOL, "msc_context"),
+    "msc_contextual_collaboration": EarlierKey(True, BOOL, "msc_context"),
+    "msc_context_cell": EarlierKey("gru", _choice(("gru", "ffn")), "msc_context"),
+    "msc_share_gru": EarlierKey(True, BOOL, "msc_context"),
+    "msc_decoder_context": EarlierKey(True, BOOL, "msc_context_sides"),
+}
+# `msc_context` for each (msc_context_attention, msc_contextual_collaboration, msc_context_cell, msc_share_gru) that
+# version 0.1.0 accepted, and `msc_context_sides` for each `msc_decoder_context`.
+EARLIER_MSC_CONTEXTS = {
+    (True, True, "gru", True): "gru",
+    (True, True, "gru", False): "gru_per_block",
+    (True, True, "ffn", True): "ffn",
+    (True, True, "ffn", False): "ffn_per_block",
+    (True, False, "gru", True): "block_output",
+    (False, True, "gru", True): "none",
+}
+EARLIER_MSC_CONTEXT_SIDES = {True: "encoder_and_decoder", False: "encoder"}
+# What version 0.1.0 refused besides bad values and the keys without `msc_block_layers`: (a key, the value of it that
+# removes what the listed settings configure, those settings, which had to keep their defaults, and what to set now).
+EARLIER_MSC_REFUSALS = (
+    (
+        "msc_context_attention",
+        False,
+        ("msc_contextual_collaboration", "msc_context_cell", "msc_share_gru", "msc_decoder_context", "msc_fusion"),
+        "`msc_context='none'` (no context), with `msc_context_sides` and `msc_fusion` at their defaults",
+    ),
+    (
+        "msc_contextual_collaboration",
+        False,
+        ("msc_context_cell", "msc_share_gru"),
+        "`msc_context='block_output'` (the block output is the context: there is no cell to choose or share)",
+    ),
+)
+
+
+def _listed(settings: dict) -> str:
+    return " / ".join(f"`{key}={value!r}`" for key, value in settings.items())
+
+
+def earlier_msc_settings(given: dict, msc_fusion: object, msc_block_layers: object) -> dict[str, str]:
+    """The fields that the version 0.1.0 keys in `given` stand for (`msc_context` when one of the context's four keys
+    is given, `msc_context_sides` when `msc_decoder_context` is), keys left out at their 0.1.0 defaults. Raises
+    `ValueError` for what version 0.1.0 refused, naming the keys with their values and what to set now."""
+    for key, value in given.items():
+        earlier = EARLIER_MSC_KEYS[key]
+        if not earlier.kind.accepts(value):
+            raise ValueError(
+                f"`{key}` must be {earlier.kind.description}, got {value!r} (a key of version 0.1.0, now "
+                f"`{earlier.field}`, which must be {FIELD_KINDS[earlier.field].description})."
+            )
+    defaults = {key: earlier.default for key, earlier in EARLIER_MSC_KEYS.items()}
+    defaults["msc_fusion"] = DeepNMTConfig.__dataclass_fields__["msc_fusion"].default
+    settings = {**defaults, **given, "msc_fusion": msc_fusion}
+    for key, value, removed, instead in EARLIER_MSC_REFUSALS:
+        unused = {other: settings[other] for other in removed if settings[other] != defaults[other]}
+        if settings[key] == value and unused:
+            raise ValueError(
+                f"{_listed({key: value, **unused})}: `{key}={value!r}` removes what the others configure (version "
+                f"0.1.0 refused these together). The context is now set with `msc_context`: use {instead}."
+            )
+    context_keys = [key for key, earlier in EARLIER_MSC_KEYS.items() if earlier.field == "msc_context"]
+    mapped = {}
+    if given.keys() & set(context_keys):
+        mapped["msc_context"] = EARLIER_MSC_CONTEXTS[tuple(settings[key] for key in context_keys)]
+    if "msc_decoder_context" in given:
+        mapped["msc_context_sides"] = EARLIER_MSC_CONTEXT_SIDES[settings["msc_decoder_context"]]
+    changed = {key: value for key, value in given.items() if value != defaults[key]}
+    if changed and msc_block_layers is None:
+        now = {EARLIER_MSC_KEYS[key].field for key in changed}
+        one = len(changed) == 1
+        raise ValueError(
+            f"{_listed(changed)} only appl{'ies' if one else 'y'} to MSC: set `msc_block_layers` (layers per encoder "
+            f"block), got None; otherwise leave {'it' if one else 'them'} out (version 0.1.0 key{'' if one else 's'}, "
+            f"now {_listed({field: value for field, value in mapped.items() if field in now})})."
+        )
+    return mapped
+
+
 class DeepNMTConfig(PreTrainedConfig):
     r"""
     Configuration of a deep Transformer encoder-decoder for translation. Every method of the package is a setting of
@@ -433,22 +515,28 @@ class DeepNMTConfig(PreTrainedConfig):
             Multiscale collaboration (MSC, Wei et al. 2020) when set: the encoder is N blocks, N = `decoder_layers`,
             of M layers each (an int M) or of the listed sizes (a list of N ints). Decoder layer n cross-attends to
             the LayerNorm-ed output of encoder block n (block-scale collaboration). `None` turns MSC off.
-        msc_context_attention (`bool`, *optional*, defaults to `True`):
-            Contextual collaboration: a context state `C^n` per source position is carried across blocks; encoder
-            layers of block n attend to `C^{n-1}` and decoder layer n to `C^n`, next to their usual attention, and
-            the two results are fused. `False` removes the context attention (and so the context) altogether.
-        msc_contextual_collaboration (`bool`, *optional*, defaults to `True`):
-            Compute `C^n = Q(C^{n-1}, B^n)` with the cell `msc_context_cell`, `C^0` the encoder input. `False` is the
-            ablation without it: layers still attend a context, but `C^n` is the normalised output of block n.
-        msc_context_cell (`str`, *optional*, defaults to `"gru"`):
-            The cell Q: `"gru"` (a `torch.nn.GRUCell` run position-wise across blocks, hidden state `C^{n-1}`,
-            input `B^n`) or `"ffn"` (the ablation `Q(c, x) = W_2 relu(W_1 [c; x] + b_1) + b_2`, inner width d).
-        msc_share_gru (`bool`, *optional*, defaults to `True`):
-            One cell shared by all blocks (what the paper's parameter counts imply) or one per block.
+        msc_context (`str`, *optional*, defaults to `"gru"`):
+            MSC's contextual collaboration: a context state `C^n` per source position carried across the blocks,
+            which encoder layers of block n attend (`C^{n-1}`) next to their self-attention, and decoder layer n
+            (`C^n`) next to its cross-attention, the two results fused (`msc_fusion`). `C^0` is the encoder input and
+            `C^n = Q(C^{n-1}, B^n)`, Q the context cell, run position-wise across the blocks:
+            `"gru"`: Q a `torch.nn.GRUCell` (hidden state `C^{n-1}`, input `B^n`) shared by all blocks, what the
+            paper's parameter counts imply; `"gru_per_block"`: one GRU cell per block; `"ffn"` / `"ffn_per_block"`:
+            the feed-forward ablation `Q(c, x) = W_2 relu(W_1 [c; x] + b_1) + b_2` (inner width d), shared or one per
+            block; `"block_output"`: the ablation without a cell, layers still attend a context but `C^n` is the
+            normalised output of block n; `"none"`: no context and no context attention at all.
+        msc_context_sides (`str`, *optional*, defaults to `"encoder_and_decoder"`):
+            Which layers attend the context: `"encoder_and_decoder"`, or `"encoder"` (decoder layers attend their
+            encoder block only). Not with `msc_context="none"`.
         msc_fusion (`str`, *optional*, defaults to `"gate"`):
-            `"gate"`: `g * A_h + (1 - g) * A_c` with `g = sigmoid(W [A_h; A_c] + b)`; `"add"`: `A_h + A_c`.
-        msc_decoder_context (`bool`, *optional*, defaults to `True`):
-            Whether decoder layers attend to the context states too (encoder-side only when `False`).
+            How a layer fuses its own attention `A_h` with its context attention `A_c`: `"gate"`,
+            `g * A_h + (1 - g) * A_c` with `g = sigmoid(W [A_h; A_c] + b)`, or `"add"`, `A_h + A_c`. Not with
+            `msc_context="none"`.
+
+            Version 0.1.0 set the context with five keys instead, `msc_context_attention`,
+            `msc_contextual_collaboration`, `msc_context_cell`, `msc_share_gru` and `msc_decoder_context`: a config
+            given them (a folder saved by 0.1.0 holds them all) reads them into `msc_context` and `msc_context_sides`
+            and saves only those; what 0.1.0 refused is still an error.
         encoder_l2_lambda (`float`, *optional*, defaults to 0.0):
             Coupled L2 regularisation of the encoder, added to the training loss: lambda times the sum of squares of
             every encoder weight matrix (`nn.Linear` and GRU weights; not biases, LayerNorms, embeddings, DLCL
@@ -509,12 +597,9 @@ class DeepNMTConfig(PreTrainedConfig):
     decoder_layer_types: list[str] | None = None
     relative_position_window: int = 0
     msc_block_layers: int | list[int] | None = None
-    msc_context_attention: bool = True
-    msc_contextual_collaboration: bool = True
-    msc_context_cell: str = "gru"
-    msc_share_gru: bool = True
+    msc_context: str = "gru"
+    msc_context_sides: str = "encoder_and_decoder"
     msc_fusion: str = "gate"
-    msc_decoder_context: bool = True
     encoder_l2_lambda: float = 0.0
     layer_norm_eps: float = 1e-5
     sdpa_avoid_cudnn: bool = True
@@ -529,6 +614,7 @@ class DeepNMTConfig(PreTrainedConfig):
         for alias, field in self.attribute_map.items():  # `hidden_size=...` is `d_model=...`, checked like it
             if alias in kwargs:
                 setattr(self, field, kwargs.pop(alias))
+        self._read_earlier_msc_keys(kwargs)
         self._warn_unknown_keys(kwargs)
         self._resolve()
         self._validate()
@@ -561,6 +647,22 @@ class DeepNMTConfig(PreTrainedConfig):
         if "AutoModelForSeq2SeqLM" in auto_map and base_model is not None:
             self.auto_map = {**auto_map, "AutoModel": f"modeling_deep_nmt.{base_model}"}
         return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
+    def _read_earlier_msc_keys(self, kwargs: dict) -> None:
+        """Take the MSC keys of version 0.1.0 out of `kwargs` and set the fields they stand for; a field given a
+        value of its own (not its default) that says something else is an error naming both."""
+        given = {key: kwargs.pop(key) for key in EARLIER_MSC_KEYS if key in kwargs}
+        if not given:
+            return
+        for field, value in earlier_msc_settings(given, self.msc_fusion, self.msc_block_layers).items():
+            own = getattr(self, field)
+            if own != value and own != type(self).__dataclass_fields__[field].default:
+                keys = {key: given[key] for key in given if EARLIER_MSC_KEYS[key].field == field}
+                raise ValueError(
+                    f"{_listed(keys)} (version 0.1.0) stand{'s' if len(keys) == 1 else ''} for `{field}={value!r}`, "
+                    f"which disagrees with the given `{field}={own!r}`; give only `{field}`."
+                )
+            setattr(self, field, value)
 
     def _resolve(self) -> None:
         """Fill the derived values from the given ones. A value derived from a malformed one is left as it is, for

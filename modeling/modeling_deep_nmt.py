@@ -591,9 +591,9 @@ class DeepNMTResidualNorm(nn.LayerNorm):
 
 def msc_attends_context(config: DeepNMTConfig, side: str) -> bool:
     """Whether the layers of `side` ("encoder" or "decoder") attend MSC's context states."""
-    if config.msc_block_layers is None or not config.msc_context_attention:
+    if config.msc_block_layers is None or config.msc_context == "none":
         return False
-    return side == "encoder" or config.msc_decoder_context
+    return side == "encoder" or config.msc_context_sides == "encoder_and_decoder"
 
 
 def msc_context_modules(
@@ -969,9 +969,9 @@ class DeepNMTMscContext(nn.Module):
     def __init__(self, config: DeepNMTConfig):
         super().__init__()
         self.cells = None
-        if config.msc_contextual_collaboration:
-            count = 1 if config.msc_share_gru else len(config.msc_blocks)
-            if config.msc_context_cell == "gru":
+        if config.msc_context != "block_output":
+            count = len(config.msc_blocks) if config.msc_context.endswith("_per_block") else 1
+            if config.msc_context in ("gru", "gru_per_block"):
                 self.cells = nn.ModuleList(nn.GRUCell(config.d_model, config.d_model) for _ in range(count))
             else:
                 self.cells = nn.ModuleList(DeepNMTContextFeedForward(config.d_model) for _ in range(count))

@@ -43,7 +43,7 @@ def test_msc_config_defaults_are_the_wmt_base_system():
         2048,
         8,
     )
-    assert config.msc_context_cell == "gru" and config.msc_share_gru and config.msc_fusion == "gate"
+    assert config.msc_context == "gru" and config.msc_fusion == "gate"
     assert config.msc_block_boundaries() == [0, 6, 12, 18, 24, 30, 36]
 
 
@@ -72,14 +72,14 @@ def test_encoder_layers_follow_the_blocks(overrides, layers, boundaries):
         (dict(msc_block_layers="6"), "msc_block_layers"),
         (dict(msc_block_layers=True), "msc_block_layers"),
         (dict(msc_fusion="concat"), "msc_fusion"),
-        (dict(msc_context_cell="lstm"), "msc_context_cell"),
-        (dict(msc_share_gru="yes"), "msc_share_gru"),
+        (dict(msc_context="lstm"), "msc_context"),
+        (dict(msc_context_sides="yes"), "msc_context_sides"),
         (dict(encoder_l2_lambda=-1e-5), "encoder_l2_lambda"),
         (dict(encoder_l2_lambda=float("nan")), "encoder_l2_lambda"),
         (dict(encoder_layer_aggregation="dlcl"), "encoder_layer_aggregation"),
         (dict(decoder_self_attention="merged_average"), "decoder_self_attention"),
-        (dict(msc_context_attention=False, msc_fusion="add"), "msc_fusion"),
-        (dict(msc_contextual_collaboration=False, msc_context_cell="ffn"), "msc_context_cell"),
+        (dict(msc_context="none", msc_fusion="add"), "msc_fusion"),
+        (dict(msc_context="none", msc_context_sides="encoder"), "msc_context_sides"),
     ],
 )
 def test_bad_msc_settings_raise_naming_the_field(overrides, field):
@@ -87,9 +87,9 @@ def test_bad_msc_settings_raise_naming_the_field(overrides, field):
         MscConfig(**overrides)
 
 
-@pytest.mark.parametrize("field", ["msc_fusion", "msc_decoder_context", "msc_share_gru"])
+@pytest.mark.parametrize("field", ["msc_fusion", "msc_context_sides", "msc_context"])
 def test_msc_switches_without_msc_raise(field):
-    value = {"msc_fusion": "add", "msc_decoder_context": False, "msc_share_gru": False}[field]
+    value = {"msc_fusion": "add", "msc_context_sides": "encoder", "msc_context": "gru_per_block"}[field]
     with pytest.raises(ValueError, match=f"{field}.*msc_block_layers"):
         DeepNMTConfig(**{field: value})
 
@@ -242,7 +242,7 @@ def test_context_attention_ignores_padded_source_positions(msc_model):
 
 
 def test_without_contextual_collaboration_the_context_is_the_block_output(tiny_config, random_model):
-    model = random_model(tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_contextual_collaboration=False))
+    model = random_model(tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_context="block_output"))
     assert model.model.encoder.context.cells is None
     with torch.no_grad():
         output = model.get_encoder()(input_ids=SOURCE, attention_mask=MASK)
@@ -250,7 +250,7 @@ def test_without_contextual_collaboration_the_context_is_the_block_output(tiny_c
 
 
 def test_without_context_attention_no_context_exists(tiny_config, random_model):
-    model = random_model(tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_context_attention=False))
+    model = random_model(tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_context="none"))
     assert model.model.encoder.context is None
     assert all(layer.context_attn is None and layer.fusion_gate is None for layer in model.model.encoder.layers)
     assert all(layer.context_attn is None for layer in model.model.decoder.layers)
@@ -262,7 +262,7 @@ def test_without_context_attention_no_context_exists(tiny_config, random_model):
 
 
 def test_encoder_side_context_only(tiny_config, random_model):
-    model = random_model(tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_decoder_context=False))
+    model = random_model(tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_context_sides="encoder"))
     assert all(layer.context_attn is not None for layer in model.model.encoder.layers)
     assert all(layer.context_attn is None for layer in model.model.decoder.layers)
     with torch.no_grad():
@@ -270,11 +270,11 @@ def test_encoder_side_context_only(tiny_config, random_model):
     assert output.context_states is None
 
 
-@pytest.mark.parametrize(("cell", "share", "expected"), [("gru", False, 2), ("ffn", True, 1), ("ffn", False, 2)])
-def test_context_cells(tiny_config, random_model, cell, share, expected):
-    model = random_model(
-        tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_context_cell=cell, msc_share_gru=share)
-    )
+@pytest.mark.parametrize(
+    ("context", "cell", "expected"), [("gru_per_block", "gru", 2), ("ffn", "ffn", 1), ("ffn_per_block", "ffn", 2)]
+)
+def test_context_cells(tiny_config, random_model, context, cell, expected):
+    model = random_model(tiny_config(DeepNMTConfig, msc_block_layers=[2, 1], msc_context=context))
     cells = model.model.encoder.context.cells
     assert len(cells) == expected
     assert all(isinstance(c, torch.nn.GRUCell) == (cell == "gru") for c in cells)

@@ -15,14 +15,28 @@ LOADED = json.loads((FIXTURES / "configs_loaded.json").read_text())
 OUTPUTS = json.loads((FIXTURES / "models_outputs.json").read_text())
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
 # Changed on purpose since 0.1.0, to the values stated below: every decoder layer gets the one cache-layer type that
-# holds all of its decoding state (static and dynamic), and the saved `auto_map` also names the encoder-decoder for
-# `AutoModel`.
+# holds all of its decoding state (static and dynamic), the saved `auto_map` also names the encoder-decoder for
+# `AutoModel`, and the five MSC keys are replaced by `msc_context` and `msc_context_sides`, which say the same.
+# What the MSC keys of the fixtures stand for, written out here (not taken from the package, so that a wrong mapping
+# fails): (msc_context_attention, msc_contextual_collaboration, msc_context_cell, msc_share_gru) -> msc_context, and
+# msc_decoder_context -> msc_context_sides.
+CONTEXT_KEYS_0_1_0 = ("msc_context_attention", "msc_contextual_collaboration", "msc_context_cell", "msc_share_gru")
+MSC_CONTEXT_NOW = {
+    (True, True, "gru", True): "gru",
+    (True, True, "ffn", False): "ffn_per_block",
+    (True, False, "gru", True): "block_output",
+    (False, True, "gru", True): "none",
+}
+MSC_CONTEXT_SIDES_NOW = {True: "encoder_and_decoder", False: "encoder"}
 
 
 def expected_now(saved: dict) -> dict:
     expected = dict(saved)
     if "decoder_layers" in expected:
         expected["decoder_layer_types"] = ["deep_nmt"] * expected["decoder_layers"]
+    if "msc_context_attention" in expected:
+        expected["msc_context"] = MSC_CONTEXT_NOW[tuple(expected.pop(key) for key in CONTEXT_KEYS_0_1_0)]
+        expected["msc_context_sides"] = MSC_CONTEXT_SIDES_NOW[expected.pop("msc_decoder_context")]
     return expected
 
 
