@@ -89,12 +89,7 @@ ARCHITECTURES = [
     # MSC: encoder blocks of 2 and 1 layers for the 2 decoder layers, across the ablation switches
     pytest.param((MscConfig, dict(msc_block_layers=[2, 1])), id="MscConfig"),
     pytest.param(
-        (
-            DeepNMTConfig,
-            dict(
-                msc_block_layers=[1, 2], pre_norm=False, msc_context_cell="ffn", msc_fusion="add", msc_share_gru=False
-            ),
-        ),
+        (DeepNMTConfig, dict(msc_block_layers=[1, 2], pre_norm=False, msc_context="ffn_per_block", msc_fusion="add")),
         id="msc-postnorm-ffn-cell-add-fusion",
     ),
     pytest.param(
@@ -102,7 +97,7 @@ ARCHITECTURES = [
             DeepNMTConfig,
             dict(
                 msc_block_layers=[2, 1],
-                msc_decoder_context=False,
+                msc_context_sides="encoder",
                 decoder_self_attention="average",
                 relative_position_window=2,
             ),
@@ -110,14 +105,11 @@ ARCHITECTURES = [
         id="msc-encoder-context-only-aan-relative-keys",
     ),
     pytest.param(
-        (
-            DeepNMTConfig,
-            dict(msc_block_layers=[2, 1], msc_context_attention=False, decoder_layer_aggregation="dlcl"),
-        ),
+        (DeepNMTConfig, dict(msc_block_layers=[2, 1], msc_context="none", decoder_layer_aggregation="dlcl")),
         id="msc-no-context-dlcl-decoder",
     ),
     pytest.param(
-        (DeepNMTConfig, dict(msc_block_layers=[1, 2], msc_contextual_collaboration=False, init_scheme="ds_init")),
+        (DeepNMTConfig, dict(msc_block_layers=[1, 2], msc_context="block_output", init_scheme="ds_init")),
         id="msc-no-collaboration-dsinit",
     ),
 ]

@@ -339,9 +339,7 @@ def test_each_decoder_layer_holds_the_sublayers_its_choice_names(tiny_config, ch
 def test_every_weight_matrix_but_the_output_layer_states_its_initialisation(tiny_config):
     """No matrix's initialisation hangs on attributes set after construction: each one below the output layer is a
     DeepNMTLinear whose fan and scale show in the model's repr."""
-    model = DeepNMTForConditionalGeneration(
-        tiny_config(DeepNMTConfig, msc_block_layers=[1, 2], msc_context_cell="ffn")
-    )
+    model = DeepNMTForConditionalGeneration(tiny_config(DeepNMTConfig, msc_block_layers=[1, 2], msc_context="ffn"))
     linears = {name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)}
     ours = {name for name, module in model.named_modules() if isinstance(module, DeepNMTLinear)}
     assert linears - ours == {"lm_head"}

@@ -69,16 +69,11 @@ def valid_configs(draw, msc: bool | None = None):
             st.integers(1, 2) | st.lists(st.integers(1, 2), min_size=decoder_layers, max_size=decoder_layers)
         )
         encoder_aggregation = "residual"
-        context = draw(st.booleans())
-        fields["msc_context_attention"] = context
-        if context:
+        context = draw(st.sampled_from(["gru", "gru_per_block", "ffn", "ffn_per_block", "block_output", "none"]))
+        fields["msc_context"] = context
+        if context != "none":
             fields["msc_fusion"] = draw(st.sampled_from(["gate", "add"]))
-            fields["msc_decoder_context"] = draw(st.booleans())
-            collaboration = draw(st.booleans())
-            fields["msc_contextual_collaboration"] = collaboration
-            if collaboration:
-                fields["msc_context_cell"] = draw(st.sampled_from(["gru", "ffn"]))
-                fields["msc_share_gru"] = draw(st.booleans())
+            fields["msc_context_sides"] = draw(st.sampled_from(["encoder_and_decoder", "encoder"]))
         fields["encoder_l2_lambda"] = draw(st.sampled_from([0.0, 1e-5]))
         fields["config_class"] = MscConfig
     else:
@@ -186,12 +181,7 @@ SIZE_FIELDS = ("vocab_size", "d_model", "decoder_layers", "encoder_ffn_dim", "de
 HEAD_FIELDS = ("encoder_attention_heads", "decoder_attention_heads")
 PROBABILITY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
 BOOL_FIELDS = ("pre_norm", "scale_embedding", "share_embeddings", "tie_word_embeddings", "aan_ffn")
-MSC_BOOL_FIELDS = (
-    "msc_context_attention",
-    "msc_contextual_collaboration",
-    "msc_share_gru",
-    "msc_decoder_context",
-)
+MSC_CHOICE_FIELDS = ("msc_context", "msc_context_sides", "msc_fusion")
 CHOICE_FIELDS = (
     "activation_function",
     "layer_aggregation",
@@ -211,9 +201,7 @@ def invalid_configs(draw):
     kinds = ["size", "heads", "probability", "bool", "choice", "window", "eps", "ids", "divisible", "ds_init"]
     kinds += ["boundaries", "boundaries_without_sparse", "sparse_block_size", "dlcl_weights", "aan_ffn", "vocab"]
     kinds += (
-        ["msc_layout", "msc_bool", "msc_choice", "l2", "msc_encoder_layers"]
-        if msc
-        else ["encoder_layers", "msc_without_layout"]
+        ["msc_layout", "msc_choice", "l2", "msc_encoder_layers"] if msc else ["encoder_layers", "msc_without_layout"]
     )
     kind = draw(st.sampled_from(kinds))
     if kind == "size":
@@ -226,14 +214,12 @@ def invalid_configs(draw):
         field, value = draw(st.sampled_from(PROBABILITY_FIELDS)), draw(st.sampled_from([-0.1, 1.0, 7, "0.1", True]))
     elif kind == "bool":
         field, value = draw(st.sampled_from(BOOL_FIELDS)), draw(st.sampled_from([1, 0, "true", None]))
-    elif kind == "msc_bool":
-        field, value = draw(st.sampled_from(MSC_BOOL_FIELDS)), draw(st.sampled_from([1, "false", None]))
     elif kind == "choice":
         field = draw(st.sampled_from(CHOICE_FIELDS))
         # None is valid for a per-stack aggregation (it inherits `layer_aggregation`)
         value = draw(st.sampled_from(["bogus", "", 3] + ([] if field.endswith("_layer_aggregation") else [None])))
     elif kind == "msc_choice":
-        field, value = draw(st.sampled_from(["msc_context_cell", "msc_fusion"])), draw(st.sampled_from(["lstm", 1]))
+        field, value = draw(st.sampled_from(MSC_CHOICE_FIELDS)), draw(st.sampled_from(["lstm", 1, "false", None]))
     elif kind == "window":
         field, value = "relative_position_window", draw(st.sampled_from([-1, 1.5, "2", True]))
     elif kind == "eps":
@@ -282,8 +268,8 @@ def invalid_configs(draw):
         wrong_length = [1] * (fields["decoder_layers"] + 1)
         value = draw(st.sampled_from([0, -1, [], [1, 0], wrong_length, "2", 1.5, True, [True]]))
     else:  # an MSC switch without MSC
-        field = draw(st.sampled_from(["msc_fusion", "msc_context_cell", "msc_decoder_context"]))
-        value = {"msc_fusion": "add", "msc_context_cell": "ffn", "msc_decoder_context": False}[field]
+        field = draw(st.sampled_from(MSC_CHOICE_FIELDS))
+        value = {"msc_fusion": "add", "msc_context": "ffn", "msc_context_sides": "encoder"}[field]
     return {**fields, field: value}, field, value
 
 
@@ -313,9 +299,13 @@ def test_the_strategies_cover_every_switch():
         lambda f: f["decoder_self_attention"] == "merged_average" and f.get("init_scheme") == "ds_init",
         lambda f: f["aan_ffn"] and f["relative_position_window"] == 3,
         lambda f: not f["share_embeddings"] and not f["tie_word_embeddings"],
-        lambda f: isinstance(f.get("msc_block_layers"), list) and f.get("msc_context_cell") == "ffn",
-        lambda f: f.get("msc_context_attention") is False,
-        lambda f: f.get("msc_fusion") == "add" and f.get("msc_decoder_context") is False,
-        lambda f: f.get("msc_contextual_collaboration") is False and f["decoder_self_attention"] == "average",
+        lambda f: isinstance(f.get("msc_block_layers"), list) and f.get("msc_context") in ("ffn", "ffn_per_block"),
+        lambda f: f.get("msc_context") == "none",
+        lambda f: f.get("msc_fusion") == "add" and f.get("msc_context_sides") == "encoder",
+        lambda f: f.get("msc_context") == "block_output" and f["decoder_self_attention"] == "average",
+        *(
+            lambda f, context=context: f.get("msc_context") == context
+            for context in ("gru", "gru_per_block", "ffn", "ffn_per_block")
+        ),
     ):
         find(valid_configs(), predicate, settings=settings(derandomize=True, max_examples=2000, database=None))
