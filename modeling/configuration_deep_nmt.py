@@ -319,11 +319,12 @@ STRUCTURAL_RULES = (
 
 
 def unknown_config_keys(config_class: type, keys) -> dict[str, str | None]:
-    """The keys that are neither fields nor aliases (`attribute_map`) of `config_class`, each with the closest field
-    name (None when nothing is close), in sorted order."""
+    """The keys that are neither fields nor aliases (`attribute_map`) of `config_class` nor the version 0.1.0 keys it
+    reads (`EARLIER_MSC_KEYS`), each with the closest field name (None when nothing is close), in sorted order."""
     known = {item.name for item in dataclasses.fields(config_class)} | set(config_class.attribute_map)
     return {
-        key: next(iter(difflib.get_close_matches(key, sorted(known), n=1)), None) for key in sorted(set(keys) - known)
+        key: next(iter(difflib.get_close_matches(key, sorted(known), n=1)), None)
+        for key in sorted(set(keys) - known - set(EARLIER_MSC_KEYS))
     }
 
 
