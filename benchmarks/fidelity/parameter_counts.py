@@ -126,13 +126,13 @@ def systems() -> list[dict]:
     for blocks, published in ((1, 73), (6, 215), (8, 272)):
         name = f"MSC, {6 * blocks} layers (base)"
         add("MSC Table 4", name, published, MscConfig(**wmt, **BASE, msc_block_layers=blocks), default)
-        variant = MscConfig(**wmt, **BASE, msc_block_layers=blocks, msc_decoder_context=False)
+        variant = MscConfig(**wmt, **BASE, msc_block_layers=blocks, msc_context_sides="encoder")
         add("MSC Table 4", f"{name}, context attention in the encoder only", published, variant)
     add("MSC Table 4", "TRANSFORMER (big)", 211, DeepNMTConfig(**wmt, **BIG))
     for blocks, published in ((1, 286), (3, 512)):
         name = f"MSC, {6 * blocks} layers (big)"
         add("MSC Table 4", name, published, MscConfig(**wmt, **BIG, msc_block_layers=blocks), default)
-        variant = MscConfig(**wmt, **BIG, msc_block_layers=blocks, msc_contextual_collaboration=False)
+        variant = MscConfig(**wmt, **BIG, msc_block_layers=blocks, msc_context="block_output")
         add("MSC Table 4", f"{name}, without the GRU context", published, variant)
     return rows
 
