@@ -620,8 +620,8 @@ class DeepNMTLayer(GradientCheckpointingLayer):
         A_c = Attention(x, C)          fused = g * A_h + (1 - g) * A_c,  g = sigmoid(W [A_h; A_c] + b)   ("gate")
                                        fused = A_h + A_c                                                 ("add")
 
-    Each layer sets `context_attn` and `fusion_gate` after its own attention (`msc_context_modules`); None where the
-    layer attends no context.
+    `context_attn` and `fusion_gate` start as None; each layer sets them after its own attention
+    (`msc_context_modules`), so that their parameters come after it, as in every saved model.
     """
 
     def __init__(self, config: DeepNMTConfig, layer_idx: int, ffn_dim: int):
@@ -633,6 +633,9 @@ class DeepNMTLayer(GradientCheckpointingLayer):
         self.fc1 = DeepNMTLinear(width, ffn_dim, init_scale=scale)
         self.fc2 = DeepNMTLinear(ffn_dim, width, init_scale=scale)
         self.final_layer_norm = DeepNMTResidualNorm(config)
+        # set by each layer after its own attention (`msc_context_modules`); None where it attends no context
+        self.context_attn: DeepNMTAttention | None = None
+        self.fusion_gate: DeepNMTLinear | None = None
 
     def feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         hidden_states = self.activation_fn(self.fc1(hidden_states))
