@@ -324,13 +324,22 @@ MAX_EVALUATION_OUTPUT_TOKENS = 4096
 
 
 def check_model_arguments(model_args: ModelArguments) -> None:
-    """For a fresh preset (no `model_name_or_path`): `ValueError` for a preset that does not exist or an override that
-    is not a field of its config."""
+    """For a fresh preset (no `model_name_or_path`): `ValueError` for a preset that does not exist, an override that
+    is not a field of its config, or one whose value the config refuses (its own message, naming the value)."""
     if model_args.model_name_or_path:
         return
     if model_args.model_type not in PRESETS:
         raise ValueError(f"`model_type` must be one of {tuple(PRESETS)}, got {model_args.model_type!r}.")
-    check_config_overrides(PRESETS[model_args.model_type], model_args.model_overrides)
+    config_class = PRESETS[model_args.model_type]
+    check_config_overrides(config_class, model_args.model_overrides)
+    # The values too, before any data is read: building the config validates them. Its warnings (settings without
+    # effect) are left to the config the run builds, so that they are said once.
+    config_logger = sys.modules[config_class.__module__].logger
+    quiet, config_logger.disabled = config_logger.disabled, True
+    try:
+        config_class(**model_args.model_overrides)
+    finally:
+        config_logger.disabled = quiet
 
 
 def check_arguments(

@@ -220,6 +220,13 @@ class RunFolder:
                 "start afresh, or continue the run in it; give only one."
             )
         earlier = self.earlier_outputs()
+        record = self.record()
+        only_record = [path.name for path in earlier] == [RUN_RECORD]
+        if only_record and record and record.get("command") == self.command and not record.get("finished"):
+            # a run that stopped before it saved anything (a refused setting, a failure while preparing): nothing
+            # here to keep, so any recipe may start afresh
+            logger.warning(f"{self.folder} holds only the record of a run that saved nothing: starting afresh.")
+            earlier = []
         if overwrite_output_dir:
             if earlier and self.main_process:
                 logger.warning(f"overwrite_output_dir: removing {[path.name for path in earlier]} from {self.folder}.")
@@ -233,7 +240,6 @@ class RunFolder:
         if not earlier:
             self._write_record(finished=False)
             return resume_from_checkpoint
-        record = self.record()
         ways_out = (
             "continue it with `--resume_from_checkpoint last`, remove what runs of hf-deep-nmt wrote there with "
             "`--overwrite_output_dir true` (other files are kept), or choose another output_dir"

@@ -147,6 +147,34 @@ def test_an_output_dir_holding_another_recipe_or_an_unrecorded_run_is_refused(co
     assert tree(old_run) == before
 
 
+def test_a_folder_left_by_a_run_that_saved_nothing_is_taken_by_another_recipe(tmp_path, caplog):
+    """A run refused or failed after it wrote its record but before it saved anything leaves only the record: a
+    corrected recipe starts afresh there. A record of a finished run, or any saved output, still means refusal."""
+    folder = tmp_path / "run"
+    with pytest.raises(KeyError), RunFolder(folder, "train", {"learning_rate": 0.1}) as first:
+        first.start(None, False)
+        raise KeyError("failed while preparing")
+    assert [path.name for path in folder.iterdir()] == [RUN_RECORD]
+    with caplog.at_level(logging.WARNING), RunFolder(folder, "train", {"learning_rate": 0.01}) as second:
+        assert second.start(None, False) is None
+    assert "holds only the record of a run that saved nothing: starting afresh" in caplog.text
+    assert json.loads((folder / RUN_RECORD).read_text()) == {
+        "command": "train",
+        "finished": False,
+        "recipe": {"learning_rate": 0.01},
+    }
+    (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "finished": True, "recipe": {"seed": 1}}))
+    with (
+        pytest.raises(RunFolderError, match=r"another recipe \(seed: 1"),
+        RunFolder(folder, "train", {}) as third,
+    ):
+        third.start(None, False)
+    (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "finished": False, "recipe": {"seed": 1}}))
+    (folder / "checkpoint-1").mkdir()
+    with pytest.raises(RunFolderError, match="another recipe"), RunFolder(folder, "train", {}) as fourth:
+        fourth.start(None, False)
+
+
 def test_the_same_command_on_a_finished_run_is_refused_with_the_way_out(corpus, old_run, monkeypatch, capsys):
     fail_on_training(monkeypatch)
     before = tree(old_run)
@@ -330,6 +358,23 @@ def test_bad_settings_are_refused_before_any_work(corpus, tmp_path, flags, messa
     with pytest.raises(ValueError, match=message):
         run(recipe_arguments(corpus, tmp_path / "run", *flags))
     assert tree(tmp_path) == {**before, "run-recipe.json": tree(tmp_path)["run-recipe.json"]}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"msc_context": "bogus"}, r"`msc_context` must be one of \('gru', .*\), got 'bogus'"),
+        ({"msc_context": "ffn"}, r"`msc_context='ffn'`.* only apply to MSC: set `msc_block_layers`"),
+        ({"dropout": 1.5}, r"`dropout` must be a number in \[0, 1\), got 1.5"),
+    ],
+)
+def test_a_bad_override_value_is_refused_before_any_work(corpus, tmp_path, override, message, monkeypatch):
+    fail_on_training(monkeypatch)
+    arguments = recipe_arguments(corpus, tmp_path / "run")
+    Path(arguments[0]).write_text(json.dumps({"model_type": "deep_nmt", "model_overrides": {**OVERRIDES, **override}}))
+    with pytest.raises(ValueError, match=message):
+        run(arguments)
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("config", [None, "{}"])
