@@ -1,0 +1,93 @@
+"""Compiled CPU training graphs save no boolean tensor of activation size: the dropout and ReLU traced in a compiled
+CPU training forward (`CpuCompiledDropout`, `CpuCompiledReLU`) compute what `F.dropout` and `F.relu` compute, with the
+kept positions saved as uint8 and the ReLU gradient taken from the saved output."""
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from hf_deep_nmt import doctor
+from hf_deep_nmt.modeling.modeling_deep_nmt import (
+    CpuCompiledDropout,
+    CpuCompiledReLU,
+    DeepNMTReLU,
+    activation_function,
+    dropout,
+)
+
+
+def test_the_compiled_relu_has_relu_values_and_gradients():
+    inputs = torch.tensor([-2.0, -0.0, 0.0, 1e-30, 0.5, 3.0, -1e-30]).repeat(3)
+    inputs = torch.cat([inputs, torch.randn(1000, generator=torch.Generator().manual_seed(0))])
+    grad_output = torch.randn(inputs.shape, generator=torch.Generator().manual_seed(1))
+    results = []
+    for relu in (F.relu, CpuCompiledReLU.apply):
+        leaf = inputs.clone().requires_grad_()
+        output = relu(leaf)
+        output.backward(grad_output)
+        results.append((output.detach(), leaf.grad))
+    (expected, expected_grad), (output, grad) = results
+    assert torch.equal(output, expected)
+    assert torch.equal(grad, expected_grad)  # -0.0 == 0.0 where the unit is off
+    assert torch.equal(grad[inputs > 0], grad_output[inputs > 0]) and not grad[inputs <= 0].any()
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_the_compiled_dropout_keeps_one_minus_p_and_scales_by_its_inverse(p):
+    inputs = torch.randn(400, 500, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    grad_output = torch.randn(inputs.shape, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(2)
+    output = CpuCompiledDropout.apply(inputs, p)
+    output.backward(grad_output)
+    kept = output.detach() != 0
+    scale = 1.0 / (1.0 - p)
+    assert torch.equal(output.detach(), inputs.detach() * kept * scale)
+    assert torch.equal(inputs.grad, grad_output * kept * scale)
+    # 200,000 draws: the kept fraction's standard deviation is under 0.0011
+    assert abs(kept.float().mean().item() - (1 - p)) < 0.01
+    torch.manual_seed(2)
+    assert torch.equal(CpuCompiledDropout.apply(inputs, p), output)  # seeded by torch's generator
+
+
+def test_eager_code_keeps_torch_dropout_and_relu():
+    """Outside a compiled graph nothing changes: the same draws as `F.dropout`, and `F.relu`."""
+    inputs = torch.randn(64, 32, requires_grad=True)
+    for training, p in ((True, 0.1), (False, 0.1), (True, 0.0), (True, 1.0)):
+        torch.manual_seed(0)
+        ours = dropout(inputs, p, training)
+        torch.manual_seed(0)
+        assert torch.equal(ours, F.dropout(inputs, p=p, training=training))
+    assert isinstance(activation_function("relu"), DeepNMTReLU)
+    assert torch.equal(activation_function("relu")(inputs), F.relu(inputs))
+    assert type(activation_function("gelu")).__name__ == "GELUActivation"
+
+
+def saved_tensors_of_a_compiled_training_forward(model, batch) -> list[torch.Tensor]:
+    saved: list[torch.Tensor] = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    torch.manual_seed(0)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        loss = compiled(**batch).loss
+    loss.backward()
+    return saved
+
+
+def test_a_compiled_cpu_training_graph_saves_no_boolean_activation_mask():
+    """With dropout everywhere and a ReLU feed-forward, Inductor's training graph saves the kept positions as uint8
+    and no boolean tensor as large as a layer's activations (those are slow to write on the CPU)."""
+    model = doctor.family_model(
+        "dlcl-prenorm", "cpu", dropout=0.1, activation_dropout=0.1, activation_function="relu"
+    ).train()
+    batch = doctor.padded_batch("cpu", [9, 6], model.config.vocab_size)
+    activations = min(batch["input_ids"].numel(), batch["labels"].numel()) * model.config.d_model
+    saved = saved_tensors_of_a_compiled_training_forward(model, batch)
+    model.eval()
+    large = [tensor for tensor in saved if tensor.numel() >= activations]
+    assert not [tuple(tensor.shape) for tensor in large if tensor.dtype == torch.bool]
+    assert any(tensor.dtype == torch.uint8 for tensor in large)  # the dropout masks
