@@ -138,10 +138,11 @@ def dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tens
 
 
 class DeepNMTReLU(nn.Module):
-    """`activation_function="relu"`: `F.relu`, and `CpuCompiledReLU` in a compiled CPU training graph."""
+    """`activation_function="relu"`: `F.relu`, and `CpuCompiledReLU` in a compiled CPU training graph (training mode:
+    exported evaluation graphs keep `F.relu`)."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if compiling_for_cpu_training(hidden_states):
+        if self.training and compiling_for_cpu_training(hidden_states):
             return CpuCompiledReLU.apply(hidden_states)
         return F.relu(hidden_states)
 
