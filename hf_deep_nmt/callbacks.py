@@ -99,7 +99,9 @@ class NonFiniteGuard(TrainerCallback, ExportableState):
             self.skipped = int(stored.get("attributes", {}).get("skipped", self.skipped))
             self.consecutive = int(stored.get("attributes", {}).get("consecutive", self.consecutive))
         if model is not None and self._hook is None:
-            self._hook = model.register_forward_hook(self._check_loss)
+            # run eagerly after the forward even when the Trainer compiles the model (`torch_compile=True`): the
+            # check reads the loss on the host, which would break the compiled graph with a warning on every compile
+            self._hook = model.register_forward_hook(torch.compiler.disable(self._check_loss))
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step = state.global_step

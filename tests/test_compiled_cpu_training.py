@@ -91,3 +91,66 @@ def test_a_compiled_cpu_training_graph_saves_no_boolean_activation_mask():
     large = [tensor for tensor in saved if tensor.numel() >= activations]
     assert not [tuple(tensor.shape) for tensor in large if tensor.dtype == torch.bool]
     assert any(tensor.dtype == torch.uint8 for tensor in large)  # the dropout masks
+
+
+def trainer_run(tmp_path, compile_model: bool, poison: bool = False, **arguments):
+    from datasets import Dataset
+    from transformers import default_data_collator
+
+    from hf_deep_nmt.arguments import DeepNMTTrainingArguments
+    from hf_deep_nmt.trainer import DeepNMTTrainer
+
+    model = doctor.family_model("dlcl-prenorm", "cpu").train()
+    if poison:  # a NaN training loss from the first step on
+
+        def nan_loss(module, inputs, outputs):
+            outputs.loss = outputs.loss * float("nan")
+            return outputs
+
+        model.register_forward_hook(nan_loss)
+    tokens = torch.randint(3, 60, (16, 6), generator=torch.Generator().manual_seed(0))
+    dataset = Dataset.from_dict({"input_ids": tokens.tolist(), "labels": tokens.flip(1).tolist()})
+    args = DeepNMTTrainingArguments(
+        output_dir=str(tmp_path / f"run-{compile_model}"),
+        max_steps=3,
+        per_device_train_batch_size=4,
+        learning_rate=1e-3,
+        use_cpu=True,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        logging_steps=1,
+        seed=0,
+        torch_compile=compile_model,
+        torch_compile_backend="aot_eager" if compile_model else None,
+        **arguments,
+    )
+    trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator)
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return losses, {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+
+
+def test_the_trainer_compiles_the_model_without_a_graph_break_and_trains_as_eager(tmp_path):
+    """`torch_compile=True`: the non-finite loss check (a forward hook reading the loss on the host) runs after the
+    compiled forward instead of breaking its graph, and the run is the eager run."""
+    from torch._dynamo.utils import counters
+
+    # plain SGD: Adam would turn the rounding noise of near-zero gradients (key biases) into full-size steps
+    eager_losses, eager_weights = trainer_run(tmp_path, compile_model=False, optim="sgd")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled_losses, compiled_weights = trainer_run(tmp_path, compile_model=True, optim="sgd")
+    assert not counters["graph_break"], dict(counters["graph_break"])
+    assert len(compiled_losses) == 3
+    torch.testing.assert_close(compiled_losses, eager_losses, rtol=1e-5, atol=1e-6)
+    for name, weight in eager_weights.items():
+        torch.testing.assert_close(compiled_weights[name], weight, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_a_compiled_trainer_still_stops_on_a_non_finite_loss(tmp_path):
+    from hf_deep_nmt.callbacks import NonFiniteTrainingError
+
+    torch._dynamo.reset()
+    with pytest.raises(NonFiniteTrainingError, match="The training loss is nan at optimizer step 1"):
+        trainer_run(tmp_path, compile_model=True, poison=True, max_consecutive_nonfinite_steps=0)
