@@ -1,6 +1,7 @@
 """Compiled CPU training graphs save no boolean tensor of activation size: the dropout and ReLU traced in a compiled
 CPU training forward (`CpuCompiledDropout`, `CpuCompiledReLU`) compute what `F.dropout` and `F.relu` compute, with the
-kept positions saved as uint8 and the ReLU gradient taken from the saved output."""
+kept positions saved as uint8 and the ReLU gradient taken from the saved output; and `DeepNMTTrainer` with
+`torch_compile=True` compiles the model without a graph break."""
 
 import pytest
 import torch
