@@ -82,7 +82,7 @@ def scaled_dot_product_attention(
 
 
 # Training graphs that `torch.compile` builds for the CPU avoid saving boolean tensors for backward: Inductor's CPU
-# code writes a boolean tensor about 20x slower than a float one (AVX2, torch 2.13: 28 ms against 0.8 ms for 4M
+# code writes a boolean tensor about 30x slower than a float one (AVX2, torch 2.13: 28 ms against 0.8 ms for 4M
 # values), and a base-size training step saves one per dropout and per ReLU. Eager code and other devices keep
 # `F.dropout` and `F.relu`; the functions below are traced in their place: ReLU's values and gradients, dropout's
 # distribution and scaling (compiled dropout draws other numbers than eager dropout in any case).
