@@ -19,7 +19,7 @@ Figures (every output is forced to the same length so that all contenders do equ
   the bytes saved for backward of plain and DLCL stacks;
 * operators: ATen operator calls and autograd nodes per training step of plain and DLCL stacks (counts);
 * throughput: tokens/s, MFU and peak memory of own vs HF Marian training through `DeepNMTTrainer` with token-budget
-  batches (bf16 on CUDA, fp32 on CPU);
+  batches (bf16 on CUDA, fp32 on CPU), and of own with the plain loss on the whole logits (no chunks);
 * compiled: decoding with the static cache and a compiled forward (what `translate --compile` does) against eager
   decoding with the dynamic cache, at batch 1 greedy and batch 64 beam 4, for multi-head and MAtt decoders, and
   compiled against eager training steps (pre-norm and DLCL); bf16 on CUDA (`--device cuda`), fp32 on CPU. The bytes
@@ -732,13 +732,16 @@ def matrix_parameter_count(model: torch.nn.Module) -> int:
 
 
 def run_throughput(size: dict, repeats: int, workdir: Path, budgets: tuple[int, ...]) -> dict:
-    """Own pre-norm 6+6 against HF Marian at equal sizes through the Trainer at each token budget, alternating.
+    """Own pre-norm 6+6 against HF Marian at equal sizes through the Trainer at each token budget, alternating, and
+    own with the plain loss (whole logits, `F.cross_entropy`) to show what the chunked loss gives.
     MFU = 6 * N * target tokens/s over the measured matrix-multiply peak (bf16 on CUDA, fp32 on CPU), N the
     linear layers' weights: sources are as long as targets, so every weight meets that many tokens per step."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     peak = matmul_peak(size["gemm"] if device.type == "cpu" else 8192, repeats, device, dtype)
-    models = {"own_pre_norm": own_model(size), "hf_marian": marian_model(size)}
+    plain_loss = own_model(size)
+    plain_loss.chunks_training_loss = lambda: False  # the whole logits and `F.cross_entropy`, as before the chunks
+    models = {"own_pre_norm": own_model(size), "own_pre_norm_plain_loss": plain_loss, "hf_marian": marian_model(size)}
     parameters = {name: matrix_parameter_count(model) for name, model in models.items()}
     results = {}
     for budget in budgets:
@@ -951,6 +954,9 @@ def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool | None]
         for budget, figures in throughput["budgets"].items():
             add(f"throughput {budget} tokens: own pre-norm / HF Marian tokens/s", figures["seconds"], "hf_marian",
                 "own_pre_norm", ">= 1.10", lambda value: value >= 1.1)  # fmt: skip
+            if "own_pre_norm_plain_loss" in figures["seconds"]:
+                add(f"throughput {budget} tokens: own chunked loss / own plain loss tokens/s", figures["seconds"],
+                    "own_pre_norm_plain_loss", "own_pre_norm", "(no target)", lambda value: None)  # fmt: skip
     return rows
 
 

@@ -3,6 +3,7 @@ guard that skips non-finite steps."""
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
 
 import datasets
@@ -28,6 +29,22 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             limit = getattr(training_args, "max_consecutive_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS)
             callbacks.insert(0, NonFiniteGuard(limit))
         super().__init__(*args, callbacks=callbacks, **kwargs)
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """With `label_smoothing_factor`, a model of this package smooths its loss itself (`label_smoothing=`, the
+        same loss as the library's `LabelSmoother`), so that a training step keeps its chunked output-layer loss
+        instead of handing the whole logits to the smoother. Other models, a `compute_loss_func` or a loss
+        normalised over several batches (`num_items_in_batch`) go the library's way."""
+        if (
+            self.label_smoother is not None
+            and self.compute_loss_func is None
+            and num_items_in_batch is None
+            and "labels" in inputs
+            and smooths_its_own_loss(self.accelerator.unwrap_model(model))
+        ):
+            outputs = model(**inputs, label_smoothing=self.label_smoother.epsilon)
+            return (outputs["loss"], outputs) if return_outputs else outputs["loss"]
+        return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def get_train_dataloader(self) -> DataLoader:
         max_tokens = getattr(self.args, "max_tokens", None)
@@ -79,3 +96,15 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         else:
             self.lr_scheduler = noam_scheduler(optimizer, self.model.config.d_model, warmup_steps)
         return self.lr_scheduler
+
+
+def smooths_its_own_loss(model) -> bool:
+    """Whether `model` is one of this package's translation models (installed or loaded as remote code: compared by
+    the forward's `label_smoothing` parameter, not by class), and not wrapped by an adapter whose forward may not pass
+    the argument on."""
+    forward = getattr(type(model), "forward", None)
+    return (
+        getattr(type(model), "chunks_training_loss", None) is not None
+        and forward is not None
+        and "label_smoothing" in inspect.signature(forward).parameters
+    )

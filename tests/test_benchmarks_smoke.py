@@ -49,10 +49,10 @@ def test_smoke_run_writes_every_figure(perf, smoke_run):
     assert set(results["deep"]["saved_for_backward"]) == {"plain_4", "dlcl_4"}
     assert set(results["operators"]["counts"]) == {"plain_2", "dlcl_2", "plain_4", "dlcl_4"}
     for figures in results["throughput"]["budgets"].values():
-        assert set(figures["tokens_per_second"]) == {"own_pre_norm", "hf_marian"}
+        assert set(figures["tokens_per_second"]) == {"own_pre_norm", "own_pre_norm_plain_loss", "hf_marian"}
     assert set(results["throughput"]["budgets"]) == {"64", "128"}
     figures = [row["figure"] for row in results["ratios"]]
-    assert len(figures) == (14 if "ctranslate2" in decoders else 12)
+    assert len(figures) == (16 if "ctranslate2" in decoders else 14)  # two budgets: own / Marian, chunked / plain loss
 
 
 def test_reported_ratios_follow_from_raw_timings(smoke_run):
@@ -73,12 +73,16 @@ def test_reported_ratios_follow_from_raw_timings(smoke_run):
     assert ratios["deep: DLCL-4L / plain-4L step time"] == pytest.approx(deep["dlcl_4"] / deep["plain_4"])
     budget = results["throughput"]["budgets"]["128"]
     # every budget batch holds 128 // 8 = 16 pairs of 8 target tokens, no padding; 2 timed steps
-    assert budget["tokens"] == {"own_pre_norm": 256, "hf_marian": 256}
+    assert budget["tokens"] == {"own_pre_norm": 256, "own_pre_norm_plain_loss": 256, "hf_marian": 256}
     own_speed = 256 / budget["seconds"]["own_pre_norm"][0]
     assert budget["tokens_per_second"]["own_pre_norm"] == pytest.approx(own_speed)
     parameters = results["throughput"]["parameters"]["own_pre_norm"]
     assert budget["mfu"]["own_pre_norm"] == pytest.approx(
         6 * parameters * own_speed / results["throughput"]["matmul_peak_flops"]
+    )
+    seconds = budget["seconds"]
+    assert ratios["throughput 128 tokens: own chunked loss / own plain loss tokens/s"] == pytest.approx(
+        statistics.median(seconds["own_pre_norm_plain_loss"]) / statistics.median(seconds["own_pre_norm"])
     )
 
 

@@ -303,14 +303,16 @@ def test_encoder_l2_term_is_lambda_times_the_sum_of_squared_encoder_weight_matri
     assert any("context.cells.0.weight_hh" in name for name in names) and any("fusion_gate" in n for n in names)
     by_hand = sum(dict(regularised.model.encoder.named_parameters())[n].pow(2).sum() for n in names)
     assert torch.equal(regularised.encoder_l2_penalty(), by_hand)
-    outputs = regularised(**batch)
+    outputs = regularised(**batch, return_logits=True)
     cross_entropy = F.cross_entropy(outputs.logits.view(-1, 37), batch["labels"].view(-1))
     torch.testing.assert_close(outputs.loss, cross_entropy + 0.25 * by_hand, rtol=1e-6, atol=0)
+    # the training step's chunked loss (no logits) adds it too
+    torch.testing.assert_close(regularised(**batch).loss, cross_entropy + 0.25 * by_hand, rtol=1e-6, atol=0)
     # evaluation losses stay the plain cross-entropy
     assert torch.equal(regularised.eval()(**batch).loss, cross_entropy)
     # lambda = 0: nothing added
     regularised.train().config.encoder_l2_lambda = 0.0
-    assert torch.equal(regularised(**batch).loss, cross_entropy)
+    assert torch.equal(regularised(**batch, return_logits=True).loss, cross_entropy)
 
 
 def test_encoder_l2_gradient_reaches_encoder_weights_only(tiny_config, random_model):
