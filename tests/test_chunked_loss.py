@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers.trainer_pt_utils import LabelSmoother
 
-from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+from hf_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.modeling import modeling_deep_nmt
 from hf_deep_nmt.modeling.modeling_deep_nmt import chunked_linear_cross_entropy
 from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments
@@ -85,25 +85,13 @@ def test_under_autocast_the_products_run_in_bfloat16_and_the_loss_in_float32():
 
 
 # ------------------------------------------------------------------------------------------------------------ model
-def tiny_model(**overrides) -> DeepNMTForConditionalGeneration:
-    torch.manual_seed(0)
-    settings = dict(
-        vocab_size=VOCABULARY,
-        d_model=16,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_ffn_dim=32,
-        decoder_ffn_dim=32,
-        dropout=0.0,
-        pad_token_id=1,
-        bos_token_id=0,
-        eos_token_id=2,
-        decoder_start_token_id=0,
-    )
-    settings.update(overrides)
-    return DeepNMTForConditionalGeneration(DeepNMTConfig(**settings))
+@pytest.fixture
+def tiny_model(tiny_config):
+    def make(**overrides) -> DeepNMTForConditionalGeneration:
+        torch.manual_seed(0)
+        return DeepNMTForConditionalGeneration(tiny_config(**overrides))
+
+    return make
 
 
 def model_batch():
@@ -119,7 +107,9 @@ def model_batch():
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("share_embeddings", [True, False])
-def test_training_step_gives_the_plain_loss_and_gradients_without_logits(label_smoothing, share_embeddings):
+def test_training_step_gives_the_plain_loss_and_gradients_without_logits(
+    tiny_model, label_smoothing, share_embeddings
+):
     model = tiny_model(share_embeddings=share_embeddings, encoder_l2_lambda=1e-3).train()
     batch = model_batch()
     chunked = model(**batch, label_smoothing=label_smoothing)
@@ -135,7 +125,19 @@ def test_training_step_gives_the_plain_loss_and_gradients_without_logits(label_s
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
-def test_evaluation_and_no_grad_forwards_keep_their_logits():
+def test_every_architecture_trains_on_the_chunked_loss_as_on_the_plain_one(architecture_config, random_model):
+    model = random_model(architecture_config).train()
+    batch = model_batch()
+    chunked = model(**batch, label_smoothing=0.1)
+    plain = model(**batch, label_smoothing=0.1, return_logits=True)
+    assert chunked.logits is None and plain.logits is not None
+    torch.testing.assert_close(chunked.loss, plain.loss, rtol=1e-6, atol=1e-6)
+    parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
+    for got, want in zip(gradients(chunked.loss, *parameters), gradients(plain.loss, *parameters)):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_evaluation_and_no_grad_forwards_keep_their_logits(tiny_model):
     model = tiny_model()
     batch = model_batch()
     evaluated = model.eval()(**batch)
@@ -147,7 +149,7 @@ def test_evaluation_and_no_grad_forwards_keep_their_logits():
     ).logits.shape == (3, 7, VOCABULARY)
 
 
-def test_no_tokens_by_vocabulary_tensor_is_saved_for_the_backward():
+def test_no_tokens_by_vocabulary_tensor_is_saved_for_the_backward(tiny_model):
     model = tiny_model().train()
     batch = model_batch()
     tokens = batch["labels"].numel()
@@ -167,7 +169,7 @@ def test_no_tokens_by_vocabulary_tensor_is_saved_for_the_backward():
     assert saved_logit_sized() == []
 
 
-def test_a_hooked_output_layer_is_called_and_bad_smoothing_is_refused():
+def test_a_hooked_output_layer_is_called_and_bad_smoothing_is_refused(tiny_model):
     model = tiny_model().train()
     calls = []
     model.lm_head.register_forward_hook(lambda module, args, output: calls.append(output.shape))
@@ -178,7 +180,7 @@ def test_a_hooked_output_layer_is_called_and_bad_smoothing_is_refused():
 
 
 # ---------------------------------------------------------------------------------------------------------- trainer
-def test_trainer_label_smoothing_is_the_library_smoother_loss(tmp_path):
+def test_trainer_label_smoothing_is_the_library_smoother_loss(tiny_model, tmp_path):
     model = tiny_model().train()
     batch = model_batch()
     args = DeepNMTTrainingArguments(
