@@ -23,9 +23,14 @@ class DeepNMTTrainer(Seq2SeqTrainer):
     the library's."""
 
     def __init__(self, *args, callbacks=None, **kwargs):
+        training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
+        smoothing = getattr(training_args, "label_smoothing_factor", 0.0)
+        if not 0.0 <= smoothing <= 1.0:
+            raise ValueError(
+                f"`label_smoothing_factor` must be in [0, 1] (0 for none, 0.1 in the recipes), got {smoothing!r}."
+            )
         callbacks = list(callbacks or [])
         if not any(isinstance(callback, NonFiniteGuard) for callback in callbacks):
-            training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
             limit = getattr(training_args, "max_consecutive_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS)
             callbacks.insert(0, NonFiniteGuard(limit))
         super().__init__(*args, callbacks=callbacks, **kwargs)

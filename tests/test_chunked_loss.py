@@ -198,3 +198,11 @@ def test_trainer_label_smoothing_is_the_library_smoother_loss(tiny_model, tmp_pa
         reference = LabelSmoother(epsilon=0.1)(model(**batch), batch["labels"])
     assert outputs.logits is not None
     torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-6)
+
+
+def test_the_trainer_refuses_a_smoothing_factor_outside_0_1(tiny_model, tmp_path):
+    args = DeepNMTTrainingArguments(
+        output_dir=str(tmp_path), label_smoothing_factor=1.5, report_to="none", use_cpu=True, save_strategy="no"
+    )
+    with pytest.raises(ValueError, match=r"`label_smoothing_factor` must be in \[0, 1\].*got 1\.5"):
+        DeepNMTTrainer(model=tiny_model(), args=args)
