@@ -19,7 +19,9 @@ Figures (every output is forced to the same length so that all contenders do equ
   the bytes saved for backward of plain and DLCL stacks;
 * operators: ATen operator calls and autograd nodes per training step of plain and DLCL stacks (counts);
 * throughput: tokens/s, MFU and peak memory of own vs HF Marian training through `DeepNMTTrainer` with token-budget
-  batches (bf16 on CUDA, fp32 on CPU), and of own with the plain loss on the whole logits (no chunks);
+  batches (bf16 on CUDA, fp32 on CPU), and of own with the plain loss on the whole logits (no chunks); on a CPU also
+  one profiled step of own and of Marian on each budget's batch: the seconds in matrix products and the rest, and
+  the ceiling of own / Marian if own's step were its matrix products alone (Marian's step / own's products);
 * compiled: decoding with the static cache and a compiled forward (what `translate --compile` does) against eager
   decoding with the dynamic cache, at batch 1 greedy and batch 64 beam 4, for multi-head and MAtt decoders, and
   compiled against eager training steps (pre-norm and DLCL); bf16 on CUDA (`--device cuda`), fp32 on CPU. The bytes
@@ -354,6 +356,24 @@ def operator_calls(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> di
         step()
     calls = sum(1 for event in profiler.events() if event.name.startswith("aten::"))
     return {"aten_calls": calls, "autograd_nodes": len(nodes)}
+
+
+MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
+
+
+def step_anatomy(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Seconds of one profiled CPU training step (forward, backward, fused Adam step; after one step that creates
+    Adam's state) and the seconds of it spent in matrix products (the self CPU time of `MATRIX_PRODUCTS`). On a CPU
+    an operator's CPU time is its run time, so the rest is everything else: attention, norms, dropout, the loss's
+    elementwise work, the optimizer, the framework. Both include the profiler's own overhead."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step = training_step(model, batch)
+    step()
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        seconds = step()
+    products = sum(event.self_cpu_time_total for event in profiler.events() if event.name in MATRIX_PRODUCTS)
+    return {"seconds": seconds, "matrix_product_seconds": products / 1e6}
 
 
 def saved_for_backward_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
@@ -752,7 +772,12 @@ def run_throughput(size: dict, repeats: int, workdir: Path, budgets: tuple[int, 
         seconds = {name: [run["seconds"] for run in values] for name, values in runs.items()}
         tokens = {name: values[0]["tokens"] for name, values in runs.items()}
         speed = {name: tokens[name] / statistics.median(seconds[name]) for name in models}
+        anatomy = {}
+        if device.type == "cpu":  # one profiled step of each, on the budget's batch (no padding: rows x pair_length)
+            batch = training_batch(size, budget // size["pair_length"], size["pair_length"])
+            anatomy = {name: step_anatomy(models[name], batch) for name in ("own_pre_norm", "hf_marian")}
         results[str(budget)] = {
+            "anatomy": anatomy,
             "seconds": seconds,
             "tokens": tokens,
             "tokens_per_second": speed,
@@ -954,6 +979,13 @@ def ratio_rows(results: dict) -> list[tuple[str, float, float, str, bool | None]
         for budget, figures in throughput["budgets"].items():
             add(f"throughput {budget} tokens: own pre-norm / HF Marian tokens/s", figures["seconds"], "hf_marian",
                 "own_pre_norm", ">= 1.10", lambda value: value >= 1.1)  # fmt: skip
+            anatomy = figures.get("anatomy")
+            if anatomy:
+                # what own / Marian would be if own's step were its matrix products alone: the most that work outside
+                # them can give, the products being the same in both models
+                ceiling = anatomy["hf_marian"]["seconds"] / anatomy["own_pre_norm"]["matrix_product_seconds"]
+                figure = f"throughput {budget} tokens: ceiling of own / HF Marian (own's step = its matrix products)"
+                rows.append((figure, ceiling, ceiling, "(no target)", None))
             if "own_pre_norm_plain_loss" in figures["seconds"]:
                 add(f"throughput {budget} tokens: own chunked loss / own plain loss tokens/s", figures["seconds"],
                     "own_pre_norm_plain_loss", "own_pre_norm", "(no target)", lambda value: None)  # fmt: skip
@@ -1021,6 +1053,18 @@ def print_tables(results: dict) -> None:
                       f"{figures['peak_bytes'][name] / 2**20:.0f} |")  # fmt: skip
         print(f"\nmeasured {throughput['dtype']} matmul peak: {throughput['matmul_peak_flops'] / 1e9:.1f} GFLOP/s; "
               f"parameters {throughput['parameters']}\n")  # fmt: skip
+        anatomies = {
+            budget: figures["anatomy"] for budget, figures in throughput["budgets"].items() if figures.get("anatomy")
+        }
+        if anatomies:
+            print("| one profiled training step (CPU) | token budget | step s | matrix products s | share | rest s |")
+            print("|---|---:|---:|---:|---:|---:|")
+            for budget, anatomy in anatomies.items():
+                for name, parts in anatomy.items():
+                    products = parts["matrix_product_seconds"]
+                    print(f"| {name} | {budget} | {parts['seconds']:.3f} | {products:.3f} | "
+                          f"{products / parts['seconds']:.0%} | {parts['seconds'] - products:.3f} |")  # fmt: skip
+            print()
     compiled = results.get("compiled")
     if compiled:
         print(f"| compiled decoding ({compiled['device']}, {compiled['dtype']}) | setting | target tok/s |")

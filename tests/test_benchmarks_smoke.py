@@ -52,7 +52,8 @@ def test_smoke_run_writes_every_figure(perf, smoke_run):
         assert set(figures["tokens_per_second"]) == {"own_pre_norm", "own_pre_norm_plain_loss", "hf_marian"}
     assert set(results["throughput"]["budgets"]) == {"64", "128"}
     figures = [row["figure"] for row in results["ratios"]]
-    assert len(figures) == (16 if "ctranslate2" in decoders else 14)  # two budgets: own / Marian, chunked / plain loss
+    # two budgets: own / Marian, its ceiling from the profiled steps (CPU), chunked / plain loss
+    assert len(figures) == (18 if "ctranslate2" in decoders else 16)
 
 
 def test_reported_ratios_follow_from_raw_timings(smoke_run):
@@ -79,6 +80,14 @@ def test_reported_ratios_follow_from_raw_timings(smoke_run):
     parameters = results["throughput"]["parameters"]["own_pre_norm"]
     assert budget["mfu"]["own_pre_norm"] == pytest.approx(
         6 * parameters * own_speed / results["throughput"]["matmul_peak_flops"]
+    )
+    # one profiled step each: the matrix products are part of it, and the ceiling is Marian's step over own's products
+    anatomy = budget["anatomy"]
+    assert set(anatomy) == {"own_pre_norm", "hf_marian"}
+    for parts in anatomy.values():
+        assert 0 < parts["matrix_product_seconds"] < parts["seconds"]
+    assert ratios["throughput 128 tokens: ceiling of own / HF Marian (own's step = its matrix products)"] == (
+        pytest.approx(anatomy["hf_marian"]["seconds"] / anatomy["own_pre_norm"]["matrix_product_seconds"])
     )
     seconds = budget["seconds"]
     assert ratios["throughput 128 tokens: own chunked loss / own plain loss tokens/s"] == pytest.approx(
