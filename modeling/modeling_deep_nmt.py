@@ -178,13 +178,23 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         inverse_count = valid.sum().to(dtype).reciprocal()
         vocabulary = weight.shape[0]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros(weight.shape, dtype=dtype, device=weight.device) if ctx.needs_input_grad[1] else None
+        same_dtype = hidden.dtype == dtype  # float32 or float64 products: no upcast of the logits
+        grad_weight = None
+        if ctx.needs_input_grad[1]:  # float32 products write the first chunk's product into it; others add to zeros
+            written = same_dtype and hidden.shape[0] > 0
+            grad_weight = (torch.empty if written else torch.zeros)(weight.shape, dtype=dtype, device=weight.device)
         total = torch.zeros((), dtype=dtype, device=hidden.device)
+        # one logits buffer for every chunk: a fresh allocation per chunk is mapped and page-faulted anew on a CPU
+        buffer = torch.empty(min(chunk_rows, hidden.shape[0]), vocabulary, dtype=dtype, device=hidden.device)
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, hidden.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
                 chunk_hidden, chunk_targets, chunk_valid = hidden[rows], targets[rows], valid[rows]
-                logits = torch.mm(chunk_hidden, weight.t()).to(dtype)
+                logits = buffer[: chunk_hidden.shape[0]]
+                if same_dtype:
+                    torch.mm(chunk_hidden, weight.t(), out=logits)
+                else:
+                    logits.copy_(torch.mm(chunk_hidden, weight.t()))
                 target_logits = logits.gather(1, chunk_targets[:, None]).squeeze(1)
                 token_losses = -(1.0 - label_smoothing) * target_logits
                 if label_smoothing:
@@ -206,7 +216,9 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
                 grad_logits = grad_logits.to(hidden.dtype)
                 if grad_hidden is not None:
                     torch.mm(grad_logits, weight, out=grad_hidden[rows])
-                if grad_weight is not None and grad_logits.dtype == dtype:
+                if grad_weight is not None and same_dtype and start == 0:
+                    torch.mm(grad_logits.t(), chunk_hidden, out=grad_weight)
+                elif grad_weight is not None and same_dtype:
                     grad_weight.addmm_(grad_logits.t(), chunk_hidden)
                 elif grad_weight is not None:  # a half-precision product, accumulated in float32
                     grad_weight.add_(torch.mm(grad_logits.t(), chunk_hidden))
