@@ -20,8 +20,8 @@ Figures (every output is forced to the same length so that all contenders do equ
 * operators: ATen operator calls and autograd nodes per training step of plain and DLCL stacks (counts);
 * throughput: tokens/s, MFU and peak memory of own vs HF Marian training through `DeepNMTTrainer` with token-budget
   batches (bf16 on CUDA, fp32 on CPU), and of own with the plain loss on the whole logits (no chunks); on a CPU also
-  one profiled step of own and of Marian on each budget's batch: the seconds in matrix products and the rest, and
-  the ceiling of own / Marian if own's step were its matrix products alone (Marian's step / own's products);
+  profiled steps of own and of Marian on each budget's batch (medians): the seconds in matrix products and the rest,
+  and the ceiling of own / Marian if own's step were its matrix products alone (Marian's step / own's products);
 * compiled: decoding with the static cache and a compiled forward (what `translate --compile` does) against eager
   decoding with the dynamic cache, at batch 1 greedy and batch 64 beam 4, for multi-head and MAtt decoders, and
   compiled against eager training steps (pre-norm and DLCL); bf16 on CUDA (`--device cuda`), fp32 on CPU. The bytes
@@ -361,19 +361,32 @@ def operator_calls(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> di
 MATRIX_PRODUCTS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::_addmm_activation")
 
 
-def step_anatomy(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Seconds of one profiled CPU training step (forward, backward, fused Adam step; after one step that creates
-    Adam's state) and the seconds of it spent in matrix products (the self CPU time of `MATRIX_PRODUCTS`). On a CPU
-    an operator's CPU time is its run time, so the rest is everything else: attention, norms, dropout, the loss's
-    elementwise work, the optimizer, the framework. Both include the profiler's own overhead."""
+def step_anatomy(models: dict[str, torch.nn.Module], batch: dict[str, torch.Tensor], repeats: int) -> dict:
+    """Seconds of profiled CPU training steps (forward, backward, fused Adam step; after one step that creates Adam's
+    state), the models alternating `repeats` times, and the seconds of each spent in matrix products (the self CPU
+    time of `MATRIX_PRODUCTS`); medians of both. On a CPU an operator's CPU time is its run time, so the rest is
+    everything else: attention, norms, dropout, the loss's elementwise work, the optimizer, the framework. Both
+    include the profiler's own overhead."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = training_step(model, batch)
-    step()
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        seconds = step()
-    products = sum(event.self_cpu_time_total for event in profiler.events() if event.name in MATRIX_PRODUCTS)
-    return {"seconds": seconds, "matrix_product_seconds": products / 1e6}
+    steps = {name: training_step(model, batch) for name, model in models.items()}
+    for step in steps.values():
+        step()
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            with profile(activities=[ProfilerActivity.CPU]) as profiler:
+                seconds = step()
+            events = profiler.events()
+            products = sum(event.self_cpu_time_total for event in events if event.name in MATRIX_PRODUCTS) / 1e6
+            runs[name].append((seconds, products))
+    return {
+        name: {
+            "seconds": statistics.median(seconds for seconds, _ in values),
+            "matrix_product_seconds": statistics.median(products for _, products in values),
+        }
+        for name, values in runs.items()
+    }
 
 
 def saved_for_backward_bytes(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
@@ -773,9 +786,9 @@ def run_throughput(size: dict, repeats: int, workdir: Path, budgets: tuple[int, 
         tokens = {name: values[0]["tokens"] for name, values in runs.items()}
         speed = {name: tokens[name] / statistics.median(seconds[name]) for name in models}
         anatomy = {}
-        if device.type == "cpu":  # one profiled step of each, on the budget's batch (no padding: rows x pair_length)
+        if device.type == "cpu":  # profiled steps of each on the budget's batch (no padding: rows x pair_length)
             batch = training_batch(size, budget // size["pair_length"], size["pair_length"])
-            anatomy = {name: step_anatomy(models[name], batch) for name in ("own_pre_norm", "hf_marian")}
+            anatomy = step_anatomy({name: models[name] for name in ("own_pre_norm", "hf_marian")}, batch, repeats)
         results[str(budget)] = {
             "anatomy": anatomy,
             "seconds": seconds,
@@ -1057,7 +1070,7 @@ def print_tables(results: dict) -> None:
             budget: figures["anatomy"] for budget, figures in throughput["budgets"].items() if figures.get("anatomy")
         }
         if anatomies:
-            print("| one profiled training step (CPU) | token budget | step s | matrix products s | share | rest s |")
+            print("| profiled training step (CPU, median) | budget | step s | matrix products s | share | rest s |")
             print("|---|---:|---:|---:|---:|---:|")
             for budget, anatomy in anatomies.items():
                 for name, parts in anatomy.items():
