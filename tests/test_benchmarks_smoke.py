@@ -81,7 +81,7 @@ def test_reported_ratios_follow_from_raw_timings(smoke_run):
     assert budget["mfu"]["own_pre_norm"] == pytest.approx(
         6 * parameters * own_speed / results["throughput"]["matmul_peak_flops"]
     )
-    # one profiled step each: the matrix products are part of it, and the ceiling is Marian's step over own's products
+    # profiled steps of each (medians) hold their matrix products; the ceiling is Marian's step over own's products
     anatomy = budget["anatomy"]
     assert set(anatomy) == {"own_pre_norm", "hf_marian"}
     for parts in anatomy.values():
