@@ -4,7 +4,7 @@ guard that skips non-finite steps."""
 from __future__ import annotations
 
 import inspect
-from functools import partial
+from functools import cache, partial
 
 import datasets
 from torch.utils.data import DataLoader
@@ -107,9 +107,15 @@ def smooths_its_own_loss(model) -> bool:
     """Whether `model` is one of this package's translation models (installed or loaded as remote code: compared by
     the forward's `label_smoothing` parameter, not by class), and not wrapped by an adapter whose forward may not pass
     the argument on."""
-    forward = getattr(type(model), "forward", None)
+    return model_class_smooths_its_own_loss(type(model))
+
+
+@cache
+def model_class_smooths_its_own_loss(model_class: type) -> bool:
+    """`smooths_its_own_loss` by class, read once per class (the Trainer asks at every step)."""
+    forward = getattr(model_class, "forward", None)
     return (
-        getattr(type(model), "chunks_training_loss", None) is not None
+        getattr(model_class, "chunks_training_loss", None) is not None
         and forward is not None
         and "label_smoothing" in inspect.signature(forward).parameters
     )

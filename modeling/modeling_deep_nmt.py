@@ -1624,10 +1624,11 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             Label smoothing of the loss, as `F.cross_entropy`'s (and the Trainer's `label_smoothing_factor`):
             `(1 - eps) * nll + eps * (mean over the vocabulary of -log p)`, averaged over the counted tokens.
         return_logits (`bool`, *optional*):
-            Whether the output carries `logits`. By default it does, except in a training step (training mode,
-            `labels` given, gradients recorded, not under `torch.compile`): there the loss goes through the output
-            layer a chunk of tokens at a time (`ChunkedLinearCrossEntropy`, the same loss and gradients) and the
-            (tokens, vocabulary) logits are never made; `logits` is None. Pass True to get them there too.
+            True keeps `logits` in a training step too. The output carries them always but in a training step
+            (training mode, `labels` given, gradients recorded, not under `torch.compile`): there the loss goes
+            through the output layer a chunk of tokens at a time (`ChunkedLinearCrossEntropy`, the same loss and
+            gradients), the (tokens, vocabulary) logits are never made and `logits` is None. False or None change
+            nothing.
         """
         warn_ignored_arguments(self, kwargs)
         if not 0.0 <= label_smoothing <= 1.0:
