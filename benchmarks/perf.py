@@ -369,23 +369,25 @@ def step_anatomy(models: dict[str, torch.nn.Module], batch: dict[str, torch.Tens
     include the profiler's own overhead."""
     from torch.profiler import ProfilerActivity, profile
 
-    steps = {name: training_step(model, batch) for name, model in models.items()}
-    for step in steps.values():
-        step()
-    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in models}
-    for _ in range(repeats):
-        for name, step in steps.items():
+    products: dict[str, list[float]] = {name: [] for name in models}
+
+    def profiled(name: str, step: Callable[[], float]) -> Callable[[], float]:
+        def run() -> float:
             with profile(activities=[ProfilerActivity.CPU]) as profiler:
                 seconds = step()
             events = profiler.events()
-            products = sum(event.self_cpu_time_total for event in events if event.name in MATRIX_PRODUCTS) / 1e6
-            runs[name].append((seconds, products))
-    return {
+            products[name].append(sum(event.self_cpu_time_total for event in events if event.name in MATRIX_PRODUCTS))
+            return seconds
+
+        return run
+
+    seconds = alternate({name: profiled(name, training_step(model, batch)) for name, model in models.items()}, repeats)
+    return {  # `alternate`'s warm-up step is profiled too: its products are left out, as its seconds are
         name: {
-            "seconds": statistics.median(seconds for seconds, _ in values),
-            "matrix_product_seconds": statistics.median(products for _, products in values),
+            "seconds": statistics.median(seconds[name]),
+            "matrix_product_seconds": statistics.median(products[name][1:]) / 1e6,
         }
-        for name, values in runs.items()
+        for name in models
     }
 
 
@@ -1163,6 +1165,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     size = dict(SIZES[args.size])
+    if args.repeats is not None and args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    too_small = [budget for budget in args.budgets or () if budget < size["pair_length"]]
+    if too_small:  # a budget batch holds whole pairs of `pair_length` target tokens
+        parser.error(
+            f"--budgets {too_small[0]} holds no pair: a budget must be at least {size['pair_length']} tokens at "
+            f"--size {args.size} (one pair)"
+        )
     repeats = args.repeats or size["repeats"]
     with tempfile.TemporaryDirectory() as scratch:
         workdir = args.workdir or Path(scratch)

@@ -3,6 +3,7 @@ the ratios it reports are the ones its raw timings give. No speed is asserted he
 
 import importlib.util
 import json
+import re
 import statistics
 from pathlib import Path
 
@@ -207,3 +208,17 @@ def test_the_compiled_section_runs_and_reports_its_ratios(perf, tmp_path):
     multi_head = 6 * (6 * d * d + 2 * d * ffn + 2 * step * d + 2 * source * d) + vocab * d
     matt = 6 * (3 * d * d + 2 * d * ffn + 2 * source * d + d) + vocab * d
     assert compiled["bytes_per_step_base_32k"] == {"multi_head": 2 * multi_head, "matt": 2 * matt}
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--budgets", "64", "4"], r"--budgets 4 holds no pair: a budget must be at least 8 tokens at --size smoke"),
+        (["--repeats", "0"], r"--repeats must be at least 1, got 0"),
+    ],
+)
+def test_bad_budgets_and_repeats_are_refused_before_any_run(perf, capsys, arguments, message):
+    with pytest.raises(SystemExit) as refused:
+        perf.main(["--smoke", "--sections", "throughput", *arguments])
+    assert refused.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
