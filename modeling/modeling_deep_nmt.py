@@ -16,6 +16,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from transformers import __version__ as transformers_version
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache, StaticLayer
@@ -278,10 +279,158 @@ class DeepNMTEncoderOutput(BaseModelOutput):
         return self.block_outputs[:, index], context
 
 
-def warn_ignored_arguments(module: nn.Module, arguments: dict) -> None:
-    """Warn (once per set of names) about keyword arguments a forward accepts for compatibility but does not use, such
-    as `output_attentions=True`: they are not silently dropped. Unset or False values say nothing."""
-    ignored = sorted(name for name, value in arguments.items() if value is not None and value is not False)
+# --- The transformers contract ---------------------------------------------------------------------------------
+# This file runs under whatever transformers the user has (it ships inside every Hub repository), and generation
+# internals it relies on change between minor releases: 5.24 renamed the decoding state from `past_key_values` to
+# `cache` in model inputs and outputs. What it was tested with is written here; a contract it relies on that is not
+# met raises an error (a translation decoded without its state is silently wrong), and a newer release than the
+# newest tested one gets one warning naming both.
+TESTED_TRANSFORMERS = ("5.23", "5.24")  # (oldest, newest) minor release this file was tested with
+
+
+def _minor(version: str) -> tuple[int, int]:
+    """`(major, minor)` of a version string such as `5.24.0` or `5.25.0.dev0`."""
+    numbers = [int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:2]]
+    return tuple((numbers + [0, 0])[:2])
+
+
+def transformers_window_text() -> str:
+    """The installed transformers against the releases this file was tested with, for error messages."""
+    oldest, newest = TESTED_TRANSFORMERS
+    return f"transformers {transformers_version} (this model code was tested with {oldest} to {newest})"
+
+
+def check_transformers_window() -> str | None:
+    """One warning when the installed transformers is outside `TESTED_TRANSFORMERS`; returns its text (None inside)."""
+    oldest, newest = TESTED_TRANSFORMERS
+    installed = _minor(transformers_version)
+    if installed > _minor(newest):
+        text = (
+            f"hf-deep-nmt runs under transformers {transformers_version}, newer than {newest}, the newest release "
+            "this model code was tested with: decoding checks its contract with transformers and raises an error "
+            "where it is broken; `hf-deep-nmt doctor` checks cached decoding on this machine."
+        )
+    elif installed < _minor(oldest):
+        text = (
+            f"hf-deep-nmt runs under transformers {transformers_version}, older than {oldest}, the oldest release "
+            "this model code was tested with; upgrade transformers, or check decoding with `hf-deep-nmt doctor`."
+        )
+    else:
+        return None
+    logger.warning_once(text)
+    return text
+
+
+# The name of the decoding state in model outputs: `cache` from transformers 5.24, `past_key_values` before (None if
+# neither, a release this file does not know: returning a state then raises).
+_OUTPUT_FIELDS = getattr(Seq2SeqLMOutput, "__dataclass_fields__", {})
+CACHE_OUTPUT_NAME = next((name for name in ("cache", "past_key_values") if name in _OUTPUT_FIELDS), None)
+# The names a forward takes the decoding state under (transformers passes one of them, by release).
+CACHE_INPUT_NAMES = ("cache", "past_key_values")
+
+
+def decoding_state(outputs) -> Cache | None:
+    """The decoding state of a model output, whichever name the installed transformers gives it."""
+    for name in CACHE_INPUT_NAMES:
+        if name in getattr(type(outputs), "__dataclass_fields__", {}):
+            return getattr(outputs, name)
+    return None
+
+
+def with_decoding_state(output_class, cache: Cache | None, **fields):
+    """`output_class(**fields)` carrying `cache` under the name the installed transformers reads (`generate()` looks
+    for it there); an error, not a model output without its state, when that name is unknown."""
+    if cache is not None:
+        if CACHE_OUTPUT_NAME is None:
+            raise RuntimeError(
+                f"{output_class.__name__} has no field for the decoding state (neither `cache` nor `past_key_values`) "
+                f"under {transformers_window_text()}: generate() would decode every step without it. Install a "
+                "tested transformers release, or decode with use_cache=False."
+            )
+        fields[CACHE_OUTPUT_NAME] = cache
+    return output_class(**fields)
+
+
+def take_decoding_state(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The decoding state given under either name (`cache` from transformers 5.24, `past_key_values` before)."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("The decoding state was given twice, as `cache` and as `past_key_values`; give one of them.")
+    return cache if cache is not None else past_key_values
+
+
+def check_step_has_state(
+    config: DeepNMTConfig,
+    decoder_input_ids: torch.Tensor | None,
+    cache: Cache | None,
+    use_cache: bool | None,
+    cache_position: torch.Tensor | None,
+) -> None:
+    """Refuse a decoding step past the first that arrives without its state: decoded from its last token alone it
+    gives a wrong translation and no error. Seen as `cache_position` beyond 0, or as an explicit `use_cache=True` with
+    one decoder token that is not the start token; both without a cache."""
+    if cache is not None or decoder_input_ids is None or is_tracing():
+        return
+    reason = None
+    if cache_position is not None and cache_position.numel() and int(cache_position.reshape(-1)[0]) > 0:
+        reason = f"`cache_position` starts at {int(cache_position.reshape(-1)[0])}"
+    elif (
+        use_cache is True
+        and config.decoder_start_token_id is not None
+        and decoder_input_ids.dim() == 2
+        and decoder_input_ids.shape[1] == 1
+        and bool((decoder_input_ids != config.decoder_start_token_id).any())
+    ):
+        reason = f"one decoder token that is not the start token ({config.decoder_start_token_id}) with use_cache=True"
+    if reason is not None:
+        raise RuntimeError(
+            f"A decoding step past the first arrived without its decoding state ({reason}, and neither `cache` nor "
+            f"`past_key_values`): decoded from its last token alone the translation would be wrong. Under "
+            f"{transformers_window_text()}, generate() may pass the state under a name this code does not know; "
+            "install a tested transformers release, or decode with use_cache=False. (To score a one-token target "
+            "yourself, pass use_cache=False or the cache of the earlier steps.)"
+        )
+
+
+# Keyword arguments the forwards accept without using them (the generic output options of transformers' models):
+# ignored with one warning when set. `cache_position` only feeds `check_step_has_state`.
+IGNORED_ARGUMENTS = frozenset(
+    {"output_attentions", "output_hidden_states", "head_mask", "decoder_head_mask", "cross_attn_head_mask"}
+)
+# Inputs transformers' models take that this model cannot: accepted when None (as PEFT passes them), else refused.
+UNSUPPORTED_INPUTS = frozenset({"inputs_embeds", "decoder_inputs_embeds", "position_ids", "decoder_position_ids"})
+
+
+def check_extra_arguments(module: nn.Module, arguments: dict) -> None:
+    """The keyword arguments of a forward beyond its own: `TypeError` for a name it does not know (as a plain Python
+    function; naming the transformers release when the value is a decoding state under a new name), `ValueError` for
+    an input this model cannot take, one warning for a set `IGNORED_ARGUMENTS` option. Unset or False values of the
+    known names say nothing."""
+    name = f"{type(module).__name__}.forward()"
+    unknown = sorted(set(arguments) - IGNORED_ARGUMENTS - UNSUPPORTED_INPUTS - {"cache_position"})
+    for argument in unknown:
+        if isinstance(arguments[argument], Cache):
+            raise TypeError(
+                f"{name} got the decoding state under the name {argument!r}, which this model code does not know (it "
+                f"takes `cache` or `past_key_values`): {transformers_window_text()}. Decoding without it would "
+                "translate wrongly; install a tested transformers release, or decode with use_cache=False."
+            )
+    if unknown:
+        raise TypeError(
+            f"{name} got an unexpected keyword argument {unknown[0]!r}"
+            + (f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else "")
+            + f"; it ignores only {', '.join(sorted(IGNORED_ARGUMENTS))} (with a warning)."
+        )
+    given = sorted(argument for argument in UNSUPPORTED_INPUTS if arguments.get(argument) is not None)
+    if given:
+        raise ValueError(
+            f"{name} cannot take {', '.join(given)}: this model embeds token ids itself, with sinusoidal positions "
+            "counted from the decoding state; pass `input_ids` / `decoder_input_ids` instead."
+        )
+    ignored = sorted(
+        argument
+        for argument in IGNORED_ARGUMENTS
+        if arguments.get(argument) is not None and arguments.get(argument) is not False
+    )
     if ignored:
         logger.warning_once(
             f"{type(module).__name__}.forward ignores {', '.join(ignored)}: this model neither takes these inputs nor "
@@ -1340,7 +1489,7 @@ class DeepNMTEncoder(DeepNMTStack):
         return_dict: bool | None = None,
         **kwargs,
     ) -> DeepNMTEncoderOutput:
-        warn_ignored_arguments(self, kwargs)
+        check_extra_arguments(self, kwargs)
         if input_ids is None:
             raise ValueError("The encoder needs `input_ids` (batch, source_length).")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -1373,27 +1522,30 @@ class DeepNMTDecoder(DeepNMTStack):
         encoder_outputs: DeepNMTEncoderOutput,
         attention_mask: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool = False,
+        past_key_values: Cache | None = None,
     ) -> BaseModelOutputWithPast:
         """Decoder layer n attends `encoder_outputs.layer_memory(n)`: the encoder output, or under MSC encoder block n
-        (and context n)."""
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        (and context n). The decoding state comes as `cache` (or `past_key_values`, its name before transformers
+        5.24) and is returned under the name the installed transformers uses."""
+        cache = take_decoding_state(cache, past_key_values)
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
         if not use_cache:
-            past_key_values = None
-        if past_key_values is not None and not isinstance(past_key_values, EncoderDecoderCache):
+            cache = None
+        if cache is not None and not isinstance(cache, EncoderDecoderCache):
             raise TypeError(
-                f"`past_key_values` must be an EncoderDecoderCache (self- and cross-attention), got "
-                f"{type(past_key_values).__name__}."
+                f"The decoding state (`cache`) must be an EncoderDecoderCache (self- and cross-attention), got "
+                f"{type(cache).__name__}."
             )
         num_layers = len(self.layers)
-        if past_key_values is None:
+        if cache is None:
             self_caches = cross_caches = [None] * num_layers
             past_length, static = 0, False
         else:
-            self_caches = cache_layers_of(past_key_values.self_attention_cache, num_layers)
-            cross_caches = cache_layers_of(past_key_values.cross_attention_cache, num_layers)
+            self_caches = cache_layers_of(cache.self_attention_cache, num_layers)
+            cross_caches = cache_layers_of(cache.cross_attention_cache, num_layers)
             past_length = self_caches[0].get_seq_length()  # an int, or a tensor with the static cache
             static = bool(getattr(self_caches[0], "is_compileable", False))
         if not is_tracing() and isinstance(past_length, int) and past_length == 0:
@@ -1422,7 +1574,7 @@ class DeepNMTDecoder(DeepNMTStack):
                 context_states=context,
             )
             self.history.push(state, output, index)
-        return BaseModelOutputWithPast(last_hidden_state=self.finish(state), past_key_values=past_key_values)
+        return with_decoding_state(BaseModelOutputWithPast, cache, last_hidden_state=self.finish(state))
 
     @staticmethod
     def _self_attention_mask(
@@ -1490,12 +1642,18 @@ class DeepNMTModel(DeepNMTPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         use_cache: bool | None = None,
         return_dict: bool | None = None,
+        past_key_values: Cache | None = None,
+        cache_position: torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
-        warn_ignored_arguments(self, kwargs)
+        """The decoding state comes as `cache` (or `past_key_values`, its name before transformers 5.24); a later
+        step without it is refused (`check_step_has_state`), and unknown keyword arguments raise `TypeError`."""
+        check_extra_arguments(self, kwargs)
+        cache = take_decoding_state(cache, past_key_values)
+        check_step_has_state(self.config, decoder_input_ids, cache, use_cache, cache_position)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
         else:
@@ -1508,12 +1666,13 @@ class DeepNMTModel(DeepNMTPreTrainedModel):
             encoder_outputs=encoder_outputs,
             attention_mask=decoder_attention_mask,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
         )
-        return Seq2SeqModelOutput(
+        return with_decoding_state(
+            Seq2SeqModelOutput,
+            decoding_state(decoder_outputs),
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
         )
 
@@ -1608,15 +1767,21 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         return_dict: bool | None = None,
         label_smoothing: float = 0.0,
         return_logits: bool | None = None,
+        past_key_values: Cache | None = None,
+        cache_position: torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
+        cache (`EncoderDecoderCache`, *optional*):
+            The decoding state of the earlier steps (`generate()` passes it); `past_key_values` is its name before
+            transformers 5.24 and is taken too. The output carries it under the name the installed transformers reads.
+            A step past the first without it raises an error instead of decoding from the last token alone.
         labels (`torch.LongTensor` of shape `(batch, target_length)`, *optional*):
             Target ids; -100 marks positions ignored by the loss. When `decoder_input_ids` is not given it is
             `labels` shifted right behind `decoder_start_token_id`.
@@ -1630,7 +1795,8 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             gradients), the (tokens, vocabulary) logits are never made and `logits` is None. False or None change
             nothing.
         """
-        warn_ignored_arguments(self, kwargs)
+        check_extra_arguments(self, kwargs)
+        cache = take_decoding_state(cache, past_key_values)
         if not 0.0 <= label_smoothing <= 1.0:
             raise ValueError(f"`label_smoothing` must be in [0, 1], got {label_smoothing!r}.")
         if labels is not None:
@@ -1645,8 +1811,9 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             use_cache=use_cache,
+            cache_position=cache_position,
         )
         loss = logits = None
         if labels is not None and return_logits is not True and self.chunks_training_loss():
@@ -1664,10 +1831,11 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
                 )
         if loss is not None and self.training and self.config.encoder_l2_lambda:
             loss = loss + self.config.encoder_l2_lambda * self.encoder_l2_penalty()
-        return Seq2SeqLMOutput(
+        return with_decoding_state(
+            Seq2SeqLMOutput,
+            decoding_state(outputs),
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
         )
 
@@ -1704,6 +1872,15 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
+        """One output cap per call: a `max_new_tokens` given to `generate()` replaces the saved `max_length` (the
+        model's default cap), as transformers does, without its warning that both were set. A `max_length` given with
+        it in the same call still gets the warning."""
+        saved = getattr(self.generation_config, "max_length", None)
+        if generation_config.max_new_tokens is not None and generation_config.max_length == saved:
+            has_default_max_length = True
+        return super()._prepare_generated_length(generation_config, has_default_max_length, *args, **kwargs)
 
     def create_masks_for_generate(self, attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
         """`generate()` with a static cache would turn the decoder's 2D padding mask into a 4D one; the decoder builds
@@ -1756,7 +1933,10 @@ class MscModel(DeepNMTModel):
     config_class = MscConfig
 
 
+check_transformers_window()
+
 __all__ = [
+    "TESTED_TRANSFORMERS",
     "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",

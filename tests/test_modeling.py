@@ -388,16 +388,39 @@ def test_the_decoder_returns_a_model_output(tiny_config, random_model):
     torch.testing.assert_close(model.lm_head(decoded.last_hidden_state), full.logits)
 
 
-@pytest.mark.parametrize("argument", ["output_attentions", "output_hidden_states", "inputs_embeds"])
+@pytest.mark.parametrize("argument", ["output_attentions", "output_hidden_states", "head_mask"])
 def test_arguments_the_model_ignores_warn_instead_of_vanishing(tiny_config, random_model, caplog, argument):
     model = random_model(tiny_config(DeepNMTConfig)).eval()
     source, target = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[0, 8, 9]])
-    value = torch.zeros(1, 4, model.config.d_model) if argument == "inputs_embeds" else True
+    value = torch.ones(model.config.encoder_attention_heads) if argument == "head_mask" else True
     with caplog.at_level("WARNING"), torch.no_grad():
         model(input_ids=source, decoder_input_ids=target, output_attentions=False)  # unset/False: nothing to say
         assert caplog.text == ""
         model(input_ids=source, decoder_input_ids=target, **{argument: value})
     assert f"ignores {argument}" in caplog.text
+
+
+@pytest.mark.parametrize("argument", ["inputs_embeds", "decoder_inputs_embeds", "decoder_position_ids"])
+def test_inputs_the_model_cannot_take_are_refused_when_set(tiny_config, random_model, argument):
+    model = random_model(tiny_config(DeepNMTConfig)).eval()
+    source, target = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[0, 8, 9]])
+    with torch.no_grad():
+        model(input_ids=source, decoder_input_ids=target, **{argument: None})  # None, as PEFT passes them: accepted
+        with pytest.raises(ValueError, match=f"cannot take {argument}"):
+            model(input_ids=source, decoder_input_ids=target, **{argument: torch.zeros(1, 3, model.config.d_model)})
+
+
+@pytest.mark.parametrize("part", ["model", "base", "encoder"])
+def test_an_unknown_forward_argument_raises_type_error(tiny_config, random_model, part):
+    model = random_model(tiny_config(DeepNMTConfig)).eval()
+    source, target = torch.tensor([[5, 6, 7, 2]]), torch.tensor([[0, 8, 9]])
+    call = {
+        "model": lambda **kw: model(input_ids=source, decoder_input_ids=target, **kw),
+        "base": lambda **kw: model.model(input_ids=source, decoder_input_ids=target, **kw),
+        "encoder": lambda **kw: model.get_encoder()(input_ids=source, **kw),
+    }[part]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'decoder_atention_mask'"):
+        call(decoder_atention_mask=torch.ones_like(target))
 
 
 def test_every_named_model_class_is_checked_below():
