@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
+    TESTED_TRANSFORMERS,
     DeepNMTForConditionalGeneration,
     DeepNMTModel,
     DeepNMTPreTrainedModel,
@@ -24,7 +25,12 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (
     SdtModel,
 )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+# The (oldest, newest) minor releases CI runs the tests against; `pyproject.toml` admits exactly these (the torch
+# bound is open above: only the CPU build of 2.13 is run here). The model code carries the transformers window itself,
+# as it ships to the Hub without the package.
+TESTED_VERSIONS: dict[str, tuple[str, str]] = {"transformers": TESTED_TRANSFORMERS, "torch": ("2.13", "2.13")}
 
 MODEL_CLASSES: dict[type, type] = {
     DeepNMTConfig: DeepNMTForConditionalGeneration,

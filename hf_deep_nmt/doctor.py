@@ -105,6 +105,8 @@ def padded_batch(device: str, lengths: list[int], vocab: int, target_length: int
 
 def check_cached_equals_uncached(family: str, device: str) -> str:
     """Greedy decoding with the cache == without it (tokens), and the cached step logits match a full forward."""
+    from hf_deep_nmt.modeling.modeling_deep_nmt import decoding_state
+
     model = family_model(family, device)
     batch = padded_batch(device, [9, 6, 4], model.config.vocab_size)
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask")}
@@ -121,10 +123,10 @@ def check_cached_equals_uncached(family: str, device: str) -> str:
                 encoder_outputs=encoder_outputs,
                 attention_mask=inputs["attention_mask"],
                 decoder_input_ids=cached[:, position : position + 1],
-                past_key_values=cache,
+                cache=cache,
                 use_cache=True,
             )
-            cache = outputs.past_key_values
+            cache = decoding_state(outputs)
             steps.append(outputs.logits)
     difference = (torch.cat(steps, dim=1) - full).abs().max().item()
     assert difference <= 1e-4, f"cached step logits differ from the full forward by {difference:.2e} (> 1e-4)"
@@ -342,23 +344,35 @@ class Result:
     detail: str
 
 
-def environment() -> dict[str, str]:
+def environment() -> list[tuple[str, str, str]]:
+    """(component, installed version, versions tested) rows; the tested window where the package declares one."""
     import accelerate
     import transformers
 
+    from hf_deep_nmt import TESTED_VERSIONS
+
+    def tested(name: str, installed: str) -> str:
+        if name not in TESTED_VERSIONS:
+            return ""
+        oldest, newest = TESTED_VERSIONS[name]
+        window = oldest if oldest == newest else f"{oldest} to {newest}"
+        minor = tuple(int(part) for part in installed.split("+")[0].split(".")[:2])
+        inside = tuple(map(int, oldest.split("."))) <= minor <= tuple(map(int, newest.split(".")))
+        return window if inside else f"{window} (OUTSIDE: untested here)"
+
     cuda = torch.cuda.is_available()
-    info = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "CUDA (torch build)": str(torch.version.cuda),
-        "cuDNN": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none",
-        "transformers": transformers.__version__,
-        "accelerate": accelerate.__version__,
-        "GPU": torch.cuda.get_device_name(0) if cuda else "none (CUDA not available)",
-    }
+    rows = [
+        ("python", platform.python_version(), ""),
+        ("torch", torch.__version__, tested("torch", torch.__version__)),
+        ("CUDA (torch build)", str(torch.version.cuda), ""),
+        ("cuDNN", str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else "none", ""),
+        ("transformers", transformers.__version__, tested("transformers", transformers.__version__)),
+        ("accelerate", accelerate.__version__, ""),
+        ("GPU", torch.cuda.get_device_name(0) if cuda else "none (CUDA not available)", ""),
+    ]
     if cuda:
-        info["bf16 supported"] = str(torch.cuda.is_bf16_supported())
-    return info
+        rows.append(("bf16 supported", str(torch.cuda.is_bf16_supported()), ""))
+    return rows
 
 
 def run_checks(device: str, train_steps: int, output_dir: Path, families: list[str]) -> list[Result]:
@@ -434,7 +448,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--families: unknown {unknown or families}; choose from {sorted(FAMILIES)}.")
 
     print("== environment")
-    print_table(list(environment().items()), ("component", "version"))
+    print_table(environment(), ("component", "version", "tested"))
     print(f"\n== SDPA backend per attention path on {device}")
     print_table(attention_backends(device), ("attention path", "backend taken", "without the cuDNN restriction"))
     print(f"\n== checks on {device}", flush=True)

@@ -392,7 +392,8 @@ def check_step_has_state(
 
 
 # Keyword arguments the forwards accept without using them (the generic output options of transformers' models):
-# ignored with one warning when set. `cache_position` only feeds `check_step_has_state`.
+# ignored with one warning when set. `cache_position` (taken through `**kwargs`: a forward that names it makes
+# transformers build it, with a warning, for code loaded as remote code) only feeds `check_step_has_state`.
 IGNORED_ARGUMENTS = frozenset(
     {"output_attentions", "output_hidden_states", "head_mask", "decoder_head_mask", "cross_attn_head_mask"}
 )
@@ -1646,14 +1647,13 @@ class DeepNMTModel(DeepNMTPreTrainedModel):
         use_cache: bool | None = None,
         return_dict: bool | None = None,
         past_key_values: Cache | None = None,
-        cache_position: torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput:
         """The decoding state comes as `cache` (or `past_key_values`, its name before transformers 5.24); a later
         step without it is refused (`check_step_has_state`), and unknown keyword arguments raise `TypeError`."""
         check_extra_arguments(self, kwargs)
         cache = take_decoding_state(cache, past_key_values)
-        check_step_has_state(self.config, decoder_input_ids, cache, use_cache, cache_position)
+        check_step_has_state(self.config, decoder_input_ids, cache, use_cache, kwargs.get("cache_position"))
         if encoder_outputs is None:
             encoder_outputs = self.encoder(input_ids=input_ids, attention_mask=attention_mask)
         else:
@@ -1774,7 +1774,6 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         label_smoothing: float = 0.0,
         return_logits: bool | None = None,
         past_key_values: Cache | None = None,
-        cache_position: torch.Tensor | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput:
         r"""
@@ -1813,7 +1812,7 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             encoder_outputs=encoder_outputs,
             cache=cache,
             use_cache=use_cache,
-            cache_position=cache_position,
+            cache_position=kwargs.get("cache_position"),
         )
         loss = logits = None
         if labels is not None and return_logits is not True and self.chunks_training_loss():

@@ -3,6 +3,7 @@ they check is broken (here a simulation of the cuDNN attention bug: NaN gradient
 
 import pytest
 import torch
+import transformers
 from torch.nn import functional as F
 
 from hf_deep_nmt import doctor
@@ -13,7 +14,10 @@ from hf_deep_nmt.modeling import modeling_deep_nmt
 def test_on_the_cpu_it_checks_one_family_and_says_what_it_skipped(capsys):
     assert main(["doctor", "--device", "cpu", "--families", "dlcl-prenorm", "--train-steps", "0"]) == 0
     out = capsys.readouterr().out
-    assert any(line.split() == ["torch", torch.__version__] for line in out.splitlines())
+    assert any(line.split()[:3] == ["torch", torch.__version__, "2.13"] for line in out.splitlines())
+    assert any(
+        line.split() == ["transformers", transformers.__version__, "5.23", "to", "5.24"] for line in out.splitlines()
+    )
     for check in ("cached == uncached", "beam with == without cache", "bf16 fwd+bwd at padded 64/128/192"):
         assert f"PASS    dlcl-prenorm: {check}" in out
     assert "SKIP    Seq2SeqTrainer bf16, attention dropout 0.1" in out and "no CUDA device" in out
@@ -35,6 +39,21 @@ def test_a_failing_check_is_a_fail_row_and_exit_code_1(monkeypatch, capsys):
         "FAIL    prenorm: beam with == without cache" in out and "beam sequences differ: [[0, 5]] vs [[0, 6]]" in out
     )
     assert "3 passed, 1 failed, 2 skipped" in out
+
+
+def test_cached_decoding_that_ignores_its_state_fails_the_doctor(monkeypatch, capsys):
+    """What 0.1.0's code did under transformers 5.24: every step decoded from its last token, silently."""
+    monkeypatch.setattr(modeling_deep_nmt, "take_decoding_state", lambda cache, past_key_values: None)
+    monkeypatch.setattr(modeling_deep_nmt, "check_step_has_state", lambda *args: None)
+    assert main(["doctor", "--device", "cpu", "--families", "postnorm", "--train-steps", "0"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL    postnorm: cached == uncached" in out and "FAIL    postnorm: beam with == without cache" in out
+
+
+def test_a_release_outside_the_tested_window_is_marked(monkeypatch):
+    monkeypatch.setattr(transformers, "__version__", "5.30.1")
+    rows = {row[0]: row for row in doctor.environment()}
+    assert rows["transformers"] == ("transformers", "5.30.1", "5.23 to 5.24 (OUTSIDE: untested here)")
 
 
 @pytest.mark.parametrize(

@@ -157,3 +157,18 @@ def test_generation_config_takes_the_special_ids_of_the_model_config(tiny_config
     with torch.no_grad():
         generated = model.generate(input_ids=torch.tensor([[6, 9, 14, 7, 3]]), max_new_tokens=3)
     assert generated[0, 0] == 5
+
+
+def test_seeded_sampling_with_and_without_cache_agree(architecture_config, copy_trained_model):
+    model = copy_trained_model(architecture_config)
+    settings = dict(do_sample=True, max_new_tokens=MAX_NEW_TOKENS, num_return_sequences=2, temperature=2.0)
+    with torch.no_grad():
+        torch.manual_seed(3)
+        cached = model.generate(**source_inputs(), use_cache=True, **settings)
+        torch.manual_seed(3)
+        uncached = model.generate(**source_inputs(), use_cache=False, **settings)
+        torch.manual_seed(3)
+        greedy = model.generate(**source_inputs(), max_new_tokens=MAX_NEW_TOKENS)
+    assert torch.equal(cached, uncached)
+    # the check has teeth: at this temperature the samples are not the greedy outputs
+    assert not torch.equal(cached[::2, : greedy.shape[1]], greedy)
