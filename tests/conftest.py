@@ -145,6 +145,34 @@ socket.getaddrinfo = _refuse_remote_lookup
 torch.set_num_threads(1)
 
 
+# The test modules that touch transformers' contracts (generation and caches, remote code, saved folders, the Trainer,
+# compiled decoding): CI runs them (`-m transformers_contract`) against the oldest transformers the package admits as
+# well as against the newest, which runs every test.
+TRANSFORMERS_CONTRACT_MODULES = {
+    "test_auto_model.py",
+    "test_compiled_decoding.py",
+    "test_doctor.py",
+    "test_generation.py",
+    "test_generation_length.py",
+    "test_hub.py",
+    "test_msc.py",
+    "test_pipeline.py",
+    "test_remote_code.py",
+    "test_remote_code_pairs.py",
+    "test_running_average.py",
+    "test_saved_folders.py",
+    "test_transformers_contract.py",
+    "test_translate.py",
+    "test_upgrade_code.py",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in TRANSFORMERS_CONTRACT_MODULES:
+            item.add_marker(pytest.mark.transformers_contract)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_hf_home():
     yield _SESSION_HF_HOME

@@ -66,7 +66,11 @@ def test_a_saved_config_loads_to_the_same_resolved_config(name, tmp_path, caplog
     assert type(config).__name__ == LOADED[name]["class"]
     resolved = json.loads(json.dumps(config.to_dict()))  # as the fixture holds it (JSON keys are strings)
     resolved.pop("_name_or_path", None)
-    assert resolved == expected_now(LOADED[name]["to_dict"])
+    # `transformers_version` names a release (the one that wrote or the one that reads, by release): not compared
+    assert {**resolved, "transformers_version": None} == {
+        **expected_now(LOADED[name]["to_dict"]),
+        "transformers_version": None,
+    }
     # and saving it again writes the same file (but for the transformers version that wrote it)
     config.save_pretrained(tmp_path / "again")
     written = json.loads((tmp_path / "again" / "config.json").read_text())
