@@ -64,7 +64,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import MarianConfig, MarianMTModel
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, MscConfig, MscForConditionalGeneration
-from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTEncoderOutput
+from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTEncoderOutput, decoding_state
 
 SIZES = {
     "base": dict(
@@ -589,9 +589,9 @@ def decoder_steps(model, source: torch.Tensor, rows: int, steps: int) -> Callabl
             cache = None
             started = time.perf_counter()
             for step in range(steps):
-                cache = decoder(
-                    input_ids=tokens[:, step : step + 1], encoder_outputs=memory, past_key_values=cache, use_cache=True
-                ).past_key_values
+                cache = decoding_state(
+                    decoder(input_ids=tokens[:, step : step + 1], encoder_outputs=memory, cache=cache, use_cache=True)
+                )
             return time.perf_counter() - started
 
     return run
