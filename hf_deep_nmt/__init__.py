@@ -11,6 +11,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
+    CODE_VERSION,
     TESTED_TRANSFORMERS,
     DeepNMTForConditionalGeneration,
     DeepNMTModel,
@@ -25,7 +26,7 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (
     SdtModel,
 )
 
-__version__ = "0.2.0"
+__version__ = CODE_VERSION  # one version for the package and the model code it ships to the Hub
 
 # The (oldest, newest) minor releases CI runs the tests against; `pyproject.toml` admits exactly these (the torch
 # bound is open above: only the CPU build of 2.13 is run here). The model code carries the transformers window itself,

@@ -1,5 +1,5 @@
-"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor|export-ctranslate2`: thin command-line front
-ends over the library.
+"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor|export-ctranslate2|upgrade-code`: thin
+command-line front ends over the library.
 
 Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
 what was asked (a bad value, a missing or existing file), 1 for a run that failed (out of memory, a write error, no
@@ -403,6 +403,40 @@ def _export_ctranslate2(argv: list[str]) -> int:
     return 0
 
 
+def _upgrade_code(argv: list[str]) -> int:
+    from hf_deep_nmt.upgrade_code import DEFAULT_NUM_CHECKS
+
+    parser = _Parser(
+        prog="hf-deep-nmt upgrade-code",
+        description="Rewrite the model code of an exported folder, or of a Hub repository, to the installed "
+        "hf-deep-nmt's (config migrated; weights, tokenizer and card untouched), after checking in clean processes "
+        "that it decodes a few inputs exactly as the old code does without its cache, with and without the cache. A "
+        "folder is changed in place (the replaced files kept in a hidden backup folder); a repository gets one commit "
+        "holding the changed code and config files.",
+    )
+    parser.add_argument("source", help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)")
+    parser.add_argument("--dry-run", action="store_true", help="check and report; write and push nothing")
+    parser.add_argument(
+        "--num-checks", type=_at_least(1), default=DEFAULT_NUM_CHECKS, help="source inputs decoded for the check"
+    )
+    parser.add_argument("--revision", default=None, help="branch of the Hub repository (default: main)")
+    args = parser.parse_args(argv)
+
+    from hf_deep_nmt.input_checks import check_local_path
+    from hf_deep_nmt.upgrade_code import upgrade_folder, upgrade_repo
+
+    check_local_path(args.source, "Model folder")
+    path = Path(args.source).expanduser()
+    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", args.source):
+        if args.revision is not None:
+            raise UsageError(f"--revision is for a Hub repository; {args.source!r} is a local path.")
+        report = upgrade_folder(path, num_checks=args.num_checks, dry_run=args.dry_run)
+    else:
+        report = upgrade_repo(args.source, num_checks=args.num_checks, dry_run=args.dry_run, revision=args.revision)
+    print("\n".join(report.lines()))
+    return 0
+
+
 COMMANDS = {
     "train": _train,
     "train-staged": _train_staged,
@@ -412,6 +446,7 @@ COMMANDS = {
     "inspect": _inspect,
     "doctor": _doctor,
     "export-ctranslate2": _export_ctranslate2,
+    "upgrade-code": _upgrade_code,
 }
 
 
@@ -457,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         usage = (
             "usage: hf-deep-nmt [--debug] {train | train-staged} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
-            "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT"
+            "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
+            "upgrade-code FOLDER_OR_REPO_ID [--dry-run]"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

@@ -286,6 +286,7 @@ class DeepNMTEncoderOutput(BaseModelOutput):
 # met raises an error (a translation decoded without its state is silently wrong), and a newer release than the
 # newest tested one gets one warning naming both.
 TESTED_TRANSFORMERS = ("5.23", "5.24")  # (oldest, newest) minor release this file was tested with
+CODE_VERSION = "0.2.0"  # the hf-deep-nmt release this file belongs to (`hf-deep-nmt upgrade-code` reads it)
 
 
 def _minor(version: str) -> tuple[int, int]:

@@ -1,0 +1,210 @@
+"""`hf-deep-nmt upgrade-code`: a folder (or Hub repository) published with the 0.1.0 model code is brought to the
+installed code, checked in clean processes before anything is written, weights and tokenizer untouched, the replaced
+files kept; a check that fails writes nothing; a repository gets one code-only commit."""
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import transformers
+from huggingface_hub import constants
+
+from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig, __version__
+from hf_deep_nmt.cli import main
+from hf_deep_nmt.hub import export_hub_folder, files_not_written_by_us
+from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.upgrade_code import (
+    BACKUP_FOLDER,
+    CODE_FILES,
+    UpgradeCheckFailed,
+    check_inputs,
+    decode_in_clean_process,
+    installed_code_folder,
+    upgrade_folder,
+    upgrade_repo,
+)
+
+PUBLISHED_0_1_0 = Path(__file__).parent / "fixtures" / "published_code_0_1_0"  # modeling/ at the 0.1.0 release
+INSTALLED = tuple(int(part) for part in transformers.__version__.split(".")[:2])
+PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is not full"), ("hola mundo", "hi")]
+
+
+def contents(folder: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()
+    }
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_joint_tokenizer(PAIRS * 20, vocab_size=60, min_frequency=1)
+
+
+FAMILIES = {
+    "dsinit": (DsInitConfig, {}),
+    "msc": (MscConfig, {"msc_block_layers": [2, 1]}),
+    "dlcl-postnorm": (DlclConfig, {"normalize_before": False}),
+}
+
+
+@pytest.fixture
+def publish(tmp_path, tiny_config, random_model, tokenizer):
+    """`publish(family)`: an export whose model code is the 0.1.0 release's, as every folder pushed with 0.1.0 holds
+    it."""
+
+    def make(family: str) -> Path:
+        config_class, overrides = FAMILIES[family]
+        model = random_model(tiny_config(config_class, vocab_size=len(tokenizer), **overrides), scale=0.5)
+        folder = export_hub_folder(model, tokenizer, tmp_path / f"published-{family}")
+        for name in CODE_FILES:
+            shutil.copyfile(PUBLISHED_0_1_0 / name, folder / name)
+        return folder
+
+    return make
+
+
+@pytest.fixture
+def published(publish):
+    return publish("dsinit")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_and_uncached(family, publish, tmp_path):
+    published = publish(family)
+    weights, tokenizer_file = digest(published / "model.safetensors"), digest(published / "tokenizer.json")
+    card = (published / "README.md").read_bytes()
+    report = upgrade_folder(published, num_checks=4)
+
+    assert report.old_version == "0.1.0 or earlier" and report.new_version == __version__
+    assert "modeling_deep_nmt.py" in report.changed and report.written
+    for name in CODE_FILES:
+        assert (published / name).read_bytes() == (installed_code_folder() / name).read_bytes()
+    assert (
+        digest(published / "model.safetensors") == weights and digest(published / "tokenizer.json") == tokenizer_file
+    )
+    assert (published / "README.md").read_bytes() == card
+    # The replaced files are kept, listed by the marker: a later export may still replace the folder.
+    backup = Path(report.backup)
+    assert backup.parent == published / BACKUP_FOLDER
+    assert (backup / "modeling_deep_nmt.py").read_bytes() == (PUBLISHED_0_1_0 / "modeling_deep_nmt.py").read_bytes()
+    assert files_not_written_by_us(published) == []
+    # What the 0.1.0 code got wrong with the cache under this transformers: 5.24 passes the state as `cache`, which
+    # that code ignored (beam search then decodes from the last token alone); 5.23 still passed `past_key_values`.
+    if INSTALLED >= (5, 24):
+        assert report.old_cached_wrong["beam4"] > 0
+    else:
+        assert report.old_cached_wrong == {"greedy": 0, "beam4": 0}
+
+    # Checked again here, independently of the command's own check: the upgraded folder, as remote code.
+    inputs = tmp_path / "inputs.pt"
+    torch.save(check_inputs(json.loads((published / "config.json").read_text()), 3, seed=7), inputs)
+    work = tmp_path / "work"
+    work.mkdir()
+    decoded = decode_in_clean_process(published, inputs, work, "after")
+    assert decoded["greedy-cached"] == decoded["greedy-uncached"]
+    assert decoded["beam4-cached"] == decoded["beam4-uncached"]
+
+    again = upgrade_folder(published)
+    assert again.changed == [] and not again.written and again.old_version == __version__
+
+
+def test_dry_run_checks_and_writes_nothing(published):
+    before = contents(published)
+    report = upgrade_folder(published, dry_run=True, num_checks=2)
+    assert "modeling_deep_nmt.py" in report.changed and not report.written
+    assert contents(published) == before
+    assert "dry run: nothing written or pushed" in report.lines()
+
+
+def test_a_failing_check_writes_nothing(published, tmp_path, monkeypatch):
+    """New code that decodes differently (here: token 7 forced at every step) is refused; the folder is untouched."""
+    broken = tmp_path / "broken_code"
+    broken.mkdir()
+    for name in CODE_FILES:
+        shutil.copyfile(installed_code_folder() / name, broken / name)
+    with open(broken / "modeling_deep_nmt.py", "a", encoding="utf-8") as handle:
+        handle.write(
+            "\n\ndef _force_token(module, args, output):\n"
+            "    output.logits[..., 7] += 1000.0\n"
+            "    return output\n\n\n"
+            "_init = DeepNMTForConditionalGeneration.__init__\n\n\n"
+            "def _init_forcing(self, *args, **kwargs):\n"
+            "    _init(self, *args, **kwargs)\n"
+            "    self.register_forward_hook(_force_token)\n\n\n"
+            "DeepNMTForConditionalGeneration.__init__ = _init_forcing\n"
+        )
+    monkeypatch.setattr("hf_deep_nmt.upgrade_code.installed_code_folder", lambda: broken)
+    before = contents(published)
+    with pytest.raises(
+        UpgradeCheckFailed, match="decodes 2 inputs differently from the old code.*nothing was written"
+    ):
+        upgrade_folder(published, num_checks=2)
+    assert contents(published) == before
+
+
+def test_bad_sources_are_named(tmp_path, tiny_config, random_model):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        upgrade_folder(tmp_path / "missing")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(NotADirectoryError, match="is a file"):
+        upgrade_folder(tmp_path / "file")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "marian"}))
+    with pytest.raises(ValueError, match="model_type 'marian', not one of hf-deep-nmt's .*deep_nmt"):
+        upgrade_folder(foreign)
+    (foreign / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        upgrade_folder(foreign)
+    without_code = tmp_path / "without_code"
+    random_model(tiny_config(DlclConfig)).save_pretrained(without_code)
+    for name in CODE_FILES:
+        (without_code / name).unlink()
+    with pytest.raises(ValueError, match="holds no model code .*modeling_deep_nmt.py"):
+        upgrade_folder(without_code)
+
+
+class RecordingApi:
+    def __init__(self):
+        self.commits = []
+
+    def create_commit(self, repo_id, **kwargs):
+        self.commits.append((repo_id, kwargs))
+        return SimpleNamespace(commit_url=f"https://hub.example/{repo_id}/commit/1")
+
+
+def test_a_hub_repository_gets_one_code_only_commit_on_top_of_the_checked_one(published, hub_cache):
+    repo_id = f"org/upgrade-{published.parent.name}"
+    snapshot = hub_cache(published, constants.HF_HUB_CACHE, repo_id)
+    api = RecordingApi()
+
+    with pytest.raises(ConnectionError, match="offline mode is on"):  # without a Hub, only a dry run
+        upgrade_repo(repo_id, num_checks=2)
+    assert api.commits == []
+    dry = upgrade_repo(repo_id, num_checks=2, dry_run=True, api=api)
+    assert api.commits == [] and "modeling_deep_nmt.py" in dry.changed
+
+    report = upgrade_repo(repo_id, num_checks=2, api=api)
+    [(pushed_to, commit)] = api.commits
+    assert pushed_to == repo_id and commit["parent_commit"] == snapshot.name and commit["repo_type"] == "model"
+    uploaded = {operation.path_in_repo: operation.path_or_fileobj for operation in commit["operations"]}
+    assert set(uploaded) == set(report.changed) and "model.safetensors" not in uploaded
+    assert uploaded["modeling_deep_nmt.py"] == (installed_code_folder() / "modeling_deep_nmt.py").read_bytes()
+    assert report.commit == f"https://hub.example/{repo_id}/commit/1"
+    assert (snapshot / "modeling_deep_nmt.py").read_bytes() == (PUBLISHED_0_1_0 / "modeling_deep_nmt.py").read_bytes()
+
+
+def test_the_command_line_reports_the_upgrade(published, capsys):
+    assert main(["upgrade-code", str(published), "--dry-run", "--num-checks", "2"]) == 0
+    out = capsys.readouterr().out
+    assert f"model code 0.1.0 or earlier -> {__version__}" in out and "dry run" in out
+    assert main(["upgrade-code", str(published), "--num-checks", "0"]) == 2
+    assert "--num-checks" in capsys.readouterr().err
