@@ -41,6 +41,12 @@ EARLIER_CACHE_LAYER_TYPES = ("deep_nmt_average", "deep_nmt_msc")
 MSC_CONTEXTS = ("gru", "gru_per_block", "ffn", "ffn_per_block", "block_output", "none")
 MSC_CONTEXT_SIDES = ("encoder_and_decoder", "encoder")
 MSC_FUSIONS = ("gate", "add")
+# Frequencies of the sinusoidal positions (sin in the first half of the vector, cos in the second, both layouts):
+# fairseq's 10000^(-i / (d/2 - 1)) for pair i, or 10000^(-2i / d) as Marian and transformers' MarianMTModel compute it.
+SINUSOID_FREQUENCIES = ("fairseq", "marian")
+# Settings added after version 0.2.0: `to_dict` (and so `config.json`) holds them only when they differ from their
+# defaults, so a folder that does not use them is the folder 0.2.0 wrote, read by 0.2.0's code without a warning.
+LATER_SETTINGS = ("sinusoid_frequencies", "output_bias")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
 # `PreTrainedConfig` itself: not unknown keys.
@@ -121,6 +127,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
     **dict.fromkeys(
         (
             "scale_embedding",
+            "output_bias",
             "share_embeddings",
             "tie_word_embeddings",
             "pre_norm",
@@ -137,6 +144,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
         "a finite number >= 0 (0 = off)", lambda value: _is_number(value) and 0.0 <= value < math.inf
     ),
     "activation_function": _choice(ACTIVATIONS),
+    "sinusoid_frequencies": _choice(SINUSOID_FREQUENCIES),
     # the global aggregation before the per-stack ones, which default to it
     "layer_aggregation": _choice(LAYER_AGGREGATIONS),
     "encoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
@@ -290,6 +298,15 @@ def _block_boundaries_cut_their_stack(config: DeepNMTConfig) -> str | None:
     return None
 
 
+def _marian_sinusoids_have_an_even_width(config: DeepNMTConfig) -> str | None:
+    if config.sinusoid_frequencies == "marian" and config.d_model % 2:
+        return (
+            f"`sinusoid_frequencies='marian'` needs an even `d_model` (sin and cos halves of equal width), got "
+            f"{config.d_model}."
+        )
+    return None
+
+
 def _token_ids_are_in_their_vocabulary(config: DeepNMTConfig) -> str | None:
     # pad/bos/eos are used on both sides; decoding starts in the target vocabulary.
     shared_ids = min(config.vocab_size, config.decoder_vocab_size)
@@ -313,6 +330,7 @@ STRUCTURAL_RULES = (
     _msc_decoder_is_not_merged,
     _heads_divide_the_width,
     _shared_embeddings_have_one_vocabulary,
+    _marian_sinusoids_have_an_even_width,
     _block_boundaries_cut_their_stack,
     _token_ids_are_in_their_vocabulary,
 )
@@ -460,6 +478,15 @@ class DeepNMTConfig(PreTrainedConfig):
             Dropout after the feed-forward activation.
         scale_embedding (`bool`, *optional*, defaults to `True`):
             Multiply token embeddings by sqrt(d_model) before adding the sinusoidal positions.
+        sinusoid_frequencies (`str`, *optional*, defaults to `"fairseq"`):
+            Frequencies of the sinusoidal positions, which put the sines in the first half of the vector and the
+            cosines in the second, counting positions from 0: `"fairseq"`, 10000^(-i / (d_model/2 - 1)) for the i-th
+            pair (fairseq, tensor2tensor), or `"marian"`, 10000^(-2i / d_model) (Marian and transformers'
+            `MarianMTModel`; computed in float64 as it is, on devices that have float64; even `d_model` only). Written
+            into `config.json` only when not the default.
+        output_bias (`bool`, *optional*, defaults to `False`):
+            Add a bias to the output logits (Marian's `final_logits_bias`; trained like every other parameter).
+            Written into `config.json` only when set.
         share_embeddings (`bool`, *optional*, defaults to `True`):
             One embedding matrix for source and target (joint vocabulary).
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
@@ -579,6 +606,8 @@ class DeepNMTConfig(PreTrainedConfig):
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     scale_embedding: bool = True
+    sinusoid_frequencies: str = "fairseq"
+    output_bias: bool = False
     share_embeddings: bool = True
     tie_word_embeddings: bool = True
     pre_norm: bool = True
@@ -638,6 +667,14 @@ class DeepNMTConfig(PreTrainedConfig):
         for size in blocks:
             boundaries.append(boundaries[-1] + size)
         return boundaries
+
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        defaults = DeepNMTConfig.__dataclass_fields__
+        for field in LATER_SETTINGS:
+            if field in output and output[field] == defaults[field].default:
+                del output[field]
+        return output
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         # Beside the translation model (named in `auto_map` by the model's `save_pretrained`, which also writes the
@@ -872,6 +909,7 @@ __all__ = [
     "DS_INIT_MODES",
     "INIT_SCHEMES",
     "LAYER_AGGREGATIONS",
+    "SINUSOID_FREQUENCIES",
     "DeepNMTConfig",
     "DeepNMTGenerationConfig",
     "DlclConfig",
