@@ -331,3 +331,44 @@ def test_the_command_line(converted, tmp_path, capsys):
     assert main(["convert-marian", str(marian_folder), str(tmp_path / "cli"), "--overwrite"]) == 0
     assert main(["convert-marian", str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+# ---- the backbone settings the conversion needs ---------------------------------------------------------------------
+
+
+def test_the_new_settings_are_validated_and_written_only_when_set(tmp_path):
+    from hf_deep_nmt import DeepNMTConfig
+
+    with pytest.raises(ValueError, match=r"`sinusoid_frequencies` must be one of \('fairseq', 'marian'\), got 'bert'"):
+        DeepNMTConfig(sinusoid_frequencies="bert")
+    with pytest.raises(ValueError, match="`output_bias` must be True or False, got 1"):
+        DeepNMTConfig(output_bias=1)
+    with pytest.raises(ValueError, match="`sinusoid_frequencies='marian'` needs an even `d_model`"):
+        DeepNMTConfig(sinusoid_frequencies="marian", d_model=15, encoder_attention_heads=3, decoder_attention_heads=3)
+    DeepNMTConfig().save_pretrained(tmp_path / "plain")
+    plain = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert "sinusoid_frequencies" not in plain and "output_bias" not in plain  # as version 0.2.0 wrote it
+    DeepNMTConfig(sinusoid_frequencies="marian", output_bias=True).save_pretrained(tmp_path / "set")
+    written = json.loads((tmp_path / "set" / "config.json").read_text())
+    assert (written["sinusoid_frequencies"], written["output_bias"]) == ("marian", True)
+
+
+def test_a_converted_model_grows_deeper_and_still_loads(converted, tmp_path):
+    from hf_deep_nmt.growing import grow_encoder
+
+    (_, share, *_), _, _, out, model = converted
+    grown = grow_encoder(out, num_new_layers=2, strategy="top").eval()
+    config = grown.config
+    assert config.encoder_layers == 4
+    assert (config.sinusoid_frequencies, config.output_bias) == ("marian", True)
+    assert torch.equal(grown.lm_head.bias, model.lm_head.bias)
+    assert grown.generation_config.num_beams == model.generation_config.num_beams
+    grown.save_pretrained(tmp_path / "grown")
+    again = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "grown").eval()
+    inputs = batch(share)
+    source = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).logits, grown(**inputs).logits)
+        cached = again.generate(**source, num_beams=4, max_new_tokens=NEW_TOKENS)
+        uncached = again.generate(**source, num_beams=4, max_new_tokens=NEW_TOKENS, use_cache=False)
+    assert cached.tolist() == uncached.tolist()
