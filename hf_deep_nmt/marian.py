@@ -1,7 +1,7 @@
 """`hf-deep-nmt convert-marian`: a transformers `MarianMTModel` (an OPUS-MT model: a folder or a Hub id) as a model of
 this package that computes the same thing.
 
-What MarianMTModel computes, read from its code in transformers 5.23-5.24, and how it maps here:
+What MarianMTModel computes, read from its code in transformers 5.24, and how it maps here:
 
 * post-norm layers (`x <- LN(x + Drop(F(x)))`), no final LayerNorm on either stack, no LayerNorm on the embeddings:
   `pre_norm=False`, residual layers; the parameter names of the layers are the same on both sides;
