@@ -1499,9 +1499,24 @@ class DeepNMTEncoder(DeepNMTStack):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         return_dict: bool | None = None,
-        **kwargs,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        head_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
     ) -> DeepNMTEncoderOutput:
-        check_extra_arguments(self, kwargs)
+        """No `**kwargs`: `generate()` hands the encoder only the arguments its signature names (not a Trainer
+        batch's `labels`), and any other argument is a `TypeError`."""
+        check_extra_arguments(
+            self,
+            dict(
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+                head_mask=head_mask,
+                inputs_embeds=inputs_embeds,
+                position_ids=position_ids,
+            ),
+        )
         if input_ids is None:
             raise ValueError("The encoder needs `input_ids` (batch, source_length).")
         if input_ids.dim() != 2 or input_ids.shape[1] == 0:

@@ -147,3 +147,16 @@ def test_max_new_tokens_alone_gives_one_cap_without_the_two_caps_warning(model, 
         out = model.generate(**INPUTS, max_new_tokens=3, min_new_tokens=3, max_length=9)
     assert out.shape[1] == 4
     assert "seem to have been set" in caplog.text
+
+
+def test_generate_hands_the_encoder_only_what_it_names(model):
+    """`Seq2SeqTrainer` predictions call `generate(**batch)` with the batch's `labels`; generate() passes the encoder
+    every model argument when its forward takes `**kwargs`, so the encoder names its arguments instead (and an
+    unknown one is still a `TypeError`)."""
+    labels = torch.tensor([[6, 8, 2], [13, 2, -100]])
+    with torch.no_grad():
+        plain = model.generate(**INPUTS, max_new_tokens=5, num_beams=2)
+        with_labels = model.generate(**INPUTS, labels=labels, max_new_tokens=5, num_beams=2)
+    assert torch.equal(plain, with_labels)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'labels'"):
+        model.get_encoder()(**INPUTS, labels=labels)
