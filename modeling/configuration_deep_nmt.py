@@ -44,8 +44,9 @@ MSC_FUSIONS = ("gate", "add")
 # Frequencies of the sinusoidal positions (sin in the first half of the vector, cos in the second, both layouts):
 # fairseq's 10000^(-i / (d/2 - 1)) for pair i, or 10000^(-2i / d) as Marian and transformers' MarianMTModel compute it.
 SINUSOID_FREQUENCIES = ("fairseq", "marian")
-# Settings added after version 0.2.0: `to_dict` (and so `config.json`) holds them only when they differ from their
-# defaults, so a folder that does not use them is the folder 0.2.0 wrote, read by 0.2.0's code without a warning.
+# Settings new in 0.2.0 (not yet released) that 0.1.0 did not have: `to_dict` (and so `config.json`) holds them only
+# when they differ from their defaults, so a model that does not use them gets no key for them: as far as these
+# settings go, its config is what 0.1.0 wrote, and the 0.1.0 model code published on the Hub still loads it.
 LATER_SETTINGS = ("sinusoid_frequencies", "output_bias")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
