@@ -347,7 +347,7 @@ def test_the_new_settings_are_validated_and_written_only_when_set(tmp_path):
         DeepNMTConfig(sinusoid_frequencies="marian", d_model=15, encoder_attention_heads=3, decoder_attention_heads=3)
     DeepNMTConfig().save_pretrained(tmp_path / "plain")
     plain = json.loads((tmp_path / "plain" / "config.json").read_text())
-    assert "sinusoid_frequencies" not in plain and "output_bias" not in plain  # as version 0.2.0 wrote it
+    assert "sinusoid_frequencies" not in plain and "output_bias" not in plain  # no key for them, as 0.1.0 wrote it
     DeepNMTConfig(sinusoid_frequencies="marian", output_bias=True).save_pretrained(tmp_path / "set")
     written = json.loads((tmp_path / "set" / "config.json").read_text())
     assert (written["sinusoid_frequencies"], written["output_bias"]) == ("marian", True)
