@@ -372,3 +372,147 @@ def test_a_converted_model_grows_deeper_and_still_loads(converted, tmp_path):
         cached = again.generate(**source, num_beams=4, max_new_tokens=NEW_TOKENS)
         uncached = again.generate(**source, num_beams=4, max_new_tokens=NEW_TOKENS, use_cache=False)
     assert cached.tolist() == uncached.tolist()
+
+
+# ---- convert -> grow -> train from the folder (`model_name_or_path`) -> export --------------------------------------
+
+
+def word_corpus(folder, pairs: int, seed: int):
+    """A tab-separated corpus of words the word tokenizer knows (target: the source's words, reversed)."""
+    generator = torch.Generator().manual_seed(seed)
+    lines = []
+    for _ in range(pairs):
+        ids = torch.randint(2, PAD, (int(torch.randint(3, 8, (1,), generator=generator)),), generator=generator)
+        words = [WORDS[index] for index in ids.tolist()]
+        lines.append(" ".join(words) + "\t" + " ".join(reversed(words)))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "train.tsv").write_text("\n".join(lines[4:]) + "\n", encoding="utf-8")
+    (folder / "valid.tsv").write_text("\n".join(lines[:4]) + "\n", encoding="utf-8")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def grown_folder(tmp_path_factory):
+    """A converted tiny Marian model (shared vocabulary, tied, swish) grown from 2 to 4 encoder layers, saved with its
+    tokenizer: what a user hands `hf-deep-nmt train` as `model_name_or_path`."""
+    from hf_deep_nmt.growing import grow_encoder
+
+    folder = tmp_path_factory.mktemp("warm-start")
+    noisy_marian(marian_config(True, True, "swish")).save_pretrained(folder / "marian")
+    word_tokenizer().save_pretrained(folder / "marian")
+    converted = convert_marian(folder / "marian", folder / "converted")
+    grow_encoder(converted, num_new_layers=2, strategy="top").save_pretrained(folder / "grown")
+    AutoTokenizer.from_pretrained(converted).save_pretrained(folder / "grown")
+    return folder
+
+
+def warm_start_arguments(folder, output: str, *extra: str) -> list[str]:
+    corpus = word_corpus(folder / "corpus", pairs=36, seed=0)
+    return [
+        *("--model_name_or_path", str(folder / "grown")),
+        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
+        *("--max_steps", "3", "--per_device_train_batch_size", "8", "--learning_rate", "0.001"),
+        *("--max_source_length", "16", "--max_target_length", "16", "--max_length_a", "0", "--max_length_b", "8"),
+        *("--num_beams", "2", "--save_strategy", "no", "--report_to", "none", "--disable_tqdm", "true"),
+        *("--use_cpu", "true", "--seed", "0", "--translate_examples", "1", "--plot_curves", "false"),
+        *("--output_dir", str(folder / output)),
+        *extra,
+    ]
+
+
+def test_a_converted_grown_model_trains_from_its_folder_and_exports(grown_folder):
+    from hf_deep_nmt.training import run
+
+    saved_tokenizer = json.loads((grown_folder / "grown" / "tokenizer.json").read_text())
+    summary = run(warm_start_arguments(grown_folder, "run", "--export_dir", str(grown_folder / "export")))
+    assert summary["train_steps"] == 3 and summary["export_dir"] == str(grown_folder / "export")
+    export = grown_folder / "export"
+    # the tokenizer is the folder's, not one trained on the corpus
+    assert json.loads((export / "tokenizer.json").read_text())["model"] == saved_tokenizer["model"]
+    model = AutoModelForSeq2SeqLM.from_pretrained(export).eval()
+    assert isinstance(model, DeepNMTForConditionalGeneration)
+    assert (model.config.encoder_layers, model.config.sinusoid_frequencies, model.config.output_bias) == (
+        4,
+        "marian",
+        True,
+    )
+    assert model.generation_config.bad_words_ids == [[PAD]]  # the converted model's, kept through training
+    grown = AutoModelForSeq2SeqLM.from_pretrained(grown_folder / "grown")
+    assert not torch.equal(model.lm_head.bias, grown.lm_head.bias)  # trained
+    inputs = batch(share=True)
+    source = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    with torch.no_grad():
+        for beams in (1, 4):
+            cached = model.generate(**source, num_beams=beams, max_new_tokens=NEW_TOKENS)
+            uncached = model.generate(**source, num_beams=beams, max_new_tokens=NEW_TOKENS, use_cache=False)
+            assert cached.tolist() == uncached.tolist()
+    tokenizer = AutoTokenizer.from_pretrained(export)
+    assert translate(model, tokenizer, ["w5 w9 w14"], num_beams=2, max_length_a=0, max_length_b=8)
+
+
+@pytest.mark.parametrize(
+    "extra, error, message",
+    [
+        (("--model_type", "deep_nmt_sdt"), ValueError, r"`model_type` is 'deep_nmt_sdt' but the saved model's is "),
+        (("--tokenizer_vocab_size", "300"), ValueError, r"`tokenizer_vocab_size=300` would train a new tokenizer"),
+    ],
+    ids=["model_type", "tokenizer_vocab_size"],
+)
+def test_a_recipe_that_contradicts_the_saved_model_is_refused_before_work(
+    grown_folder, extra, error, message, monkeypatch
+):
+    from hf_deep_nmt import training
+
+    monkeypatch.setattr(training, "prepare", lambda *args, **kwargs: pytest.fail("data read"))
+    with pytest.raises(error, match=message):
+        training.run(warm_start_arguments(grown_folder, f"refused-{extra[0][2:]}", *extra))
+
+
+def test_model_overrides_must_be_the_saved_models_values(grown_folder, tmp_path, monkeypatch):
+    from hf_deep_nmt import training
+
+    monkeypatch.setattr(training, "prepare", lambda *args, **kwargs: pytest.fail("data read"))
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"model_overrides": {"encoder_layers": 6, "d_model": 32}}))
+    with pytest.raises(ValueError, match=r"`model_overrides.encoder_layers` is 6 but the saved model has 4"):
+        training.run([str(recipe), *warm_start_arguments(grown_folder, "refused-overrides")])
+    recipe.write_text(json.dumps({"model_overrides": {"encoder_layers": 4, "d_model": 32}}))  # the saved values
+
+    def reached(*args, **kwargs):
+        raise InterruptedError("the checks passed: the data would be read now")
+
+    monkeypatch.setattr(training, "prepare", reached)
+    with pytest.raises(InterruptedError, match="the checks passed"):
+        training.run([str(recipe), *warm_start_arguments(grown_folder, "accepted-overrides")])
+
+
+def test_a_folder_that_cannot_be_started_from_is_named_before_work(grown_folder, tmp_path, monkeypatch):
+    from hf_deep_nmt import training
+
+    monkeypatch.setattr(training, "prepare", lambda *args, **kwargs: pytest.fail("data read"))
+    run = training.run
+
+    def arguments(model: str) -> list[str]:
+        listed = warm_start_arguments(grown_folder, "refused-folder")
+        listed[listed.index("--model_name_or_path") + 1] = model
+        return listed
+
+    missing = str(tmp_path / "missing")
+    with pytest.raises(FileNotFoundError, match=f"`model_name_or_path` '{missing}' does not exist"):
+        run(arguments(missing))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"'.*empty' has no config.json"):
+        run(arguments(str(tmp_path / "empty")))
+    AutoModelForSeq2SeqLM.from_pretrained(grown_folder / "grown").save_pretrained(tmp_path / "weights-only")
+    with pytest.raises(FileNotFoundError, match=r"'.*weights-only' holds no tokenizer"):
+        run(arguments(str(tmp_path / "weights-only")))
+    with pytest.raises(ValueError, match=r"model_type 'marian'.*convert it first with `hf-deep-nmt convert-marian`"):
+        run(arguments(str(grown_folder / "marian")))
+
+
+def test_train_staged_refuses_a_saved_model_by_name(grown_folder):
+    from hf_deep_nmt.staged import run_staged
+
+    arguments = warm_start_arguments(grown_folder, "refused-staged", "--stage_depths", "4", "--stage_max_steps", "1")
+    with pytest.raises(ValueError, match=r"cannot start from the saved model `model_name_or_path` '.*grown'"):
+        run_staged(arguments)
