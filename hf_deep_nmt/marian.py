@@ -229,18 +229,57 @@ def _source_tokenizer(source: str | Path):
     return AutoTokenizer.from_pretrained(source)
 
 
+def source_licence(source: str | Path) -> str | None:
+    """The `license` of the source's model card (`README.md` front matter: a folder's own file, or the Hub
+    repository's), or None when it has no card, the card names none, or the Hub cannot be reached."""
+    from huggingface_hub import hf_hub_download, metadata_load
+
+    path = Path(source).expanduser()
+    try:
+        card = path / "README.md" if path.exists() else Path(hf_hub_download(str(source), "README.md"))
+        metadata = metadata_load(card) if card.is_file() else None
+    except Exception as error:  # no card in the repository, offline, ...: the licence is unknown, not an error
+        logger.warning(f"No model card read from {str(source)!r} ({type(error).__name__}): its licence is unknown.")
+        return None
+    licence = (metadata or {}).get("license")
+    return str(licence) if isinstance(licence, str) and licence.strip() else None
+
+
+def origin_record(source: str | Path, marian) -> dict:
+    """What `DeepNMTConfig.converted_from` records of a conversion: the source's Hub id (or a local folder's name
+    only: its path on this machine is nobody else's business), revision, class and licence, and this package's
+    version. The model card renders it."""
+    from hf_deep_nmt.modeling.modeling_deep_nmt import CODE_VERSION
+
+    path = Path(source).expanduser()
+    local = path.exists()
+    record = {
+        "model": path.resolve().name if local else str(source),
+        "location": "local folder" if local else "hub",
+        "architecture": MARIAN_ARCHITECTURE,
+        "license": source_licence(source),
+        "converter": f"hf-deep-nmt {CODE_VERSION} convert-marian",
+    }
+    revision = getattr(marian.config, "_commit_hash", None)
+    if revision and not local:
+        record["revision"] = revision
+    return record
+
+
 def convert_marian(source: str | Path, out: str | Path, *, overwrite: bool = False) -> Path:
     """Write into `out` a model of this package that computes what the `MarianMTModel` at `source` (a folder or a Hub
     id) computes, with its tokenizer and generation config. Returns the folder.
 
     `out` is refused when it exists and is not empty, unless `overwrite=True`, and even then when it holds files that
     this package did not write. Everything is checked before anything is written: what cannot be converted is
-    refused by name (`ValueError`), and the converted model must give the source's logits on a probe batch."""
+    refused by name (`ValueError`), and the converted model must give the source's logits on a probe batch. The config
+    records the source (`converted_from`, see `origin_record`) for the model card."""
     from hf_deep_nmt.hub import check_export_folder, write_marked_folder
 
     check_export_folder(out, overwrite, flag=OVERWRITE_FLAG)
     marian = _load_marian(source)
     model = convert_marian_model(marian)
+    model.config.converted_from = origin_record(source, marian)
     tokenizer = _source_tokenizer(source)
 
     def write(staging: Path) -> None:
@@ -251,4 +290,4 @@ def convert_marian(source: str | Path, out: str | Path, *, overwrite: bool = Fal
     return write_marked_folder(out, write, overwrite=overwrite, flag=OVERWRITE_FLAG)
 
 
-__all__ = ["convert_marian", "convert_marian_model", "deep_nmt_config"]
+__all__ = ["convert_marian", "convert_marian_model", "deep_nmt_config", "origin_record", "source_licence"]

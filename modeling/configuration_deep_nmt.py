@@ -47,7 +47,7 @@ SINUSOID_FREQUENCIES = ("fairseq", "marian")
 # Settings new in 0.2.0 (not yet released) that 0.1.0 did not have: `to_dict` (and so `config.json`) holds them only
 # when they differ from their defaults, so a model that does not use them gets no key for them: as far as these
 # settings go, its config is what 0.1.0 wrote, and the 0.1.0 model code published on the Hub still loads it.
-LATER_SETTINGS = ("sinusoid_frequencies", "output_bias")
+LATER_SETTINGS = ("sinusoid_frequencies", "output_bias", "converted_from", "growth")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
 # `PreTrainedConfig` itself: not unknown keys.
@@ -156,6 +156,11 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "decoder_self_attention": _choice(DECODER_SELF_ATTENTIONS),
     "ds_init_alpha": FieldKind("a number in (0, 1]", lambda value: _is_number(value) and 0.0 < value <= 1.0),
     "layer_norm_eps": FieldKind("a positive number", lambda value: _is_number(value) and value > 0),
+    "converted_from": FieldKind("a mapping or None", lambda value: value is None or isinstance(value, dict)),
+    "growth": FieldKind(
+        "a list of mappings or None",
+        lambda value: value is None or (isinstance(value, list) and all(isinstance(step, dict) for step in value)),
+    ),
 }
 
 
@@ -572,6 +577,13 @@ class DeepNMTConfig(PreTrainedConfig):
             weights or relative-position tables). MSC's 72-layer IWSLT system uses 1e-5.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
+        converted_from (`dict`, *optional*):
+            Where a converted model came from (`hf-deep-nmt convert-marian` sets it: the source's Hub id or folder
+            name, revision, class and licence as its card states it). A record for the model card; computes nothing,
+            and is kept by growing, training and exporting. Written into `config.json` only when set.
+        growth (`list[dict]`, *optional*):
+            One record per `grow_encoder` call (encoder layers before and after, strategy): a record for the model
+            card, computes nothing. Written into `config.json` only when set.
         sdpa_avoid_cudnn (`bool`, *optional*, defaults to `True`):
             Keep attention calls that pass a mask on CUDA off PyTorch's cuDNN SDPA backend (flash, memory-efficient
             and math kernels stay allowed): its backward returns NaN gradients at padded lengths of 64 mod 128
@@ -634,6 +646,8 @@ class DeepNMTConfig(PreTrainedConfig):
     encoder_l2_lambda: float = 0.0
     layer_norm_eps: float = 1e-5
     sdpa_avoid_cudnn: bool = True
+    converted_from: dict | None = None
+    growth: list[dict] | None = None
     use_cache: bool = True
     is_encoder_decoder: bool = True
     pad_token_id: int | None = 1

@@ -400,6 +400,9 @@ def grown_folder(tmp_path_factory):
     folder = tmp_path_factory.mktemp("warm-start")
     noisy_marian(marian_config(True, True, "swish")).save_pretrained(folder / "marian")
     word_tokenizer().save_pretrained(folder / "marian")
+    (folder / "marian" / "README.md").write_text(
+        "---\nlicense: cc-by-4.0\nlanguage: [es, en]\n---\n# A Marian model\n"
+    )
     converted = convert_marian(folder / "marian", folder / "converted")
     grow_encoder(converted, num_new_layers=2, strategy="top").save_pretrained(folder / "grown")
     AutoTokenizer.from_pretrained(converted).save_pretrained(folder / "grown")
@@ -448,6 +451,14 @@ def test_a_converted_grown_model_trains_from_its_folder_and_exports(grown_folder
             assert cached.tolist() == uncached.tolist()
     tokenizer = AutoTokenizer.from_pretrained(export)
     assert translate(model, tokenizer, ["w5 w9 w14"], num_beams=2, max_length_a=0, max_length_b=8)
+    # the card names the origin, its licence and how the model was changed
+    card = (export / "README.md").read_text()
+    assert "license: cc-by-4.0" in card and "base_model" not in card  # a local source is no Hub base model
+    origin = card.split("## Origin")[1].split("## Method")[0]
+    assert "Converted from `marian`, a transformers `MarianMTModel`, with `hf-deep-nmt" in origin
+    assert "as its model card states it: `cc-by-4.0`" in origin
+    assert "grown from 2 to 4 layers with `grow_encoder` (strategy `top`)" in origin
+    assert "then trained as described under Training data" in origin
 
 
 @pytest.mark.parametrize(
@@ -516,3 +527,42 @@ def test_train_staged_refuses_a_saved_model_by_name(grown_folder):
     arguments = warm_start_arguments(grown_folder, "refused-staged", "--stage_depths", "4", "--stage_max_steps", "1")
     with pytest.raises(ValueError, match=r"cannot start from the saved model `model_name_or_path` '.*grown'"):
         run_staged(arguments)
+
+
+def test_conversion_and_growth_are_recorded_in_the_config(grown_folder):
+    converted = json.loads((grown_folder / "converted" / "config.json").read_text())
+    record = converted["converted_from"]
+    assert record["model"] == "marian" and record["location"] == "local folder"  # a folder's name, not its path
+    assert (record["architecture"], record["license"]) == ("MarianMTModel", "cc-by-4.0")
+    assert record["converter"].startswith("hf-deep-nmt ") and "growth" not in converted
+    grown = json.loads((grown_folder / "grown" / "config.json").read_text())
+    assert grown["converted_from"] == record
+    assert grown["growth"] == [{"encoder_layers": [2, 4], "strategy": "top"}]
+    with pytest.raises(ValueError, match="`growth` must be a list of mappings or None, got 'top'"):
+        DeepNMTForConditionalGeneration.config_class(growth="top")
+
+
+def test_the_card_of_a_hub_source_links_it_and_says_when_its_licence_is_unknown(grown_folder):
+    from hf_deep_nmt.hub import render_model_card
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(grown_folder / "grown")
+    model.config.converted_from = {
+        "model": "Helsinki-NLP/opus-mt-xx-yy",
+        "location": "hub",
+        "revision": "0123abcd",
+        "architecture": "MarianMTModel",
+        "license": None,
+        "converter": "hf-deep-nmt 0.2.0 convert-marian",
+    }
+    card = str(render_model_card(model, "someone/deep-xx-yy"))
+    assert "base_model: Helsinki-NLP/opus-mt-xx-yy" in card and "license: unknown" in card
+    origin = card.split("## Origin")[1].split("## Method")[0]
+    assert (
+        "[`Helsinki-NLP/opus-mt-xx-yy`](https://huggingface.co/Helsinki-NLP/opus-mt-xx-yy) (revision `0123abcd`)"
+        in (origin)
+    )
+    assert "states no licence that could be read" in origin and "trained as described" not in origin
+    assert "license: mit" in str(render_model_card(model, "someone/deep-xx-yy", license="mit"))  # the caller's wins
+    model.config.converted_from, model.config.growth = None, None  # a model trained from scratch: no origin
+    plain = str(render_model_card(model, "someone/deep-xx-yy"))
+    assert "## Origin" not in plain and "license: apache-2.0" in plain
