@@ -36,22 +36,64 @@ from hf_deep_nmt.translate import check_translation_options
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
 
+DEFAULT_PRESET = "deep_nmt_dlcl"
+# What a newly trained joint tokenizer is when the recipe does not say.
+DEFAULT_TOKENIZER_SETTINGS = {"tokenizer_vocab_size": 8000, "tokenizer_model": "bpe"}
+
+
 @dataclass
 class ModelArguments:
-    model_type: str = field(
-        default="deep_nmt_dlcl", metadata={"help": f"Named preset to start from, one of {tuple(PRESETS)}."}
+    """The model and tokenizer: a fresh preset (`model_type` + `model_overrides`) with a joint tokenizer trained on the
+    training data, or a saved model (`model_name_or_path`: a folder, e.g. a converted and grown OPUS-MT model, or a Hub
+    id) whose config and weights are loaded as saved and whose tokenizer is used as it is.
+
+    `model_type`, `tokenizer_vocab_size` and `tokenizer_model` stay None when the recipe does not set them and the
+    run starts from a saved model (so that a recipe value can be told from a default and checked against the saved
+    model); for a fresh preset they take their defaults (`DEFAULT_PRESET`, `DEFAULT_TOKENIZER_SETTINGS`)."""
+
+    model_type: str | None = field(
+        default=None,
+        metadata={
+            "help": f"Named preset to start from, one of {tuple(PRESETS)} (default {DEFAULT_PRESET}); with "
+            "`model_name_or_path`, if given, it must be the saved model's."
+        },
     )
     model_overrides: dict[str, Any] = field(
-        default_factory=dict, metadata={"help": "Config fields that replace the preset's defaults (JSON object)."}
+        default_factory=dict,
+        metadata={
+            "help": "Config fields that replace the preset's defaults (JSON object); with `model_name_or_path`, each "
+            "must equal the saved model's value."
+        },
     )
     model_name_or_path: str | None = field(
-        default=None, metadata={"help": "Start from a saved model folder or Hub id instead of a fresh preset."}
+        default=None,
+        metadata={
+            "help": "Start from this saved model folder or Hub id (config, weights and tokenizer) instead of a fresh "
+            "preset, e.g. a folder written by `convert-marian` and grown with `grow_encoder`."
+        },
     )
     tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "Saved tokenizer; default: train a joint one on the training data."}
+        default=None,
+        metadata={"help": "Saved tokenizer; default: the saved model's, or a joint one trained on the training data."},
     )
-    tokenizer_vocab_size: int = field(default=8000, metadata={"help": "Size of a newly trained joint vocabulary."})
-    tokenizer_model: str = field(default="bpe", metadata={"help": "Subword model of a new tokenizer: bpe or unigram."})
+    tokenizer_vocab_size: int | None = field(
+        default=None, metadata={"help": "Size of a newly trained joint vocabulary (default 8000)."}
+    )
+    tokenizer_model: str | None = field(
+        default=None, metadata={"help": "Subword model of a new tokenizer: bpe (default) or unigram."}
+    )
+
+    def __post_init__(self):
+        if self.model_type is None and not self.model_name_or_path:
+            self.model_type = DEFAULT_PRESET
+        if not self.saved_tokenizer():
+            for name, default in DEFAULT_TOKENIZER_SETTINGS.items():
+                if getattr(self, name) is None:
+                    setattr(self, name, default)
+
+    def saved_tokenizer(self) -> str | None:
+        """The folder or Hub id the tokenizer is loaded from (None: a new one is trained)."""
+        return self.tokenizer_name_or_path or self.model_name_or_path
 
 
 @dataclass
@@ -324,8 +366,22 @@ MAX_EVALUATION_OUTPUT_TOKENS = 4096
 
 
 def check_model_arguments(model_args: ModelArguments) -> None:
-    """For a fresh preset (no `model_name_or_path`): `ValueError` for a preset that does not exist, an override that
-    is not a field of its config, or one whose value the config refuses (its own message, naming the value)."""
+    """`ValueError` for settings of a new tokenizer beside a saved one (they would be ignored); for a fresh preset (no
+    `model_name_or_path`), for a preset that does not exist, an override that is not a field of its config, or one
+    whose value the config refuses (its own message, naming the value). A saved model's folder and the recipe's
+    agreement with it are checked by `hf_deep_nmt.training.check_saved_model`."""
+    saved_tokenizer = model_args.saved_tokenizer()
+    if saved_tokenizer:
+        given = {name: getattr(model_args, name) for name in DEFAULT_TOKENIZER_SETTINGS}
+        given = {name: value for name, value in given.items() if value is not None}
+        if given:
+            source = "tokenizer_name_or_path" if model_args.tokenizer_name_or_path else "model_name_or_path"
+            settings = ", ".join(f"`{name}={value!r}`" for name, value in given.items())
+            raise ValueError(
+                f"{settings} would train a new tokenizer, but the tokenizer is the one saved at `{source}` "
+                f"{saved_tokenizer!r} and is used as it is; remove {'it' if len(given) == 1 else 'them'} from the "
+                "recipe."
+            )
     if model_args.model_name_or_path:
         return
     if model_args.model_type not in PRESETS:

@@ -1,5 +1,5 @@
-"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor|export-ctranslate2|upgrade-code`: thin
-command-line front ends over the library.
+"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor|export-ctranslate2|upgrade-code|
+convert-marian`: thin command-line front ends over the library.
 
 Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
 what was asked (a bad value, a missing or existing file), 1 for a run that failed (out of memory, a write error, no
@@ -437,6 +437,28 @@ def _upgrade_code(argv: list[str]) -> int:
     return 0
 
 
+def _convert_marian(argv: list[str]) -> int:
+    parser = _Parser(
+        prog="hf-deep-nmt convert-marian",
+        description="Write a model of this package that computes what a transformers MarianMTModel (an OPUS-MT model) "
+        "computes: same logits, same generation defaults, its tokenizer. Settings this package cannot express are "
+        "refused by name before anything is written.",
+    )
+    parser.add_argument("source", help="a MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)")
+    parser.add_argument("out", help="the folder to write")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace OUT when an earlier export or conversion wrote it"
+    )
+    args = parser.parse_args(argv)
+
+    from hf_deep_nmt.input_checks import check_local_path
+    from hf_deep_nmt.marian import convert_marian
+
+    check_local_path(args.source, "Model folder")
+    print(convert_marian(args.source, args.out, overwrite=args.overwrite))
+    return 0
+
+
 COMMANDS = {
     "train": _train,
     "train-staged": _train_staged,
@@ -447,6 +469,7 @@ COMMANDS = {
     "doctor": _doctor,
     "export-ctranslate2": _export_ctranslate2,
     "upgrade-code": _upgrade_code,
+    "convert-marian": _convert_marian,
 }
 
 
@@ -493,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
             "usage: hf-deep-nmt [--debug] {train | train-staged} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
-            "upgrade-code FOLDER_OR_REPO_ID [--dry-run]"
+            "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite]"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

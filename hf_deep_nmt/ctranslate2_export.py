@@ -1,8 +1,9 @@
 """Export to CTranslate2 (a C++ inference engine): the models its Transformer specification expresses exactly.
 
 What it expresses: pre- or post-norm stacks of residual layers, multi-head decoder self-attention, this package's
-sinusoidal positions (written into the model as a table, see below), scaled or unscaled token embeddings, shared or
-separate source/target embeddings, a tied or separate output layer, and the ReLU/GELU/SiLU/tanh/sigmoid activations.
+sinusoidal positions in either frequency setting (written into the model as a table, see below), scaled or unscaled
+token embeddings, shared or separate source/target embeddings, a tied or separate output layer with or without a bias
+(`output_bias`), and the ReLU/GELU/SiLU/tanh/sigmoid activations.
 What it does not, refused by name before any work (`ctranslate2_blockers`): DLCL and sparse (SDT) layer histories,
 MAtt and the AAN, MSC, and relative position keys (CTranslate2 applies relative keys *instead of* absolute positions
 in a stack, while these models add both; its asymmetric variant keeps the absolute ones but counts distances from the
@@ -165,7 +166,8 @@ def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenize
         spec.decoder.num_heads = spec.decoder.num_heads.dtype.type(config.decoder_attention_heads)
     network = model.model
     with torch.no_grad():
-        positions = DeepNMTSinusoidalPositions(config.d_model)(torch.arange(max_positions))
+        sinusoids = DeepNMTSinusoidalPositions(config.d_model, config.sinusoid_frequencies)
+        positions = sinusoids(torch.arange(max_positions))
     scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
     for stack_spec, stack in ((spec.encoder, network.encoder), (spec.decoder, network.decoder)):
         embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
@@ -182,6 +184,8 @@ def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenize
         _set_attention(layer_spec.attention, layer.encoder_attn, layer.encoder_attn_layer_norm, self_attention=False)
         _set_feed_forward(layer_spec.ffn, layer)
     spec.decoder.projection.weight = model.get_output_embeddings().weight
+    if model.get_output_embeddings().bias is not None:  # `output_bias` (a converted Marian model's logits bias)
+        spec.decoder.projection.bias = model.get_output_embeddings().bias
 
     tokens = _vocabulary(tokenizer, max(config.vocab_size, config.decoder_vocab_size))
     spec.register_source_vocabulary(tokens[: config.vocab_size])

@@ -59,7 +59,7 @@ def grow_encoder(
     """A copy of `model` (or of the model saved at that folder / Hub id) with a deeper encoder; `model` is unchanged.
 
     `num_new_layers` defaults to the block size of a sparse encoder. Everything outside the encoder layers and the
-    encoder's combination weights is copied unchanged."""
+    encoder's combination weights is copied unchanged; the config records the growth (`growth`, for the model card)."""
     if isinstance(model, (str, Path)):
         model = AutoModelForSeq2SeqLM.from_pretrained(model)
     config = getattr(model, "config", None)
@@ -80,6 +80,11 @@ def grow_encoder(
         raise ValueError("`interleave` moves every layer, which a DLCL history cannot follow; use 'top' or 'double'.")
 
     settings = {**config.to_dict(), "encoder_layers": len(sources)}
+    # recorded for the model card (`DeepNMTConfig.growth`): how the encoder came to its depth
+    step = {"encoder_layers": [old_layers, len(sources)], "strategy": strategy}
+    if reset_previous_block_norm and aggregation == "sparse":
+        step["reset_previous_block_norm"] = True
+    settings["growth"] = [*(config.growth or []), step]
     if aggregation == "sparse":
         old_boundaries = config.encoder_block_boundaries
         if strategy == "interleave":

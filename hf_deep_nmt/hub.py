@@ -35,6 +35,48 @@ def _cell(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+# The card's licence for a converted model whose source's card names none (a Hub licence identifier).
+UNKNOWN_LICENCE = "unknown"
+DEFAULT_LICENCE = "apache-2.0"
+
+
+def _origin_section(config, trained: bool) -> str:
+    """The card's "Origin" section for a converted and/or grown model (`converted_from`, `growth` in its config):
+    the source model, its licence, and each change made to it; empty for a model trained from scratch."""
+    origin, growth = getattr(config, "converted_from", None), getattr(config, "growth", None) or []
+    lines = []
+    if origin:
+        name = origin.get("model", "an unnamed model")
+        shown = f"[`{name}`](https://huggingface.co/{name})" if origin.get("location") == "hub" else f"`{name}`"
+        revision = f" (revision `{origin['revision']}`)" if origin.get("revision") else ""
+        licence = origin.get("license")
+        lines.append(
+            f"Converted from {shown}{revision}, a transformers `{origin.get('architecture', 'model')}`, with "
+            f"`{origin.get('converter', 'hf-deep-nmt convert-marian')}`: the converted model computes the same logits "
+            "and translations as the source (post-norm layers, Marian's sinusoidal positions, its logits bias if any, "
+            "special ids, generation config and tokenizer carried over; layer drop, which acts only in training, "
+            "and the source's position limit are not)."
+        )
+        lines.append(
+            f"Licence of the source model, as its model card states it: `{licence}`; this card's licence metadata "
+            "repeats it, since this model is derived from those weights."
+            if licence
+            else "The source model's card states no licence that could be read; this card's licence metadata says "
+            f"`{UNKNOWN_LICENCE}`. Check the source's terms before using or publishing this model."
+        )
+    for step in growth:
+        before, after = step.get("encoder_layers", ["?", "?"])
+        reset = ", the previous top block's LayerNorm reset" if step.get("reset_previous_block_norm") else ""
+        lines.append(
+            f"The encoder was grown from {before} to {after} layers with `grow_encoder` (strategy "
+            f"`{step.get('strategy')}`{reset}): the new layers start as copies of trained ones; the decoder, "
+            "embeddings and output layer are unchanged by growing."
+        )
+    if lines and trained:
+        lines.append("The weights were then trained as described under Training data.")
+    return "\n\n".join(lines)
+
+
 def render_model_card(
     model: PreTrainedModel,
     repo_id: str,
@@ -45,13 +87,21 @@ def render_model_card(
     eval_set: str = "validation",
     training_data: str = "",
     examples: list[dict[str, str]] | None = None,
-    license: str = "apache-2.0",
+    license: str | None = None,
     length_penalty_form: str = "fairseq",
     length_rule: tuple[float, int] | None = None,
 ) -> ModelCard:
     """Model card with Hub metadata (languages, tags, model-index with BLEU/chrF) from `model_cards/template.md`.
-    `length_rule` is the recipe's output cap relative to each source, `(max_length_a, max_length_b)`."""
+    `length_rule` is the recipe's output cap relative to each source, `(max_length_a, max_length_b)`.
+
+    A converted or grown model's card names its origin (the source model, its licence, how it was changed: see
+    `_origin_section`); `license` defaults to the source's licence for a converted model (`unknown` when its card
+    stated none), else apache-2.0, and a source on the Hub becomes the card's `base_model`."""
     config = model.config
+    origin = getattr(config, "converted_from", None) or {}
+    if license is None:
+        license = (origin.get("license") or UNKNOWN_LICENCE) if origin else DEFAULT_LICENCE
+    base_model = origin.get("model") if origin.get("location") == "hub" else None
     method = _card_file(f"methods/{METHOD_CARDS.get(config.model_type, 'deep_nmt')}.md")
     method_text, _, citation = method.partition(CITATION_MARKER)
     metrics = metrics or {}
@@ -81,6 +131,7 @@ def render_model_card(
         metrics=[{"bleu": "sacrebleu", "chrf": "chrf", "tok_bleu": "bleu"}[name] for name in results] or None,
         model_name=repo_id.split("/")[-1],
         eval_results=eval_results or None,
+        base_model=base_model,
     )
     architecture = {
         key: getattr(config, key)
@@ -130,6 +181,7 @@ def render_model_card(
         generate_cap=generate_cap,
         length_rule=length_rule,
         examples=examples,
+        origin_section=_origin_section(config, trained=bool(training_data or results)),
     )
 
 

@@ -34,6 +34,42 @@ def check_local_path(value: str | None, what: str) -> None:
         raise FileNotFoundError(f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id).")
 
 
+# A folder holds a tokenizer `AutoTokenizer` can load when it has one of these (a fast tokenizer's `tokenizer.json`;
+# the `tokenizer_config.json` beside it, or beside SentencePiece files such as OPUS-MT's `source.spm`).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def is_local_path(value: str) -> bool:
+    """Whether `value` names a local path: written as one (absolute, `./`, `../`, `~`) or existing here. Anything
+    else is a Hub id (`from_pretrained` also prefers an existing local folder to a repository of the same name)."""
+    text = str(value)
+    return text.startswith(("/", "./", "../", "~", ".\\", "..\\")) or Path(text).expanduser().exists()
+
+
+def check_saved_model_folder(value: str, what: str, need_tokenizer: bool) -> Path | None:
+    """`FileNotFoundError` naming `what` and `value` when a local model folder does not exist, is not a folder, has no
+    `config.json`, or (`need_tokenizer`) no tokenizer files. Returns the folder; None for a Hub id (left to
+    `from_pretrained`)."""
+    if not is_local_path(value):
+        return None
+    folder = Path(str(value)).expanduser()
+    if not folder.exists():
+        raise FileNotFoundError(f"{what} {str(value)!r} does not exist (a local folder was given, not a Hub id).")
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{what} {str(value)!r} is a file, not a saved model folder.")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{what} {str(value)!r} has no config.json: it is not a saved model folder (save one with "
+            "`save_pretrained`, or convert a Marian model with `hf-deep-nmt convert-marian`)."
+        )
+    if need_tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{what} {str(value)!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the model's "
+            "tokenizer into it (`tokenizer.save_pretrained`), or name it with `tokenizer_name_or_path`."
+        )
+    return folder
+
+
 def check_tokenizer_matches(model, tokenizer) -> None:
     """`ValueError` when the tokenizer can produce ids the model has no embedding for, or when the two disagree on
     the padding / end-of-sentence ids (decoding would then stop or mask at the wrong token)."""

@@ -71,6 +71,12 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run_staged(model_args, data_args, export_args, training_args, stages, folder: RunFolder) -> dict[str, Any]:
+    if model_args.model_name_or_path:
+        raise ValueError(
+            f"`hf-deep-nmt train-staged` trains its first stage from a fresh `model_type` preset; it cannot start "
+            f"from the saved model `model_name_or_path` {model_args.model_name_or_path!r}. Grow a saved model with "
+            "`grow_encoder` and train it with `hf-deep-nmt train` and `model_name_or_path` instead."
+        )
     check_before_work(model_args, data_args, export_args, training_args)
     # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
     folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)

@@ -54,6 +54,7 @@ from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.input_checks import (
     check_local_path,
     check_run_folders,
+    check_saved_model_folder,
     check_tokenizer_matches,
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
@@ -119,9 +120,12 @@ def check_before_work(
     training_args: DeepNMTTrainingArguments,
 ) -> None:
     """Everything that would otherwise fail only after data and tokenizer are prepared or after training: the preset
-    and its overrides (`check_model_arguments`), the settings (`check_arguments`), then the folders
-    (`check_run_folders`, the export folder). Loads nothing and changes nothing."""
+    and its overrides (`check_model_arguments`), or the saved model to start from and the recipe's agreement with it
+    (`check_saved_model`, which reads its config), the settings (`check_arguments`), then the folders
+    (`check_run_folders`, the export folder). Loads no weights and no data, and changes nothing."""
     check_model_arguments(model_args)
+    if model_args.model_name_or_path:
+        check_saved_model(model_args)
     check_arguments(data_args, export_args, training_args)
     protected = check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files())
     if export_args.export_dir:
@@ -185,7 +189,7 @@ def prepare(
 def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None = None) -> PreTrainedTokenizerBase:
     """The saved model's or the given tokenizer; else the one saved in `tokenizer_dir` by an earlier run; else a joint
     tokenizer trained on the training split (and saved in `tokenizer_dir`)."""
-    saved_tokenizer = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
         check_local_path(saved_tokenizer, "Tokenizer folder")
         tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
@@ -218,15 +222,54 @@ def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrained
         )
 
 
+def check_saved_model(model_args: ModelArguments):
+    """The config of the saved model a run starts from (`model_name_or_path`), after checking that the folder holds a
+    config and, unless `tokenizer_name_or_path` names another, a tokenizer; that it is a model of this package; and
+    that the recipe's `model_type` and `model_overrides`, where given, are the saved model's (the model is loaded as
+    saved: a recipe value that differs would be ignored). Each failure names the value. A Hub id's config is
+    downloaded."""
+    path = model_args.model_name_or_path
+    what = "`model_name_or_path`"
+    check_saved_model_folder(path, what, need_tokenizer=not model_args.tokenizer_name_or_path)
+    config = AutoConfig.from_pretrained(path)
+    if type(config) not in MODEL_CLASSES:
+        hint = " (convert it first with `hf-deep-nmt convert-marian`)" if config.model_type == "marian" else ""
+        raise ValueError(
+            f"{what} {path!r} is a {type(config).__name__} (model_type {config.model_type!r}), not a model of this "
+            f"package (one of {tuple(PRESETS)}){hint}."
+        )
+    check_recipe_agrees_with_saved_model(model_args, config)
+    return config
+
+
+def check_recipe_agrees_with_saved_model(model_args: ModelArguments, config) -> None:
+    """`ValueError` naming both values for a `model_type` or a `model_overrides` entry of the recipe that is not the
+    saved model's."""
+    path, what = model_args.model_name_or_path, "`model_name_or_path`"
+    problems = []
+    if model_args.model_type is not None and model_args.model_type != config.model_type:
+        problems.append(f"`model_type` is {model_args.model_type!r} but the saved model's is {config.model_type!r}")
+    missing = object()
+    for key, value in model_args.model_overrides.items():
+        saved = getattr(config, key, missing)
+        if saved is missing or saved != value:
+            shown = "no such setting" if saved is missing else repr(saved)
+            problems.append(f"`model_overrides.{key}` is {value!r} but the saved model has {shown}")
+    if problems:
+        raise ValueError(
+            f"The recipe contradicts the saved model {what} {path!r}: {'; '.join(problems)}. A saved model is "
+            "loaded as it was saved: remove these settings from the recipe or make them the saved model's."
+        )
+
+
 def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
-    """A fresh model from a named preset plus overrides, sized to the tokenizer; or a saved model."""
+    """A fresh model from a named preset plus overrides, sized to the tokenizer; or the saved model of
+    `model_name_or_path` as saved (`check_saved_model`)."""
     if model_args.model_name_or_path:
         check_local_path(model_args.model_name_or_path, "`model_name_or_path`")
-        if model_args.model_overrides:
-            raise ValueError(
-                f"`model_overrides` ({sorted(model_args.model_overrides)}) apply to a fresh `model_type` preset, not "
-                f"to the saved model {model_args.model_name_or_path!r}; remove one of the two."
-            )
+        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+        if type(config) in MODEL_CLASSES:  # anything else: AutoModelForSeq2SeqLM names what it cannot load
+            check_recipe_agrees_with_saved_model(model_args, config)
         return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
     config = build_config(model_args, tokenizer)
     return MODEL_CLASSES[type(config)](config)

@@ -41,6 +41,13 @@ EARLIER_CACHE_LAYER_TYPES = ("deep_nmt_average", "deep_nmt_msc")
 MSC_CONTEXTS = ("gru", "gru_per_block", "ffn", "ffn_per_block", "block_output", "none")
 MSC_CONTEXT_SIDES = ("encoder_and_decoder", "encoder")
 MSC_FUSIONS = ("gate", "add")
+# Frequencies of the sinusoidal positions (sin in the first half of the vector, cos in the second, both layouts):
+# fairseq's 10000^(-i / (d/2 - 1)) for pair i, or 10000^(-2i / d) as Marian and transformers' MarianMTModel compute it.
+SINUSOID_FREQUENCIES = ("fairseq", "marian")
+# Settings new in 0.2.0 (not yet released) that 0.1.0 did not have: `to_dict` (and so `config.json`) holds them only
+# when they differ from their defaults, so a model that does not use them gets no key for them: as far as these
+# settings go, its config is what 0.1.0 wrote, and the 0.1.0 model code published on the Hub still loads it.
+LATER_SETTINGS = ("sinusoid_frequencies", "output_bias", "converted_from", "growth")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
 # `PreTrainedConfig` itself: not unknown keys.
@@ -121,6 +128,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
     **dict.fromkeys(
         (
             "scale_embedding",
+            "output_bias",
             "share_embeddings",
             "tie_word_embeddings",
             "pre_norm",
@@ -137,6 +145,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
         "a finite number >= 0 (0 = off)", lambda value: _is_number(value) and 0.0 <= value < math.inf
     ),
     "activation_function": _choice(ACTIVATIONS),
+    "sinusoid_frequencies": _choice(SINUSOID_FREQUENCIES),
     # the global aggregation before the per-stack ones, which default to it
     "layer_aggregation": _choice(LAYER_AGGREGATIONS),
     "encoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
@@ -147,6 +156,11 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "decoder_self_attention": _choice(DECODER_SELF_ATTENTIONS),
     "ds_init_alpha": FieldKind("a number in (0, 1]", lambda value: _is_number(value) and 0.0 < value <= 1.0),
     "layer_norm_eps": FieldKind("a positive number", lambda value: _is_number(value) and value > 0),
+    "converted_from": FieldKind("a mapping or None", lambda value: value is None or isinstance(value, dict)),
+    "growth": FieldKind(
+        "a list of mappings or None",
+        lambda value: value is None or (isinstance(value, list) and all(isinstance(step, dict) for step in value)),
+    ),
 }
 
 
@@ -290,6 +304,15 @@ def _block_boundaries_cut_their_stack(config: DeepNMTConfig) -> str | None:
     return None
 
 
+def _marian_sinusoids_have_an_even_width(config: DeepNMTConfig) -> str | None:
+    if config.sinusoid_frequencies == "marian" and config.d_model % 2:
+        return (
+            f"`sinusoid_frequencies='marian'` needs an even `d_model` (sin and cos halves of equal width), got "
+            f"{config.d_model}."
+        )
+    return None
+
+
 def _token_ids_are_in_their_vocabulary(config: DeepNMTConfig) -> str | None:
     # pad/bos/eos are used on both sides; decoding starts in the target vocabulary.
     shared_ids = min(config.vocab_size, config.decoder_vocab_size)
@@ -313,6 +336,7 @@ STRUCTURAL_RULES = (
     _msc_decoder_is_not_merged,
     _heads_divide_the_width,
     _shared_embeddings_have_one_vocabulary,
+    _marian_sinusoids_have_an_even_width,
     _block_boundaries_cut_their_stack,
     _token_ids_are_in_their_vocabulary,
 )
@@ -460,6 +484,15 @@ class DeepNMTConfig(PreTrainedConfig):
             Dropout after the feed-forward activation.
         scale_embedding (`bool`, *optional*, defaults to `True`):
             Multiply token embeddings by sqrt(d_model) before adding the sinusoidal positions.
+        sinusoid_frequencies (`str`, *optional*, defaults to `"fairseq"`):
+            Frequencies of the sinusoidal positions, which put the sines in the first half of the vector and the
+            cosines in the second, counting positions from 0: `"fairseq"`, 10000^(-i / (d_model/2 - 1)) for the i-th
+            pair (fairseq, tensor2tensor), or `"marian"`, 10000^(-2i / d_model) (Marian and transformers'
+            `MarianMTModel`; computed in float64 as it is, on devices that have float64; even `d_model` only). Written
+            into `config.json` only when not the default.
+        output_bias (`bool`, *optional*, defaults to `False`):
+            Add a bias to the output logits (Marian's `final_logits_bias`; trained like every other parameter).
+            Written into `config.json` only when set.
         share_embeddings (`bool`, *optional*, defaults to `True`):
             One embedding matrix for source and target (joint vocabulary).
         tie_word_embeddings (`bool`, *optional*, defaults to `True`):
@@ -544,6 +577,13 @@ class DeepNMTConfig(PreTrainedConfig):
             weights or relative-position tables). MSC's 72-layer IWSLT system uses 1e-5.
         layer_norm_eps (`float`, *optional*, defaults to 1e-5):
             Epsilon of every LayerNorm.
+        converted_from (`dict`, *optional*):
+            Where a converted model came from (`hf-deep-nmt convert-marian` sets it: the source's Hub id or folder
+            name, revision, class and licence as its card states it). A record for the model card; computes nothing,
+            and is kept by growing, training and exporting. Written into `config.json` only when set.
+        growth (`list[dict]`, *optional*):
+            One record per `grow_encoder` call (encoder layers before and after, strategy): a record for the model
+            card, computes nothing. Written into `config.json` only when set.
         sdpa_avoid_cudnn (`bool`, *optional*, defaults to `True`):
             Keep attention calls that pass a mask on CUDA off PyTorch's cuDNN SDPA backend (flash, memory-efficient
             and math kernels stay allowed): its backward returns NaN gradients at padded lengths of 64 mod 128
@@ -579,6 +619,8 @@ class DeepNMTConfig(PreTrainedConfig):
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     scale_embedding: bool = True
+    sinusoid_frequencies: str = "fairseq"
+    output_bias: bool = False
     share_embeddings: bool = True
     tie_word_embeddings: bool = True
     pre_norm: bool = True
@@ -604,6 +646,8 @@ class DeepNMTConfig(PreTrainedConfig):
     encoder_l2_lambda: float = 0.0
     layer_norm_eps: float = 1e-5
     sdpa_avoid_cudnn: bool = True
+    converted_from: dict | None = None
+    growth: list[dict] | None = None
     use_cache: bool = True
     is_encoder_decoder: bool = True
     pad_token_id: int | None = 1
@@ -638,6 +682,14 @@ class DeepNMTConfig(PreTrainedConfig):
         for size in blocks:
             boundaries.append(boundaries[-1] + size)
         return boundaries
+
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        defaults = DeepNMTConfig.__dataclass_fields__
+        for field in LATER_SETTINGS:
+            if field in output and output[field] == defaults[field].default:
+                del output[field]
+        return output
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
         # Beside the translation model (named in `auto_map` by the model's `save_pretrained`, which also writes the
@@ -872,6 +924,7 @@ __all__ = [
     "DS_INIT_MODES",
     "INIT_SCHEMES",
     "LAYER_AGGREGATIONS",
+    "SINUSOID_FREQUENCIES",
     "DeepNMTConfig",
     "DeepNMTGenerationConfig",
     "DlclConfig",

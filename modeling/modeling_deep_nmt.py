@@ -441,14 +441,24 @@ def check_extra_arguments(module: nn.Module, arguments: dict) -> None:
 
 
 class DeepNMTSinusoidalPositions(nn.Module):
-    """Sinusoidal positions (sin in the first half, cos in the second), computed for any position on the fly."""
+    """Sinusoidal positions (sin in the first half, cos in the second), computed for any position on the fly.
 
-    def __init__(self, d_model: int):
+    `frequencies` (`config.sinusoid_frequencies`): `"fairseq"`, 10000^(-i / (d/2 - 1)) for pair i, in float32; or
+    `"marian"`, 10000^(-2i / d) as transformers' `MarianMTModel` builds its table: angles and sines in float64 (float32
+    on MPS, which has no float64), the table then in float32."""
+
+    def __init__(self, d_model: int, frequencies: str = "fairseq"):
         super().__init__()
         self.d_model = d_model
+        self.frequencies = frequencies
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         half = self.d_model // 2
+        if self.frequencies == "marian":
+            dtype = torch.float32 if positions.device.type == "mps" else torch.float64
+            exponents = torch.arange(half, device=positions.device, dtype=dtype) * (2.0 / self.d_model)
+            angles = positions.to(dtype)[:, None] / torch.pow(10000.0, exponents)[None, :]  # (seq_len, half)
+            return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1).float()
         scale = math.log(10000.0) / max(half - 1, 1)
         inv_freq = torch.exp(torch.arange(half, device=positions.device, dtype=torch.float32) * -scale)
         angles = positions.float()[:, None] * inv_freq[None, :]  # (seq_len, half)
@@ -1429,7 +1439,7 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         self.dropout = config.dropout
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
-        self.embed_positions = DeepNMTSinusoidalPositions(config.d_model)
+        self.embed_positions = DeepNMTSinusoidalPositions(config.d_model, config.sinusoid_frequencies)
         self.history = LAYER_AGGREGATION_CLASSES[aggregation](config, num_layers, boundaries)
         # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
         # post-norm output row.
@@ -1745,7 +1755,8 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             )
         super().__init__(config)
         self.model = DeepNMTModel(config)
-        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
+        # `output_bias`: a bias on the logits (Marian's `final_logits_bias`)
+        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=config.output_bias)
         source = "model.shared.weight" if config.share_embeddings else "model.decoder.embed_tokens.weight"
         self._tied_weights_keys = {"lm_head.weight": source}
         if config.share_embeddings:

@@ -222,3 +222,42 @@ def test_bad_budgets_and_repeats_are_refused_before_any_run(perf, capsys, argume
         perf.main(["--smoke", "--sections", "throughput", *arguments])
     assert refused.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+WARM_START = Path(__file__).resolve().parent.parent / "benchmarks" / "marian_warm_start.py"
+
+
+def test_marian_warm_start_smoke_run_reports_the_three_models(tmp_path):
+    """benchmarks/marian_warm_start.py at its smoke size: a built Marian model converts with equal logits, grows, and
+    the converted, continued shallow and grown models are fine-tuned through `hf-deep-nmt train` and scored."""
+    spec = importlib.util.spec_from_file_location("marian_warm_start", WARM_START)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        results = module.main(
+            ["--smoke", "--threads", "1", "--workdir", str(tmp_path), "--json", str(tmp_path / "r.json")]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "r.json").read_text())["models"] == results["models"]
+    assert results["converted_logits_max_abs_difference"] <= module.LOGITS_TOLERANCE
+    models = results["models"]
+    assert list(models) == ["converted", "continued shallow", "grown"]
+    assert models["grown"]["encoder_layers"] == 2 * models["converted"]["encoder_layers"]
+    assert models["converted"]["validation_loss"] == pytest.approx(models["converted"]["marian_validation_loss"])
+    for name in ("continued shallow", "grown"):
+        assert models[name]["validation_loss"] != models["converted"]["validation_loss"]  # fine-tuned
+    assert all(0.0 <= row["sacrebleu"] <= 100.0 for row in models.values())
+    assert results["table"].count("\n") == 4  # header, rule, three rows
+    # --source: a given MarianMTModel (here the one just built and saved) instead of building and pretraining one
+    again = tmp_path / "again"
+    try:
+        given = module.main(
+            ["--smoke", "--threads", "1", "--source", str(tmp_path / "marian"), "--workdir", str(again), "--json",
+             str(again / "r.json")]
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert given["pretrain_losses_every_50_steps"] is None
+    assert given["models"]["converted"]["validation_loss"] == models["converted"]["validation_loss"]

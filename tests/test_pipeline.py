@@ -374,11 +374,17 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypa
     assert (tmp_path / "export" / "keep.txt").read_text() == "user data"
 
 
-def test_overrides_cannot_be_combined_with_a_saved_model(tokenizer):
+def test_overrides_of_a_saved_model_must_be_its_own_values(tokenizer, tmp_path):
     from hf_deep_nmt.arguments import ModelArguments
 
-    with pytest.raises(ValueError, match=r"`model_overrides` \(\['d_model'\]\) apply to a fresh"):
-        build_model(ModelArguments(model_name_or_path="some/model", model_overrides={"d_model": 8}), tokenizer)
+    tiny_model(tokenizer).save_pretrained(tmp_path / "saved")
+    saved = str(tmp_path / "saved")
+    with pytest.raises(ValueError, match=r"`model_overrides.d_model` is 8 but the saved model has 32"):
+        build_model(ModelArguments(model_name_or_path=saved, model_overrides={"d_model": 8}), tokenizer)
+    with pytest.raises(ValueError, match=r"`model_type` is 'deep_nmt_sdt' but the saved model's is 'deep_nmt_dlcl'"):
+        build_model(ModelArguments(model_name_or_path=saved, model_type="deep_nmt_sdt"), tokenizer)
+    same = ModelArguments(model_name_or_path=saved, model_type="deep_nmt_dlcl", model_overrides={"d_model": 32})
+    assert build_model(same, tokenizer).config.d_model == 32
 
 
 def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys):
