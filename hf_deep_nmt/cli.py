@@ -1,5 +1,5 @@
 """`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor|export-ctranslate2|upgrade-code|
-convert-marian`: thin command-line front ends over the library.
+convert-marian|grow`: thin command-line front ends over the library.
 
 Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
 what was asked (a bad value, a missing or existing file), 1 for a run that failed (out of memory, a write error, no
@@ -403,6 +403,54 @@ def _export_ctranslate2(argv: list[str]) -> int:
     return 0
 
 
+def _grow(argv: list[str]) -> int:
+    from hf_deep_nmt.growing import GROWTH_STRATEGIES
+
+    parser = _Parser(
+        prog="hf-deep-nmt grow",
+        description="Write a copy of a saved model with a deeper encoder (SDT growth by copying layers), with its "
+        "tokenizer: a folder `hf-deep-nmt train` starts from with `model_name_or_path` (e.g. a converted Marian "
+        "model). The source folder is not changed.",
+    )
+    parser.add_argument("model", help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument(
+        "out", help="folder for the grown model; an existing non-empty one is refused (see --overwrite)"
+    )
+    parser.add_argument(
+        "--layers", type=_at_least(1), default=None, help="encoder layers to add (default: a sparse encoder's block)"
+    )
+    parser.add_argument(
+        "--strategy", choices=GROWTH_STRATEGIES, default="top", help="which layers are copied (default: top)"
+    )
+    parser.add_argument(
+        "--reset-previous-block-norm", action="store_true", help="sparse encoders: see grow_encoder's docstring"
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace OUT when it holds an earlier result of hf-deep-nmt only"
+    )
+    args = parser.parse_args(argv)
+
+    from hf_deep_nmt.growing import grow_encoder
+    from hf_deep_nmt.hub import check_export_folder, write_marked_folder
+
+    protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
+    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
+    _check_model_source(args.model)
+    model, tokenizer = _load(args.model, "cpu")
+    before = model.config.encoder_layers
+    grown = grow_encoder(
+        model, args.layers, strategy=args.strategy, reset_previous_block_norm=args.reset_previous_block_norm
+    )
+
+    def write(staging: Path) -> None:
+        grown.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+
+    write_marked_folder(args.out, write, overwrite=args.overwrite, flag="--overwrite", protected=protected)
+    print(f"{args.out}: encoder {before} -> {grown.config.encoder_layers} layers ({args.strategy})")
+    return 0
+
+
 def _upgrade_code(argv: list[str]) -> int:
     from hf_deep_nmt.upgrade_code import DEFAULT_NUM_CHECKS
 
@@ -470,6 +518,7 @@ COMMANDS = {
     "export-ctranslate2": _export_ctranslate2,
     "upgrade-code": _upgrade_code,
     "convert-marian": _convert_marian,
+    "grow": _grow,
 }
 
 
@@ -516,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
             "usage: hf-deep-nmt [--debug] {train | train-staged} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
-            "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite]"
+            "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite] | "
+            "grow MODEL OUT --layers N [--strategy top]"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -213,6 +214,7 @@ def test_save_and_load_give_the_same_model(converted, tmp_path):
 
 REMOTE_SCRIPT = """
 import sys
+from pathlib import Path
 
 sys.modules["hf_deep_nmt"] = None  # the folder's own code must run, as on a machine without the package
 
@@ -404,9 +406,28 @@ def grown_folder(tmp_path_factory):
         "---\nlicense: cc-by-4.0\nlanguage: [es, en]\n---\n# A Marian model\n"
     )
     converted = convert_marian(folder / "marian", folder / "converted")
-    grow_encoder(converted, num_new_layers=2, strategy="top").save_pretrained(folder / "grown")
-    AutoTokenizer.from_pretrained(converted).save_pretrained(folder / "grown")
+    assert main(["grow", str(converted), str(folder / "grown"), "--layers", "2", "--strategy", "top"]) == 0
+    # The command writes what the library function gives, with the tokenizer beside it.
+    expected = grow_encoder(converted, num_new_layers=2, strategy="top").state_dict()
+    grown = AutoModelForSeq2SeqLM.from_pretrained(folder / "grown").state_dict()
+    assert expected.keys() == grown.keys() and all(torch.equal(expected[key], grown[key]) for key in expected)
+    assert (folder / "grown" / "tokenizer.json").read_bytes() == (Path(converted) / "tokenizer.json").read_bytes()
     return folder
+
+
+def test_the_grow_command_refuses_what_it_must_not_write(grown_folder, capsys):
+    converted, grown = grown_folder / "converted", grown_folder / "grown"
+    before = sorted(path.name for path in converted.iterdir())
+    assert main(["grow", str(converted), str(grown), "--layers", "2"]) == 2  # exists
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["grow", str(converted), str(converted), "--layers", "2", "--overwrite"]) == 2  # its own source
+    assert "is the model folder" in capsys.readouterr().err
+    assert main(["grow", str(converted), str(grown_folder / "x"), "--layers", "2", "--strategy", "sideways"]) == 2
+    assert "invalid choice: 'sideways'" in capsys.readouterr().err
+    assert main(["grow", str(converted), str(grown_folder / "y"), "--layers", "0"]) == 2
+    assert "--layers" in capsys.readouterr().err
+    assert sorted(path.name for path in converted.iterdir()) == before
+    assert not (grown_folder / "x").exists() and not (grown_folder / "y").exists()
 
 
 def warm_start_arguments(folder, output: str, *extra: str) -> list[str]:
