@@ -404,7 +404,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
 
 
 def _grow(argv: list[str]) -> int:
-    from hf_deep_nmt.growing import GROWTH_STRATEGIES
+    from hf_deep_nmt.growing import EXACT_AGGREGATIONS, GROWTH_STRATEGIES
 
     parser = _Parser(
         prog="hf-deep-nmt grow",
@@ -426,6 +426,13 @@ def _grow(argv: list[str]) -> int:
         "--reset-previous-block-norm", action="store_true", help="sparse encoders: see grow_encoder's docstring"
     )
     parser.add_argument(
+        "--aggregation",
+        choices=EXACT_AGGREGATIONS,
+        default=None,
+        help="first turn a residual encoder into a DLCL or sparse one computing the same function "
+        "(with_layer_aggregation), then grow it",
+    )
+    parser.add_argument(
         "--overwrite", action="store_true", help="replace OUT when it holds an earlier result of hf-deep-nmt only"
     )
     args = parser.parse_args(argv)
@@ -439,7 +446,11 @@ def _grow(argv: list[str]) -> int:
     model, tokenizer = _load(args.model, "cpu")
     before = model.config.encoder_layers
     grown = grow_encoder(
-        model, args.layers, strategy=args.strategy, reset_previous_block_norm=args.reset_previous_block_norm
+        model,
+        args.layers,
+        strategy=args.strategy,
+        reset_previous_block_norm=args.reset_previous_block_norm,
+        aggregation=args.aggregation,
     )
 
     def write(staging: Path) -> None:
@@ -447,7 +458,8 @@ def _grow(argv: list[str]) -> int:
         tokenizer.save_pretrained(staging)
 
     write_marked_folder(args.out, write, overwrite=args.overwrite, flag="--overwrite", protected=protected)
-    print(f"{args.out}: encoder {before} -> {grown.config.encoder_layers} layers ({args.strategy})")
+    wiring = f", {args.aggregation} aggregation" if args.aggregation else ""
+    print(f"{args.out}: encoder {before} -> {grown.config.encoder_layers} layers ({args.strategy}{wiring})")
     return 0
 
 
@@ -566,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
             "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite] | "
-            "grow MODEL OUT --layers N [--strategy top]"
+            "grow MODEL OUT --layers N [--strategy top] [--aggregation dlcl|sparse]"
         )
         print(usage, file=sys.stderr)
         return 2 if argv and argv[0] not in ("-h", "--help") else 0

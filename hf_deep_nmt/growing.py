@@ -13,6 +13,10 @@ one row and column, old entries kept, the new output row uniform (1/(B+2)), and 
 the old top block's (optionally the old one is then reset, as the reference code does). A `"dlcl"` encoder grows one
 row per new layer the same way, each new LayerNorm copied from the one of the layer it copies. `"interleave"` moves
 every old layer, so it is only offered for residual and sparse encoders.
+
+`with_layer_aggregation` turns a residual stack into a DLCL or sparse one that computes exactly the same function
+(the combination weights the identity, no history LayerNorms), so a residual model, e.g. a converted Marian one, can
+be grown and trained with layer connections: `grow_encoder(..., aggregation="dlcl")` does it before growing.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
 
 GROWTH_STRATEGIES = ("top", "top_only", "double", "interleave")
+EXACT_AGGREGATIONS = ("dlcl", "sparse")  # what `with_layer_aggregation` turns a residual stack into
 
 
 def source_layers(num_layers: int, num_new: int, strategy: str) -> list[int]:
@@ -50,26 +55,104 @@ def source_layers(num_layers: int, num_new: int, strategy: str) -> list[int]:
     return [index for index in old for _ in range(2)]
 
 
+def _package_model(model: PreTrainedModel | str | Path, caller: str) -> PreTrainedModel:
+    """`model`, or the model saved at that folder / Hub id, checked to be a non-MSC model of this package."""
+    if isinstance(model, (str, Path)):
+        model = AutoModelForSeq2SeqLM.from_pretrained(model)
+    config = getattr(model, "config", None)
+    if not isinstance(config, DeepNMTConfig) or type(config) not in MODEL_CLASSES:
+        raise TypeError(f"{caller} needs a model of this package, got {type(model).__name__}.")
+    if config.msc_block_layers is not None:
+        raise ValueError(
+            f"{caller} does not apply to MSC models (msc_block_layers={config.msc_block_layers!r}): each encoder "
+            "block is tied to a decoder layer, so a new block would need a new decoder layer too."
+        )
+    return model
+
+
+def with_layer_aggregation(
+    model: PreTrainedModel | str | Path,
+    aggregation: str,
+    stack: str = "encoder",
+    block_boundaries: list[int] | None = None,
+) -> PreTrainedModel:
+    """A copy of `model` (or of the model saved at that folder / Hub id) whose residual `stack` ("encoder" or
+    "decoder") combines its layers with `aggregation` ("dlcl" or "sparse") and computes exactly the same function;
+    `model` is unchanged.
+
+    A DLCL or sparse stack whose combination matrix is the identity (`W[r, r] = 1`, all else 0) without history
+    LayerNorms (`dlcl_history_norm=False`) feeds every layer the output of the layer below and returns the top
+    layer's output, in pre-norm and post-norm alike: the residual network. Training then learns the weights from there.
+    A sparse stack is one block (`[0, L]`, what growing adds a block to) unless `block_boundaries` are given: any
+    boundaries are exact, since the layers inside a block chain as a residual stack.
+
+    Refused by name: a stack that is not residual (there is nothing to keep exact there), MSC models, and a model whose
+    other stack already uses DLCL with history LayerNorms or constant weights (`dlcl_history_norm` and `dlcl_weights`
+    are one setting for both stacks, and the exact combination needs them off and learned)."""
+    model = _package_model(model, "with_layer_aggregation")
+    config = model.config
+    if stack not in ("encoder", "decoder"):
+        raise ValueError(f"`stack` must be 'encoder' or 'decoder', got {stack!r}.")
+    if aggregation not in EXACT_AGGREGATIONS:
+        raise ValueError(f"`aggregation` must be one of {EXACT_AGGREGATIONS}, got {aggregation!r}.")
+    current = getattr(config, f"{stack}_layer_aggregation")
+    if current != "residual":
+        raise ValueError(
+            f"with_layer_aggregation changes a residual stack; the {stack} already uses {current!r} aggregation."
+        )
+    if block_boundaries is not None and aggregation != "sparse":
+        raise ValueError("`block_boundaries` only apply to `aggregation='sparse'`.")
+    other = "decoder" if stack == "encoder" else "encoder"
+    if getattr(config, f"{other}_layer_aggregation") in EXACT_AGGREGATIONS and (
+        config.dlcl_history_norm or config.dlcl_weights != "learned"
+    ):
+        raise ValueError(
+            f"The {other} uses {getattr(config, f'{other}_layer_aggregation')!r} aggregation with "
+            f"dlcl_history_norm={config.dlcl_history_norm!r}, dlcl_weights={config.dlcl_weights!r}: these settings "
+            f"are shared by both stacks, and an exact {aggregation!r} {stack} needs dlcl_history_norm=False and "
+            "learned weights, which would change the other stack."
+        )
+    layers = getattr(config, f"{stack}_layers")
+    settings = {**config.to_dict(), f"{stack}_layer_aggregation": aggregation, "dlcl_history_norm": False}
+    if aggregation == "sparse":
+        settings[f"{stack}_block_boundaries"] = list(block_boundaries) if block_boundaries else [0, layers]
+    if settings["layer_aggregation"] not in (
+        settings["encoder_layer_aggregation"],
+        settings["decoder_layer_aggregation"],
+    ):
+        settings["layer_aggregation"] = aggregation  # the shared default no stack uses any more
+    # recorded for the model card (`DeepNMTConfig.growth`): how the model came to its wiring
+    settings["growth"] = [*(config.growth or []), {"layer_aggregation": ["residual", aggregation], "stack": stack}]
+    changed = MODEL_CLASSES[type(config)](type(config).from_dict(settings))
+    changed.generation_config = copy.deepcopy(model.generation_config)
+    history = getattr(changed.model, stack).history
+    _copy_all_but(model, changed, (), (history,))
+    with torch.no_grad():
+        history.weight.copy_(torch.eye(history.weight.shape[0]))
+    return changed.train(model.training)
+
+
 def grow_encoder(
     model: PreTrainedModel | str | Path,
     num_new_layers: int | None = None,
     strategy: str = "top",
     reset_previous_block_norm: bool = False,
+    aggregation: str | None = None,
 ) -> PreTrainedModel:
     """A copy of `model` (or of the model saved at that folder / Hub id) with a deeper encoder; `model` is unchanged.
 
     `num_new_layers` defaults to the block size of a sparse encoder. Everything outside the encoder layers and the
-    encoder's combination weights is copied unchanged; the config records the growth (`growth`, for the model card)."""
-    if isinstance(model, (str, Path)):
-        model = AutoModelForSeq2SeqLM.from_pretrained(model)
-    config = getattr(model, "config", None)
-    if not isinstance(config, DeepNMTConfig) or type(config) not in MODEL_CLASSES:
-        raise TypeError(f"grow_encoder needs a model of this package, got {type(model).__name__}.")
-    if config.msc_block_layers is not None:
-        raise ValueError(
-            f"grow_encoder does not apply to MSC models (msc_block_layers={config.msc_block_layers!r}): each encoder "
-            "block is tied to a decoder layer, so a new block would need a new decoder layer too."
-        )
+    encoder's combination weights is copied unchanged; the config records the growth (`growth`, for the model card).
+    `aggregation` ("dlcl" or "sparse") first turns a residual encoder into one with that aggregation computing the
+    same function (`with_layer_aggregation`), then grows it."""
+    model = _package_model(model, "grow_encoder")
+    if aggregation is not None:
+        if strategy == "interleave" and aggregation == "dlcl":  # refused before the conversion's work
+            raise ValueError(
+                "`interleave` moves every layer, which a DLCL history cannot follow; use 'top' or 'double'."
+            )
+        model = with_layer_aggregation(model, aggregation, "encoder")
+    config = model.config
     aggregation, old_layers = config.encoder_layer_aggregation, config.encoder_layers
     if num_new_layers is None:
         if aggregation != "sparse":

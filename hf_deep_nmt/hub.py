@@ -65,6 +65,15 @@ def _origin_section(config, trained: bool) -> str:
             f"`{UNKNOWN_LICENCE}`. Check the source's terms before using or publishing this model."
         )
     for step in growth:
+        if "layer_aggregation" in step:
+            before, after = step["layer_aggregation"]
+            lines.append(
+                f"The {step.get('stack', 'encoder')}'s layer aggregation was changed from `{before}` to `{after}` "
+                "with `with_layer_aggregation`: the combination weights set to the identity and no history "
+                "LayerNorms (`dlcl_history_norm=False`), so the changed model computed exactly what it did before; "
+                "training may then move the weights."
+            )
+            continue
         before, after = step.get("encoder_layers", ["?", "?"])
         reset = ", the previous top block's LayerNorm reset" if step.get("reset_previous_block_norm") else ""
         lines.append(

@@ -582,8 +582,9 @@ class DeepNMTConfig(PreTrainedConfig):
             name, revision, class and licence as its card states it). A record for the model card; computes nothing,
             and is kept by growing, training and exporting. Written into `config.json` only when set.
         growth (`list[dict]`, *optional*):
-            One record per `grow_encoder` call (encoder layers before and after, strategy): a record for the model
-            card, computes nothing. Written into `config.json` only when set.
+            One record per `grow_encoder` call (encoder layers before and after, strategy) and per
+            `with_layer_aggregation` call (the stack, its aggregation before and after): a record for the model card,
+            computes nothing. Written into `config.json` only when set.
         sdpa_avoid_cudnn (`bool`, *optional*, defaults to `True`):
             Keep attention calls that pass a mask on CUDA off PyTorch's cuDNN SDPA backend (flash, memory-efficient
             and math kernels stay allowed): its backward returns NaN gradients at padded lengths of 64 mod 128

@@ -10,8 +10,15 @@ import textwrap
 import pytest
 import torch
 
-from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, SdtConfig, SdtForConditionalGeneration
-from hf_deep_nmt.growing import grow_encoder, source_layers
+from hf_deep_nmt import (
+    DeepNMTConfig,
+    DeepNMTForConditionalGeneration,
+    MscConfig,
+    MscForConditionalGeneration,
+    SdtConfig,
+    SdtForConditionalGeneration,
+)
+from hf_deep_nmt.growing import grow_encoder, source_layers, with_layer_aggregation
 
 SIZES = dict(
     vocab_size=37,
@@ -174,3 +181,85 @@ def test_a_model_in_a_hub_cache_can_be_grown_by_repo_id(sdt, tmp_path, hub_cache
     grown = grow_encoder("org/sdt-grow-test")
     assert grown.config.encoder_layers == 4 and grown.config.encoder_block_boundaries == [0, 2, 4]
     assert all(torch.equal(v, layer_tensors(sdt, 0)[k]) for k, v in layer_tensors(grown, 2).items())
+
+
+# ---- a residual model rewired exactly (`with_layer_aggregation`), then grown ----------------------------------------
+
+
+def model_inputs():
+    return dict(input_ids=SOURCE, attention_mask=SOURCE.ne(1), decoder_input_ids=torch.tensor([[0, 5, 9], [0, 6, 3]]))
+
+
+def decodes(model):
+    source = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(1), max_new_tokens=6, do_sample=False)
+    with torch.no_grad():
+        return [model.generate(**source, num_beams=beams).tolist() for beams in (1, 4)]
+
+
+@pytest.mark.parametrize("aggregation", ["dlcl", "sparse"])
+@pytest.mark.parametrize("pre_norm", [True, False], ids=["prenorm", "postnorm"])
+def test_a_residual_encoder_rewired_computes_the_same_function(pre_norm, aggregation, tmp_path):
+    residual = trained_like(DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES, pre_norm=pre_norm)))
+    changed = with_layer_aggregation(residual, aggregation)
+    config = changed.config
+    assert (config.encoder_layer_aggregation, config.decoder_layer_aggregation) == (aggregation, "residual")
+    assert config.dlcl_history_norm is False and not changed.training
+    assert config.growth == [{"layer_aggregation": ["residual", aggregation], "stack": "encoder"}]
+    assert torch.equal(changed.model.encoder.history.weight.detach(), torch.eye(3 if aggregation == "dlcl" else 2))
+    with torch.no_grad():
+        expected, got = residual(**model_inputs()), changed(**model_inputs())
+    torch.testing.assert_close(got.encoder_last_hidden_state, expected.encoder_last_hidden_state, rtol=0, atol=1e-6)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=0, atol=1e-6)
+    assert decodes(changed) == decodes(residual)
+    changed.save_pretrained(tmp_path)
+    again = DeepNMTForConditionalGeneration.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(again(**model_inputs()).logits, got.logits)
+    assert again.config.growth == config.growth and residual.config.encoder_layer_aggregation == "residual"
+
+
+def test_the_decoder_can_be_rewired_too_and_one_block_is_not_required():
+    residual = trained_like(DeepNMTForConditionalGeneration(DeepNMTConfig(**{**SIZES, "encoder_layers": 4})))
+    both = with_layer_aggregation(
+        with_layer_aggregation(residual, "sparse", block_boundaries=[0, 1, 4]), "dlcl", stack="decoder"
+    )
+    assert both.config.encoder_block_boundaries == [0, 1, 4] and both.config.decoder_layer_aggregation == "dlcl"
+    with torch.no_grad():
+        torch.testing.assert_close(both(**model_inputs()).logits, residual(**model_inputs()).logits, rtol=0, atol=1e-6)
+
+
+def test_what_cannot_be_rewired_exactly_is_refused_by_name():
+    dlcl = DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES, layer_aggregation="dlcl"))
+    with pytest.raises(ValueError, match="changes a residual stack; the encoder already uses 'dlcl' aggregation"):
+        with_layer_aggregation(dlcl, "dlcl")
+    # the decoder's DLCL keeps its history LayerNorms, a setting the exact encoder would have to turn off for both
+    mixed = DeepNMTForConditionalGeneration(
+        DeepNMTConfig(**SIZES, encoder_layer_aggregation="residual", layer_aggregation="dlcl")
+    )
+    with pytest.raises(ValueError, match="The decoder uses 'dlcl' aggregation with dlcl_history_norm=True"):
+        with_layer_aggregation(mixed, "sparse")
+    residual = DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES))
+    with pytest.raises(ValueError, match=r"`aggregation` must be one of \('dlcl', 'sparse'\), got 'residual'"):
+        with_layer_aggregation(residual, "residual")
+    with pytest.raises(ValueError, match="`block_boundaries` only apply to `aggregation='sparse'`"):
+        with_layer_aggregation(residual, "dlcl", block_boundaries=[0, 2])
+    with pytest.raises(ValueError, match="`stack` must be 'encoder' or 'decoder', got 'both'"):
+        with_layer_aggregation(residual, "dlcl", stack="both")
+    msc = MscForConditionalGeneration(MscConfig(**{**SIZES, "encoder_layers": 2}, msc_block_layers=1))
+    with pytest.raises(ValueError, match="with_layer_aggregation does not apply to MSC models"):
+        with_layer_aggregation(msc, "dlcl")
+    with pytest.raises(ValueError, match="`interleave` moves every layer"):
+        grow_encoder(residual, 2, "interleave", aggregation="dlcl")
+
+
+def test_grow_with_aggregation_rewires_then_grows():
+    residual = trained_like(DeepNMTForConditionalGeneration(DeepNMTConfig(**SIZES)))
+    grown = grow_encoder(residual, 2, "top", aggregation="dlcl")
+    expected = grow_encoder(with_layer_aggregation(residual, "dlcl"), 2, "top")
+    assert grown.config.growth == [
+        {"layer_aggregation": ["residual", "dlcl"], "stack": "encoder"},
+        {"encoder_layers": [2, 4], "strategy": "top"},
+    ]
+    assert all(torch.equal(tensor, expected.state_dict()[name]) for name, tensor in grown.state_dict().items())
+    sparse = grow_encoder(residual, 2, "top", aggregation="sparse")
+    assert sparse.config.encoder_block_boundaries == [0, 2, 4]
