@@ -587,3 +587,57 @@ def test_the_card_of_a_hub_source_links_it_and_says_when_its_licence_is_unknown(
     model.config.converted_from, model.config.growth = None, None  # a model trained from scratch: no origin
     plain = str(render_model_card(model, "someone/deep-xx-yy"))
     assert "## Origin" not in plain and "license: apache-2.0" in plain
+
+
+@pytest.mark.parametrize("aggregation", ["dlcl", "sparse"])
+def test_a_converted_model_rewired_with_layer_connections_still_computes_what_marian_does(
+    converted, aggregation, tmp_path
+):
+    from hf_deep_nmt.growing import with_layer_aggregation
+
+    (_, share, *_), marian, _, _, model = converted
+    rewired = with_layer_aggregation(model, aggregation).eval()
+    assert (rewired.config.pre_norm, rewired.config.encoder_layer_aggregation) == (False, aggregation)
+    inputs = batch(share)
+    source = dict(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"])
+    with torch.no_grad():
+        expected, got = model(**inputs).logits, rewired(**inputs).logits
+        assert (got - expected).abs().max().item() <= 1e-6
+        assert (got - marian(**inputs).logits).abs().max().item() <= 1e-5
+        for beams in (1, 4):
+            options = dict(num_beams=beams, do_sample=False, max_new_tokens=NEW_TOKENS)
+            assert rewired.generate(**source, **options).tolist() == marian.generate(**source, **options).tolist()
+    rewired.save_pretrained(tmp_path / "rewired")
+    again = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "rewired").eval()
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).logits, got)
+
+
+def test_the_grow_command_rewires_a_converted_model_before_growing(grown_folder, capsys):
+    from hf_deep_nmt.growing import grow_encoder
+    from hf_deep_nmt.hub import render_model_card
+
+    converted, out = grown_folder / "converted", grown_folder / "grown-dlcl"
+    assert main(["grow", str(converted), str(out), "--layers", "2", "--aggregation", "dlcl"]) == 0
+    assert "2 -> 4 layers (top, dlcl aggregation)" in capsys.readouterr().out
+    grown = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
+    assert (grown.config.encoder_layers, grown.config.encoder_layer_aggregation) == (4, "dlcl")
+    assert grown.config.growth == [
+        {"layer_aggregation": ["residual", "dlcl"], "stack": "encoder"},
+        {"encoder_layers": [2, 4], "strategy": "top"},
+    ]
+    expected = grow_encoder(converted, 2, "top", aggregation="dlcl").state_dict()
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in grown.state_dict().items())
+    origin = str(render_model_card(grown, "someone/deep")).split("## Origin")[1].split("## Method")[0]
+    assert "layer aggregation was changed from `residual` to `dlcl`" in origin and "from 2 to 4 layers" in origin
+    source = batch()
+    source.pop("decoder_input_ids")
+    with torch.no_grad():
+        cached = grown.generate(**source, num_beams=4, max_new_tokens=NEW_TOKENS)
+        uncached = grown.generate(**source, num_beams=4, max_new_tokens=NEW_TOKENS, use_cache=False)
+    assert cached.tolist() == uncached.tolist()
+    dlcl = grown_folder / "grown-dlcl-again"
+    assert main(["grow", str(out), str(dlcl), "--layers", "2", "--aggregation", "dlcl"]) == 2  # already DLCL
+    assert "the encoder already uses 'dlcl' aggregation" in capsys.readouterr().err and not dlcl.exists()
+    assert main(["grow", str(converted), str(dlcl), "--layers", "2", "--aggregation", "residual"]) == 2
+    assert "invalid choice: 'residual'" in capsys.readouterr().err
