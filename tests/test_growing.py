@@ -263,3 +263,26 @@ def test_grow_with_aggregation_rewires_then_grows():
     assert all(torch.equal(tensor, expected.state_dict()[name]) for name, tensor in grown.state_dict().items())
     sparse = grow_encoder(residual, 2, "top", aggregation="sparse")
     assert sparse.config.encoder_block_boundaries == [0, 2, 4]
+
+
+def test_the_growth_function_benchmark_backs_the_readme_table(tmp_path):
+    """benchmarks/growth_function.py: rewiring is exact; no offered strategy keeps the function; choosing the output
+    row by hand would (the README's table)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "growth_function.py"
+    spec = importlib.util.spec_from_file_location("growth_function", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        rows = module.main(["--json", str(tmp_path / "rows.json")])
+    finally:
+        torch.set_num_threads(threads)
+    assert json.loads((tmp_path / "rows.json").read_text()) == rows
+    assert all(row.get("rewiring", 0.0) <= 1e-6 for row in rows)
+    offered = [row for row in rows if "by hand" not in row["strategy"] and row["difference"] is not None]
+    assert len(offered) == 22 and all(row["difference"] > 0.1 for row in offered)
+    assert all(row["difference"] <= 1e-6 for row in rows if "by hand" in row["strategy"])
+    assert [row["aggregation"] for row in rows if row["difference"] is None] == ["dlcl", "dlcl"]  # interleave
