@@ -156,6 +156,7 @@ TRANSFORMERS_CONTRACT_MODULES = {
     "test_generation_length.py",
     "test_hub.py",
     "test_lora.py",
+    "test_marian_conversion.py",
     "test_modeling.py",
     "test_msc.py",
     "test_pipeline.py",
