@@ -20,7 +20,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -171,28 +171,59 @@ def check_bf16_padded_lengths(family: str, device: str, **overrides) -> str:
     return f"padded lengths {', '.join(map(str, PADDED_LENGTHS))}: finite"
 
 
+# Unit roundoff of bfloat16 (8 significant bits): the relative error of one rounding.
+BF16_UNIT_ROUNDOFF = 2.0**-8
+
+
+@contextmanager
+def bf16_math_attention():
+    """The math SDPA backend computing in bf16 itself (`allow_fp16_bf16_reduction_math_sdp`): by default it upcasts
+    bf16 inputs to fp32 inside the kernel, so its error understates what a correct bf16 kernel may do."""
+    allowed = torch.backends.cuda.fp16_bf16_reduction_math_sdp_allowed()
+    torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(True)
+    try:
+        with sdpa_kernel([SDPBackend.MATH]):
+            yield
+    finally:
+        torch.backends.cuda.allow_fp16_bf16_reduction_math_sdp(allowed)
+
+
 def check_fused_matches_math(family: str, device: str) -> str:
-    """Under bf16 autocast, the gradients with the backends SDPA picks (the model's restriction included) are as close
-    to fp32 math-backend gradients as those of the math backend under bf16: bf16 tolerance is the math path's own
-    bf16 error, and the fused path may be at most twice as far (plus 1%)."""
+    """Under bf16 autocast, the gradients with the backends SDPA picks (the model's restriction included) are about as
+    close to fp32 math-backend gradients as those of a correct bf16 attention on the same device.
+
+    The tolerance is measured on the device, not fixed: the bf16 error of the whole model's gradients (relative L2
+    from fp32) is taken twice, with the math backend as it runs by default (attention upcast to fp32 inside the
+    kernel) and with the math backend computing in bf16 (rounding where a fused kernel does, e.g. the probabilities
+    before the product with the values). The fused path may be at most twice the larger of the two, plus 4 bf16
+    unit roundoffs (4 * 2^-8): on this package's tiny models a correct path is 0.5 to 6e-2 from fp32, a dropped
+    padding mask 0.3 to 0.7 and a missing 1/sqrt(d) scale 0.25 to 0.5 (measured on a CPU, torch 2.13)."""
     model = family_model(family, device).train()
     batch = padded_batch(device, [64, 40, 9], model.config.vocab_size, seed=3)
 
-    def gradients(backends=None, bf16=True) -> torch.Tensor:
+    def gradients(attention=None, bf16=True) -> torch.Tensor:
         model.zero_grad(set_to_none=True)
-        with sdpa_kernel(backends) if backends else nullcontext(), _autocast(device) if bf16 else nullcontext():
+        with attention or nullcontext(), _autocast(device) if bf16 else nullcontext():
             model(**batch).loss.backward()
         return torch.cat([p.grad.float().flatten() for p in model.parameters() if p.grad is not None])
 
-    reference = gradients([SDPBackend.MATH], bf16=False)
-    fused, math = gradients(), gradients([SDPBackend.MATH])
-    fused_error = ((fused - reference).norm() / reference.norm()).item()
-    math_error = ((math - reference).norm() / reference.norm()).item()
-    assert fused_error <= 2 * math_error + 1e-2, (
-        f"bf16 gradients of the fused path are {fused_error:.2e} from fp32 (relative L2), the math path's "
-        f"{math_error:.2e}: more than twice as far"
+    def error(values: torch.Tensor) -> float:
+        return ((values - reference).norm() / reference.norm()).item()
+
+    reference = gradients(sdpa_kernel([SDPBackend.MATH]), bf16=False)
+    fused_error = error(gradients())
+    math_error = error(gradients(sdpa_kernel([SDPBackend.MATH])))
+    bf16_math_error = error(gradients(bf16_math_attention()))
+    tolerance = 2 * max(math_error, bf16_math_error) + 4 * BF16_UNIT_ROUNDOFF
+    assert fused_error <= tolerance, (
+        f"bf16 gradients of the fused path are {fused_error:.2e} from fp32 (relative L2), more than the tolerance "
+        f"{tolerance:.2e} (twice the math path's {math_error:.2e} / in-bf16 math path's {bf16_math_error:.2e}, "
+        f"+ 4 * 2^-8)"
     )
-    return f"relative L2 from fp32: fused {fused_error:.1e}, math {math_error:.1e}"
+    return (
+        f"relative L2 from fp32: fused {fused_error:.1e} <= {tolerance:.1e} "
+        f"(math {math_error:.1e}, in-bf16 math {bf16_math_error:.1e})"
+    )
 
 
 def check_trainer_bf16(device: str, steps: int = 40) -> str:

@@ -96,3 +96,32 @@ def test_the_padded_length_check_passes_because_of_the_restriction(simulated_cud
     assert "finite" in doctor.check_bf16_padded_lengths("prenorm", "cpu")
     with pytest.raises(AssertionError, match=r"non-finite gradients at padded length 64"):
         doctor.check_bf16_padded_lengths("prenorm", "cpu", sdpa_avoid_cudnn=False)
+
+
+def test_the_msc_fused_gradient_check_passes_on_a_healthy_cpu():
+    """The false alarm of 0.2.0's development: the CPU flash kernel's bf16 gradients of the MSC family were 2.9e-2 from
+    fp32 while the (fp32-upcasting) math path's were 8.4e-3; a correct bf16 attention is that far."""
+    assert "relative L2 from fp32: fused" in doctor.check_fused_matches_math("msc", "cpu")
+
+
+@pytest.fixture(params=["dropped mask", "missing scale"])
+def wrong_fused_attention(request, monkeypatch):
+    """SDPA that is wrong unless it is restricted to the math backend: the padding mask dropped, or the scores not
+    scaled by 1/sqrt(head dim). The math-backend reference and tolerance stay correct."""
+    original = F.scaled_dot_product_attention
+
+    def wrong(query, key, value, attn_mask=None, **kwargs):
+        fused_allowed = torch.backends.cuda.flash_sdp_enabled() or torch.backends.cuda.mem_efficient_sdp_enabled()
+        if fused_allowed and request.param == "dropped mask":
+            attn_mask = None
+        elif fused_allowed:
+            kwargs["scale"] = 1.0
+        return original(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", wrong)
+
+
+@pytest.mark.parametrize("family", ["msc", "dlcl-prenorm"])
+def test_a_wrong_fused_attention_still_fails_the_gradient_check(wrong_fused_attention, family):
+    with pytest.raises(AssertionError, match=r"bf16 gradients of the fused path are .* more than the tolerance"):
+        doctor.check_fused_matches_math(family, "cpu")
