@@ -203,12 +203,72 @@ class DeepNMTTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
+        # Before transformers' own checks: it replaces an `eval_steps` of 0 by `logging_steps` without a word.
+        problems = training_value_problems(self)
+        if problems:
+            raise ValueError("; ".join(problems) + ".")
         super().__post_init__()
         NonFiniteGuard(self.max_consecutive_nonfinite_steps)  # validates the value
         if self.lr_schedule not in LR_SCHEDULES:
             raise ValueError(f"`lr_schedule` must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}.")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"`max_tokens` must be >= 1 or unset, got {self.max_tokens}.")
+
+
+def _fp16_device_available() -> bool:
+    """Whether a device that trains in fp16 mixed precision is there (CUDA, or Apple's MPS)."""
+    mps = getattr(torch.backends, "mps", None)
+    return torch.cuda.is_available() or bool(mps and mps.is_available())
+
+
+def training_value_problems(args) -> list[str]:
+    """The training settings that transformers accepts but that make no sense, each naming the value and what is
+    valid: a negative or non-finite learning rate, warm-up start, weight decay or clipping norm; `max_steps: 0` (it
+    trains one step); zero or negative step intervals and checkpoint limits; fp16 without a GPU."""
+    problems = []
+
+    def number(value) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    def require(name: str, ok: bool, valid: str) -> None:
+        if not ok:
+            problems.append(f"`{name}` must be {valid}, got {getattr(args, name)!r}")
+
+    for name in ("learning_rate", "warmup_init_lr", "weight_decay", "adam_epsilon"):
+        value = getattr(args, name)
+        strictly = name == "learning_rate"
+        require(
+            name,
+            number(value) and math.isfinite(value) and (value > 0 if strictly else value >= 0),
+            "a finite number > 0" if strictly else "a finite number >= 0",
+        )
+    for name in ("adam_beta1", "adam_beta2", "label_smoothing_factor"):
+        value = getattr(args, name)
+        require(name, number(value) and 0 <= value < 1, "in [0, 1)")
+    norm = args.max_grad_norm
+    require(
+        "max_grad_norm", norm is None or (number(norm) and norm >= 0 and not math.isnan(norm)), ">= 0 (0: no clipping)"
+    )
+    require("max_steps", args.max_steps == -1 or args.max_steps >= 1, ">= 1, or -1 to train `num_train_epochs`")
+    if args.max_steps == -1:
+        epochs = args.num_train_epochs
+        require("num_train_epochs", number(epochs) and math.isfinite(epochs) and epochs > 0, "a finite number > 0")
+    for name in ("eval_steps", "save_steps", "logging_steps"):
+        value = getattr(args, name)
+        require(
+            name,
+            value is None or (number(value) and math.isfinite(value) and value > 0),
+            "> 0 (a step count, or below 1 a fraction of the training steps) or unset",
+        )
+    limit = args.save_total_limit
+    require("save_total_limit", limit is None or limit >= 1, ">= 1, or unset to keep every checkpoint")
+    if args.fp16 and (args.use_cpu or not _fp16_device_available()):
+        where = "`use_cpu` is set" if args.use_cpu else "this machine has no CUDA (or MPS) device"
+        problems.append(
+            f"`fp16: true` needs a GPU and {where}: remove `fp16` (on a CPU, `bf16: true` with `use_cpu: true` "
+            "trains in bfloat16)"
+        )
+    return problems
 
 
 @dataclass
@@ -236,6 +296,8 @@ class StageArguments:
                 f"`stage_max_steps` and `schedule_warmup_steps` must be >= 1, got {self.stage_max_steps} and "
                 f"{self.schedule_warmup_steps}."
             )
+        if not math.isfinite(self.schedule_init_lr) or self.schedule_init_lr < 0:
+            raise ValueError(f"`schedule_init_lr` must be a finite number >= 0, got {self.schedule_init_lr!r}.")
         if self.growth_strategy not in GROWTH_STRATEGIES:
             raise ValueError(f"`growth_strategy` must be one of {GROWTH_STRATEGIES}, got {self.growth_strategy!r}.")
 
@@ -253,6 +315,50 @@ def multi_process_launch_without_gpu() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
 
 
+class DuplicateKeyError(ValueError):
+    """A recipe mapping names the same key twice (JSON and YAML loaders would keep the last without a word)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKeyError(f"key {key!r} appears more than once")
+        seen[key] = value
+    return seen
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping, at any depth."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = set()
+            for key_node, _ in node.value:  # the keys written here: a `<<` merge's keys may be overridden
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    line = key_node.start_mark.line + 1
+                    raise DuplicateKeyError(f"key {key!r} appears more than once (again at line {line})")
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def read_recipe(path: Path) -> Any:
+    """The values of a JSON or YAML recipe file; `ValueError` naming the file for text that is not valid and for a
+    key given twice in one mapping (the last would silently win, e.g. a second `model_overrides`)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".json":
+            return json.loads(text, object_pairs_hook=_unique_pairs)
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKeyError as error:
+        raise ValueError(f"{path}: {error}; the last would silently win, so keep one.") from None
+    except (ValueError, yaml.YAMLError) as error:
+        raise ValueError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
+
+
 def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLASSES) -> tuple[Any, ...]:
     """`CONFIG.json|yaml [--field value ...]`: the file gives values, the command line overrides them.
 
@@ -267,11 +373,7 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
         path = Path(argv.pop(0))
         if not path.is_file():
             raise FileNotFoundError(f"Config file not found: {path}")
-        text = path.read_text(encoding="utf-8")
-        try:
-            values = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as error:
-            raise ValueError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
+        values = read_recipe(path)
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}.")
         known = {f.name for cls in classes for f in dataclasses.fields(cls)}
@@ -297,7 +399,7 @@ def check_explicit_run(argv: list[str] | None, command: str = "train") -> None:
     given = {item[2:].split("=")[0] for item in argv if item.startswith("--")}
     if argv and argv[0].endswith(CONFIG_SUFFIXES):
         path = Path(argv[0])
-        values = json.loads(path.read_text()) if path.suffix == ".json" else yaml.safe_load(path.read_text())
+        values = read_recipe(path)
         given |= set(values or {})
     missing = []
     if not given & {"model_type", "model_name_or_path"}:
