@@ -1519,8 +1519,11 @@ class DeepNMTEncoder(DeepNMTStack):
         )
         if input_ids is None:
             raise ValueError("The encoder needs `input_ids` (batch, source_length).")
-        if input_ids.dim() != 2 or input_ids.shape[1] == 0:
-            raise ValueError(f"`input_ids` must have shape (batch, source_length >= 1), got {tuple(input_ids.shape)}.")
+        if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+            raise ValueError(
+                f"`input_ids` must have shape (batch >= 1, source_length >= 1), got {tuple(input_ids.shape)}: "
+                "there is no sentence to encode."
+            )
         if attention_mask is not None and attention_mask.shape != input_ids.shape:
             raise ValueError(
                 f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
@@ -1528,6 +1531,8 @@ class DeepNMTEncoder(DeepNMTStack):
             )
         if not is_tracing():
             self.check_input_ids(input_ids)
+            if attention_mask is not None:
+                check_padding_rows(attention_mask)
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
         state = self.history.start(hidden_states)  # layer outputs of this call only
@@ -1535,6 +1540,27 @@ class DeepNMTEncoder(DeepNMTStack):
             output = layer(self.history.layer_input(state, index), mask, self.history.layer_context(state, index))
             self.history.push(state, output, index)
         return DeepNMTEncoderOutput(last_hidden_state=self.finish(state), **self.history.memory_outputs(state))
+
+
+def check_padding_rows(attention_mask: torch.Tensor) -> None:
+    """A source batch that is padding only (`attention_mask` all 0) is refused: it has no token to attend to and would
+    be decoded from padding as if it were a sentence. A padding-only row beside real ones is warned about and kept
+    (fixed-shape batches may fill with such rows; the other rows are unaffected): its output means nothing. Needs the
+    mask's values (a host synchronisation), so it runs on eager calls only."""
+    empty = ~attention_mask.bool().any(dim=1)
+    if not bool(empty.any()):
+        return
+    rows = empty.nonzero().flatten().tolist()
+    if len(rows) == attention_mask.shape[0]:
+        raise ValueError(
+            f"`attention_mask` is 0 everywhere (all {len(rows)} row(s) of shape {tuple(attention_mask.shape)} are "
+            "padding): there is no source token to translate; each row needs at least one position with mask 1."
+        )
+    logger.warning(
+        f"Rows {rows[:8]}{' ...' if len(rows) > 8 else ''} of the {attention_mask.shape[0]} in this batch are padding "
+        "only (attention_mask all 0): their outputs are computed from padding and mean nothing; the other rows are "
+        "unaffected."
+    )
 
 
 class DeepNMTDecoder(DeepNMTStack):
@@ -1902,7 +1928,13 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
     def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
         """One output cap per call: a `max_new_tokens` given to `generate()` replaces the saved `max_length` (the
         model's default cap), as transformers does, without its warning that both were set. A `max_length` given with
-        it in the same call still gets the warning."""
+        it in the same call still gets the warning. Called by every `generate()` with the call's merged settings, it
+        also refuses a non-finite `length_penalty`."""
+        penalty = getattr(generation_config, "length_penalty", None)
+        if isinstance(penalty, (int, float)) and not math.isfinite(penalty):
+            # transformers divides the beam scores by length ** penalty: NaN makes every comparison False and the
+            # hypotheses kept arbitrary, without an error
+            raise ValueError(f"`length_penalty` must be a finite number (1.0: the default), got {penalty!r}.")
         saved = getattr(self.generation_config, "max_length", None)
         if generation_config.max_new_tokens is not None and generation_config.max_length == saved:
             has_default_max_length = True

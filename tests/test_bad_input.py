@@ -71,7 +71,7 @@ def test_labels_out_of_range_name_the_label(model):
 def test_an_empty_or_misshapen_source_is_refused_naming_its_shape(model, shape):
     input_ids = torch.zeros(shape, dtype=torch.long)
     with pytest.raises(
-        ValueError, match=re.escape(f"`input_ids` must have shape (batch, source_length >= 1), got {shape}")
+        ValueError, match=re.escape(f"`input_ids` must have shape (batch >= 1, source_length >= 1), got {shape}")
     ):
         model(input_ids=input_ids, decoder_input_ids=START[:1])
     if len(shape) == 2:
