@@ -8,7 +8,8 @@ it is done, its final model and `stage.json`. Running the same command again res
 interrupted stage continues from its last checkpoint. A folder holding a run of another recipe is refused
 (`hf_deep_nmt.run_folder`), so a changed recipe never exports the old stages under its own card. Each stage starts
 with a fresh optimizer; the schedule is the fairseq inverse square root with the SDT restart rule
-(`hf_deep_nmt.schedules`).
+(`hf_deep_nmt.schedules`). With `average_checkpoints: N`, the final evaluation and the export use the mean of the last
+stage's newest N checkpoints (`hf_deep_nmt.training.average_last_checkpoints`, the step `train` takes).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hf_deep_nmt.run_folder import RunFolder, run_recipe
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.training import (
+    average_last_checkpoints,
     build_model,
     check_before_work,
     configure_generation,
@@ -129,4 +131,6 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
         trainer = make_trainer(model, training_args, prepared)
     summary.update(train_seconds=round(time.perf_counter() - started, 1), train_steps=completed_steps)
     summary["nonfinite_steps_skipped"] = sum(stage.get("nonfinite_steps_skipped", 0) for stage in summary["stages"])
+    # the SDT paper averages the newest checkpoints of the last stage; the same step `train` takes on its run
+    average_last_checkpoints(trainer, stage_dir, export_args.average_checkpoints, summary)
     return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)

@@ -3,7 +3,7 @@
 `run` reads top to bottom: the recipe is parsed and checked (`hf_deep_nmt.arguments`), the run folder locked and
 recorded (`hf_deep_nmt.run_folder`), then `_run` does the work: `check_before_work` (settings and folders, nothing
 loaded) -> `prepare` (corpus, tokenizer, tokenized splits) -> `build_model` -> `configure_generation` ->
-`make_trainer` -> train, resuming where a killed run stopped -> average the last checkpoints -> `evaluate_and_export`
+`make_trainer` -> train, resuming where a killed run stopped -> `average_last_checkpoints` -> `evaluate_and_export`
 (sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`). `hf-deep-nmt train-staged`
 (`hf_deep_nmt.staged`) runs the same steps around its stages.
 
@@ -100,13 +100,7 @@ def _run(
         "train_steps": train_result.global_step,
         "nonfinite_steps_skipped": nonfinite_steps_skipped(trainer),
     }
-    if export_args.average_checkpoints:
-        trainer.accelerator.wait_for_everyone()  # every checkpoint written before it is read
-        if trainer.is_world_process_zero():
-            checkpoints = last_checkpoints(training_args.output_dir, export_args.average_checkpoints)
-            averaged = average_checkpoints(checkpoints)
-            trainer.model.load_state_dict(averaged.state_dict())
-            summary["averaged_checkpoints"] = [path.name for path in checkpoints]
+    average_last_checkpoints(trainer, training_args.output_dir, export_args.average_checkpoints, summary)
     return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)
 
 
@@ -332,6 +326,21 @@ def make_trainer(
         callbacks=kwargs.pop("callbacks", None),
         **kwargs,
     )
+
+
+def average_last_checkpoints(trainer, checkpoint_dir: str | Path, count: int, summary: dict[str, Any]) -> None:
+    """The recipe's `average_checkpoints`: with `count` > 0, the trainer's model takes the mean of the newest `count`
+    checkpoints in `checkpoint_dir` (the run's output folder for `train`, the last stage's folder for `train-staged`),
+    so the final evaluation and the export see the average; `summary["averaged_checkpoints"]` names them. With 0,
+    nothing changes."""
+    if not count:
+        return
+    trainer.accelerator.wait_for_everyone()  # every checkpoint written before it is read
+    if trainer.is_world_process_zero():
+        checkpoints = last_checkpoints(checkpoint_dir, count)
+        averaged = average_checkpoints(checkpoints)
+        trainer.model.load_state_dict(averaged.state_dict())
+        summary["averaged_checkpoints"] = [path.name for path in checkpoints]
 
 
 def evaluate_and_export(

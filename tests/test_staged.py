@@ -1,5 +1,6 @@
-"""Shallow-to-deep training in one command: a 2 -> 4 -> 6 layer run on a slice of the sample corpus, and resuming an
-interrupted stage from its checkpoint."""
+"""Shallow-to-deep training in one command: a 2 -> 4 -> 6 layer run on a slice of the sample corpus, resuming an
+interrupted stage from its checkpoint, and `average_checkpoints` exporting the mean of the last stage's newest
+checkpoints."""
 
 import json
 import shutil
@@ -7,6 +8,7 @@ import shutil
 import torch
 from safetensors.torch import load_file
 
+from hf_deep_nmt.averaging import average_state_dicts
 from hf_deep_nmt.data import sample_corpus_dir
 from hf_deep_nmt.run_folder import RUN_RECORD
 from hf_deep_nmt.staged import run_staged
@@ -111,3 +113,21 @@ def test_an_interrupted_stage_resumes_from_its_checkpoint(tmp_path):
     resumed = load_file(stage_two / "model" / "model.safetensors")
     for name, tensor in expected.items():
         torch.testing.assert_close(resumed[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_average_checkpoints_exports_the_mean_of_the_last_stages_newest_checkpoints(tmp_path):
+    argv = arguments(tmp_path, depths=("2", "4")) + ["--export_dir", str(tmp_path / "export")]
+    argv[argv.index("--save_steps") + 1] = "2"  # checkpoints 2, 4 and 6 in every stage
+    summary = run_staged(argv + ["--average_checkpoints", "3"])
+    assert summary["averaged_checkpoints"] == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    last_stage = tmp_path / "run" / "stage-2-4-layers"
+    by_hand = average_state_dicts(
+        [load_file(last_stage / name / "model.safetensors") for name in summary["averaged_checkpoints"]]
+    )
+    exported = load_file(tmp_path / "export" / "model.safetensors")
+    final = load_file(last_stage / "model" / "model.safetensors")
+    assert set(exported) == set(by_hand)
+    for name, tensor in by_hand.items():
+        torch.testing.assert_close(exported[name], tensor, rtol=0, atol=0, msg=name)
+    # the average is not simply the last stage's final weights
+    assert any(not torch.equal(exported[name], final[name]) for name in final)
