@@ -25,9 +25,9 @@ class DeepNMTTrainer(Seq2SeqTrainer):
     def __init__(self, *args, callbacks=None, **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
         smoothing = getattr(training_args, "label_smoothing_factor", 0.0)
-        if not 0.0 <= smoothing <= 1.0:
+        if not 0.0 <= smoothing < 1.0:  # as the arguments check it: 1 would train towards the uniform distribution
             raise ValueError(
-                f"`label_smoothing_factor` must be in [0, 1] (0 for none, 0.1 in the recipes), got {smoothing!r}."
+                f"`label_smoothing_factor` must be in [0, 1) (0 for none, 0.1 in the recipes), got {smoothing!r}."
             )
         callbacks = list(callbacks or [])
         if not any(isinstance(callback, NonFiniteGuard) for callback in callbacks):

@@ -201,8 +201,13 @@ def test_trainer_label_smoothing_is_the_library_smoother_loss(tiny_model, tmp_pa
 
 
 def test_the_trainer_refuses_a_smoothing_factor_outside_0_1(tiny_model, tmp_path):
-    args = DeepNMTTrainingArguments(
-        output_dir=str(tmp_path), label_smoothing_factor=1.5, report_to="none", use_cpu=True, save_strategy="no"
-    )
-    with pytest.raises(ValueError, match=r"`label_smoothing_factor` must be in \[0, 1\].*got 1\.5"):
-        DeepNMTTrainer(model=tiny_model(), args=args)
+    settings = dict(output_dir=str(tmp_path), report_to="none", use_cpu=True, save_strategy="no")
+    # refused where the arguments are made (before any work)...
+    with pytest.raises(ValueError, match=r"`label_smoothing_factor` must be in \[0, 1\).*got 1\.5"):
+        DeepNMTTrainingArguments(label_smoothing_factor=1.5, **settings)
+    # ... and by the trainer, for arguments changed after they were checked
+    args = DeepNMTTrainingArguments(**settings)
+    for value in (1.5, 1.0):
+        args.label_smoothing_factor = value
+        with pytest.raises(ValueError, match=rf"`label_smoothing_factor` must be in \[0, 1\).*got {value}"):
+            DeepNMTTrainer(model=tiny_model(), args=args)
