@@ -19,8 +19,6 @@ import traceback
 from pathlib import Path
 
 DEBUG_VARIABLE = "HF_DEEP_NMT_DEBUG"
-# What `save_pretrained` of a tokenizer writes: the `tokenizers` file, or the files of a slow tokenizer.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "vocab.json")
 
 
 class UsageError(ValueError):
@@ -106,7 +104,7 @@ def _check_model_source(model: str) -> None:
     repository id, and in offline mode one in the local cache."""
     from huggingface_hub import constants, try_to_load_from_cache
 
-    from hf_deep_nmt.input_checks import check_local_path
+    from hf_deep_nmt.input_checks import TOKENIZER_FILES, check_local_path
 
     check_local_path(model, "Model folder")
     path = Path(model).expanduser()

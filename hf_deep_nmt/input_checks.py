@@ -35,8 +35,16 @@ def check_local_path(value: str | None, what: str) -> None:
 
 
 # A folder holds a tokenizer `AutoTokenizer` can load when it has one of these (a fast tokenizer's `tokenizer.json`;
-# the `tokenizer_config.json` beside it, or beside SentencePiece files such as OPUS-MT's `source.spm`).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# the `tokenizer_config.json` beside it, or beside SentencePiece files such as OPUS-MT's `source.spm`; the files of a
+# slow tokenizer).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+)
 
 
 def is_local_path(value: str) -> bool:

@@ -346,7 +346,14 @@ def upgrade_repo(
             "pushing needs the Hugging Face Hub, but offline mode is on (HF_HUB_OFFLINE is set); unset "
             "HF_HUB_OFFLINE, or check the upgrade with --dry-run."
         )
-    snapshot = Path(snapshot_download(repo_id, revision=revision, token=token))
+    try:
+        snapshot = Path(snapshot_download(repo_id, revision=revision, token=token))
+    except (OSError, ValueError) as error:  # the Hub unreachable, offline without a cached copy, no such repository
+        reason = " ".join(str(error).split())
+        raise FileNotFoundError(
+            f"{repo_id!r} is not a local folder (no such folder: {Path(repo_id).absolute()}) and could not be fetched "
+            f"as a Hub repository{f' at revision {revision!r}' if revision else ''}: {reason}"
+        ) from error
     check_model_folder(snapshot)
     report = _new_report(repo_id, snapshot)
     with tempfile.TemporaryDirectory(prefix="hf-deep-nmt-upgrade-") as work:

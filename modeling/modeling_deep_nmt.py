@@ -1456,7 +1456,10 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         runs on eager calls that start a sequence, never while tracing: ids chosen by decoding come from the model's
         own vocabulary."""
         vocab = self.embed_tokens.num_embeddings
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab):
+        if not input_ids.numel():
+            return
+        lowest, highest = torch.stack([input_ids.min(), input_ids.max()]).tolist()  # one synchronisation, not two
+        if lowest < 0 or highest >= vocab:
             bad = input_ids[(input_ids < 0) | (input_ids >= vocab)][0].item()
             raise ValueError(
                 f"Token id {bad} is out of range for a vocabulary of {vocab} ids (valid: 0..{vocab - 1})."

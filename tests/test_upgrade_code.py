@@ -208,3 +208,8 @@ def test_the_command_line_reports_the_upgrade(published, capsys):
     assert f"model code 0.1.0 or earlier -> {__version__}" in out and "dry run" in out
     assert main(["upgrade-code", str(published), "--num-checks", "0"]) == 2
     assert "--num-checks" in capsys.readouterr().err
+
+
+def test_a_repository_that_cannot_be_fetched_is_named():
+    with pytest.raises(FileNotFoundError, match="'org/never-cached' is not a local folder .* could not be fetched"):
+        upgrade_repo("org/never-cached", dry_run=True)
