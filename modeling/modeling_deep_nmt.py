@@ -1106,24 +1106,41 @@ class DeepNMTResidualHistory(DeepNMTLayerHistory):
         return state[-1]
 
 
-class DeepNMTHistoryState:
-    """Per-call state of a block history (kept in the caller's `forward`, never on the module).
+class DeepNMTHistoryBuffers:
+    """What `DeepNMTHistoryRow`'s autograd nodes keep of a block history: `buffer` (size, *shape) receives each
+    stored output when the row that first reads it is combined (`columns`: the same memory as one column per stored
+    output), `weight` the weight matrix detached and cast to the buffer's dtype, and `grads` / `grad_columns` the
+    backward pass's. None of these has an autograd history: a node that kept a tensor of the graph it belongs to
+    (the row outputs, say) would be a reference cycle through autograd that Python's collector cannot free, and every
+    training step would keep its whole history (on a GPU, memory grows until it runs out)."""
 
-    `buffer` (size, *shape) receives each stored output when the row that first reads it is combined (`columns`:
-    the same memory as one column per stored output); `count` is the number of stored outputs so far, `newest` the
-    last of them (not yet in the buffer), `last` the newest layer output, `previous_row` the last combination.
-    `weight` is the weight matrix detached and cast to the buffer's dtype; `grads` and `grad_columns` belong to the
-    backward pass of `DeepNMTHistoryRow`."""
-
-    __slots__ = ("buffer", "columns", "weight", "count", "newest", "last", "previous_row", "grads", "grad_columns")
+    __slots__ = ("buffer", "columns", "weight", "grads", "grad_columns")
 
     def __init__(self, embedding: torch.Tensor, weight: torch.Tensor, size: int):
         self.buffer = embedding.new_empty((size, *embedding.shape))
         self.columns = self.buffer.view(size, -1).t()  # (elements, size)
         self.weight = weight.detach().to(embedding.dtype)
+        self.grads = self.grad_columns = None
+
+
+class DeepNMTHistoryState:
+    """Per-call state of a block history (kept in the caller's `forward`, never on the module or an autograd node).
+
+    `buffers` are what the rows' autograd nodes share (`DeepNMTHistoryBuffers`); `count` is the number of stored
+    outputs so far, `newest` the last of them (not yet in the buffer), `last` the newest layer output,
+    `previous_row` the last combination."""
+
+    __slots__ = ("buffers", "count", "newest", "last", "previous_row")
+
+    def __init__(self, embedding: torch.Tensor, weight: torch.Tensor, size: int):
+        self.buffers = DeepNMTHistoryBuffers(embedding, weight, size)
         self.count = 1
         self.newest = self.last = embedding
-        self.previous_row = self.grads = self.grad_columns = None
+        self.previous_row = None
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        return self.buffers.buffer
 
 
 class DeepNMTTracedHistoryState:
@@ -1165,7 +1182,7 @@ class DeepNMTHistoryRow(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, weight, newest, previous_row, state: DeepNMTHistoryState, row: int):
+    def forward(ctx, weight, newest, previous_row, state: DeepNMTHistoryBuffers, row: int):
         state.buffer[row].copy_(newest)
         with _without_autocast(newest.device.type):
             combined = torch.mv(state.columns[:, : row + 1], state.weight[row, : row + 1])
@@ -1260,7 +1277,7 @@ class DeepNMTBlockHistory(DeepNMTLayerHistory):
                 combined = combined + weight[row, column] * state.stored[column]
         else:
             weight = self.weight if row == 0 else None
-            combined = DeepNMTHistoryRow.apply(weight, state.newest, state.previous_row, state, row)
+            combined = DeepNMTHistoryRow.apply(weight, state.newest, state.previous_row, state.buffers, row)
             state.previous_row = combined
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
