@@ -299,11 +299,13 @@ def train_sample(device: str, steps: int, output_dir: Path) -> str:
     path = output_dir.with_suffix(".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(recipe, indent=2))
+    torch.cuda.reset_peak_memory_stats(device)
     summary = run([str(path)])
     assert summary["train_steps"] == steps, f"stopped at step {summary['train_steps']} of {steps}"
     return (
         f"{steps} steps, loss {summary['train_loss']}, sacreBLEU {summary.get('bleu')}, "
-        f"{summary['nonfinite_steps_skipped']} skipped, {summary['train_seconds']} s"
+        f"{summary['nonfinite_steps_skipped']} skipped, {summary['train_seconds']} s, "
+        f"peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
     )
 
 
