@@ -2011,10 +2011,87 @@ class MscModel(DeepNMTModel):
     config_class = MscConfig
 
 
+# --- The methods -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeepNMTMethod:
+    """One method of this package, named once: everything outside the model code that lists methods (the package's
+    class maps and auto-class registration, the model card, `doctor` and the test families) reads this table.
+
+    `checks` are the tiny variants `doctor` and the tests run for the method, by name: settings added to the tiny
+    sizes they use (a variant with `msc_block_layers` takes its encoder depth from the blocks). `card` is the file
+    under the package's `model_cards/methods/` that describes the method."""
+
+    config_class: type
+    model_class: type
+    base_model_class: type
+    card: str
+    checks: dict[str, dict]
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+
+METHODS: dict[str, DeepNMTMethod] = {}
+
+
+def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
+    """Add `method` to `METHODS` (by model type); a second method under a model type already taken is an error."""
+    known = METHODS.get(method.model_type)
+    if known is not None and known != method:
+        raise ValueError(f"model_type {method.model_type!r} is already the method of {known.config_class.__name__}.")
+    for name in method.checks:
+        owner = next((other for other in METHODS.values() if name in other.checks and other is not known), None)
+        if owner is not None:
+            raise ValueError(f"check name {name!r} is already taken by {owner.config_class.__name__}.")
+    METHODS[method.model_type] = method
+    return method
+
+
+for _method in (
+    DeepNMTMethod(
+        DeepNMTConfig,
+        DeepNMTForConditionalGeneration,
+        DeepNMTModel,
+        card="deep_nmt",
+        checks={
+            "prenorm": {},
+            "postnorm": dict(pre_norm=False),
+            "aan": dict(decoder_self_attention="average", aan_ffn=True),
+        },
+    ),
+    DeepNMTMethod(
+        DlclConfig,
+        DlclForConditionalGeneration,
+        DlclModel,
+        card="dlcl",
+        checks={"dlcl-prenorm": {}, "dlcl-postnorm": dict(pre_norm=False)},
+    ),
+    DeepNMTMethod(
+        DsInitConfig, DsInitForConditionalGeneration, DsInitModel, card="dsinit", checks={"dsinit-matt": {}}
+    ),
+    DeepNMTMethod(
+        SdtConfig,
+        SdtForConditionalGeneration,
+        SdtModel,
+        card="sdt",
+        checks={"sdt-sparse-rpr": dict(sparse_block_size=2, relative_position_window=4)},
+    ),
+    DeepNMTMethod(
+        MscConfig, MscForConditionalGeneration, MscModel, card="msc", checks={"msc": dict(msc_block_layers=[2, 2])}
+    ),
+):
+    register_method(_method)
+
 check_transformers_window()
 
 __all__ = [
+    "METHODS",
     "TESTED_TRANSFORMERS",
+    "DeepNMTMethod",
+    "register_method",
     "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",

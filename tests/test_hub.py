@@ -148,11 +148,22 @@ def test_each_preset_gets_its_own_method_section_in_the_card(tokenizer):
     assert "deep_nmt_dsinit" in card.data.tags
 
 
-def test_every_registered_preset_has_a_method_card():
-    from hf_deep_nmt import MODEL_CLASSES
-    from hf_deep_nmt.hub import METHOD_CARDS
+def test_every_registered_method_has_a_method_card():
+    from hf_deep_nmt import METHODS, MODEL_CLASSES
 
-    for config_class in MODEL_CLASSES:
-        assert config_class.model_type in METHOD_CARDS, config_class.model_type
-        card = MODELING_DIR.parent / "model_cards" / "methods" / f"{METHOD_CARDS[config_class.model_type]}.md"
+    assert {method.config_class for method in METHODS.values()} == set(MODEL_CLASSES)
+    for method in METHODS.values():
+        card = MODELING_DIR.parent / "model_cards" / "methods" / f"{method.card}.md"
         assert "<!-- citation -->" in card.read_text(encoding="utf-8")
+
+
+def test_the_card_shows_every_setting_that_differs_from_the_base_architecture():
+    from hf_deep_nmt import MscConfig, SdtConfig
+    from hf_deep_nmt.hub import architecture_of
+
+    shown = architecture_of(SdtConfig(encoder_layers=12, growth=[{"from_layers": 6}], dropout=0.3))
+    assert shown["encoder_layers"] == 12 and shown["d_model"] == 512  # sizes always
+    assert shown["encoder_layer_aggregation"] == "sparse" and shown["relative_position_window"] == 8
+    assert "pre_norm" not in shown  # the base default
+    assert not {"growth", "dropout", "pad_token_id", "transformers_version"} & set(shown)  # not architecture
+    assert architecture_of(MscConfig())["msc_block_layers"] == 6  # as the config holds it (6 blocks of 6)
