@@ -347,6 +347,10 @@ class DeepNMTLinear(nn.Linear):
 class DeepNMTAttention(nn.Module):
     """Multi-head scaled dot-product attention (SDPA). Decoding state goes to the `EncoderDecoderCache` only."""
 
+    # As a decoder's self-attention it reads the decoder's causal (and target padding) mask; the averaging sublayers
+    # are causal by construction and take none.
+    takes_causal_mask = True
+
     def __init__(
         self,
         config: DeepNMTConfig,
@@ -397,7 +401,11 @@ class DeepNMTAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache_layer: DeepNMTCacheLayerMixin | None = None,
+        average_cache_layer: DeepNMTCacheLayerMixin | None = None,
     ) -> torch.Tensor:
+        """`cache_layer`: this sublayer's state in the decoding cache. `average_cache_layer`: the layer's state in the
+        self-attention half, which a cross-attention that also averages the target keeps its running sum in (MAtt);
+        plain attention keeps nothing there and leaves it alone."""
         return self.out_proj(self._context(hidden_states, key_value_states, attention_mask, cache_layer))
 
     def _context(
@@ -501,6 +509,8 @@ class DeepNMTAverageAttention(nn.Module):
         [i_j; f_j] = sigmoid(W_z [y_j; g_j] + b_z)
         output_j = i_j * y_j + f_j * g_j
     """
+
+    takes_causal_mask = False  # the average runs over positions 0..j by construction
 
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
         super().__init__()
@@ -690,8 +700,6 @@ class DeepNMTDecoderLayer(DeepNMTLayer):
         """`encoder_hidden_states` / `context_states`: what this layer attends (`DeepNMTEncoderOutput.layer_memory`).
         `self_cache` / `cross_cache`: this layer's cache layers in the self- and cross-attention halves of the decoding
         cache (None without a cache)."""
-        # MAtt keeps its running sum in the self-attention half
-        merged = {"average_cache_layer": self_cache} if self.self_attn is None else {}
 
         def attend_source(normed: torch.Tensor) -> torch.Tensor:
             attended = self.encoder_attn(
@@ -699,7 +707,7 @@ class DeepNMTDecoderLayer(DeepNMTLayer):
                 key_value_states=encoder_hidden_states,
                 attention_mask=encoder_attention_mask,
                 cache_layer=cross_cache,
-                **merged,
+                average_cache_layer=self_cache,  # MAtt keeps its running sum in the self-attention half
             )
             return self.with_context(attended, normed, context_states, encoder_attention_mask, cross_cache)
 
@@ -716,14 +724,25 @@ class DeepNMTLayerHistory(nn.Module):
     """How a stack's layers are wired: what each layer reads and what the stack returns. One interface, so every
     stack runs one loop:
 
-    - `start(embedding)`: the per-call state (kept in the caller's `forward`, never on the module);
+    - `start(embedding, **modules)`: the per-call state (kept in the caller's `forward`, never on the module);
+      `modules` are those of the stack the history runs on (`DeepNMTStack.history_modules`: MSC's block LayerNorms
+      and context cell, none for the others);
     - `layer_input(state, i)`: the input of layer i (0-based); `layer_context(state, i)`: the context states layer i
       attends (MSC's encoder), else None;
     - `push(state, output, i)`: record the output of layer i;
     - `stack_output(state)`: what the stack returns before its final LayerNorm; `memory_outputs(state)`: what the
       encoder returns besides it for the decoder layers to attend (`DeepNMTEncoderOutput` fields; MSC only).
 
-    A new wiring is a subclass, and a key of `LAYER_AGGREGATION_CLASSES` when the config selects it."""
+    A new wiring is a subclass, and a key of `LAYER_AGGREGATION_CLASSES` when the config selects it. A stack builds
+    its history with `for_stack` of the class its aggregation names there."""
+
+    # whether `stack_output` is normalised already, so that a pre-norm stack adds no final LayerNorm (MSC's top block)
+    ends_normalised = False
+
+    @classmethod
+    def for_stack(cls, config: DeepNMTConfig, side: str) -> DeepNMTLayerHistory:
+        """The history of stack `side` ("encoder" or "decoder"), whose `{side}_layer_aggregation` names this class."""
+        return cls(config, getattr(config, f"{side}_layers"), getattr(config, f"{side}_block_boundaries"))
 
     def layer_context(self, state, index: int) -> torch.Tensor | None:
         return None
@@ -737,6 +756,14 @@ class DeepNMTResidualHistory(DeepNMTLayerHistory):
 
     def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
         super().__init__()
+
+    @classmethod
+    def for_stack(cls, config: DeepNMTConfig, side: str) -> DeepNMTLayerHistory:
+        """A residual encoder cut into MSC blocks (`config.msc_block_layers`: MSC encoders are residual) runs MSC's
+        history, `DeepNMTMultiscaleHistory`."""
+        if side == "encoder" and config.msc_block_layers is not None:
+            return DeepNMTMultiscaleHistory(config)
+        return super().for_stack(config, side)
 
     def start(self, embedding: torch.Tensor) -> list[torch.Tensor]:
         return [embedding]
@@ -869,13 +896,16 @@ class DeepNMTMscContext(nn.Module):
 
 
 class DeepNMTMultiscaleState:
-    """Per-call state of the MSC encoder: the newest layer output, the context the current block attends, and the
-    normalised block outputs and contexts so far."""
+    """Per-call state of the MSC encoder: the encoder's block LayerNorms and context cell (None without a context) for
+    this call, the newest layer output, the context the current block attends, and the normalised block outputs and
+    contexts so far."""
 
-    __slots__ = ("last", "context", "blocks", "contexts")
+    __slots__ = ("block_layer_norms", "context_cell", "last", "context", "blocks", "contexts")
 
-    def __init__(self, embedding: torch.Tensor, context: torch.Tensor | None):
-        self.last, self.context = embedding, context
+    def __init__(self, embedding: torch.Tensor, block_layer_norms: nn.ModuleList, context_cell: nn.Module | None):
+        self.block_layer_norms, self.context_cell = block_layer_norms, context_cell
+        self.last = embedding
+        self.context = embedding if context_cell is not None else None
         self.blocks: list[torch.Tensor] = []
         self.contexts: list[torch.Tensor] = []
 
@@ -888,21 +918,23 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
     `C^n = Q(C^{n-1}, LN_n(B^n))`, `C^0` the encoder input (`DeepNMTMscContext`).
 
     The block LayerNorms and the context cell are the encoder's modules (`encoder.block_layer_norms`,
-    `encoder.context`: the names every saved MSC model has), read from the encoder at each call, so that a module
-    replaced there (e.g. by PEFT's `modules_to_save`) is the one that runs. The encoder is held in a tuple: a plain
-    reference, not a submodule.
+    `encoder.context`: the names every saved MSC model has), handed to `start` by the encoder at each call
+    (`DeepNMTEncoder.history_modules`), so that a module replaced there (e.g. by PEFT's `modules_to_save`) is the one
+    that runs. The history itself holds no module.
     """
 
-    def __init__(self, config: DeepNMTConfig, encoder: nn.Module):
+    ends_normalised = True  # the top block's LayerNorm plays the final LayerNorm's part
+
+    def __init__(self, config: DeepNMTConfig):
         super().__init__()
         boundaries = config.msc_block_boundaries()
         self.block_ends = {end - 1: block for block, end in enumerate(boundaries[1:])}  # last layer -> its block
         self.returns_context = msc_attends_context(config, "decoder")
-        self.owner = (encoder,)
 
-    def start(self, embedding: torch.Tensor) -> DeepNMTMultiscaleState:
-        attends_context = self.owner[0].context is not None
-        return DeepNMTMultiscaleState(embedding, embedding if attends_context else None)
+    def start(
+        self, embedding: torch.Tensor, block_layer_norms: nn.ModuleList, context_cell: nn.Module | None
+    ) -> DeepNMTMultiscaleState:
+        return DeepNMTMultiscaleState(embedding, block_layer_norms, context_cell)
 
     def layer_input(self, state: DeepNMTMultiscaleState, index: int) -> torch.Tensor:
         return state.last
@@ -915,11 +947,10 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
         block = self.block_ends.get(index)
         if block is None:
             return
-        encoder = self.owner[0]
-        normed = encoder.block_layer_norms[block](output)
+        normed = state.block_layer_norms[block](output)
         state.blocks.append(normed)
-        if encoder.context is not None:
-            state.context = encoder.context(state.context, normed, block)
+        if state.context_cell is not None:
+            state.context = state.context_cell(state.context, normed, block)
             state.contexts.append(state.context)
 
     def stack_output(self, state: DeepNMTMultiscaleState) -> torch.Tensor:
@@ -1141,17 +1172,21 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
 
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding, side: str):
         super().__init__(config)
-        num_layers = getattr(config, f"{side}_layers")
         aggregation = getattr(config, f"{side}_layer_aggregation")
-        boundaries = getattr(config, f"{side}_block_boundaries")
         self.dropout = config.dropout
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = DeepNMTSinusoidalPositions(config.d_model, config.sinusoid_frequencies)
-        self.history = LAYER_AGGREGATION_CLASSES[aggregation](config, num_layers, boundaries)
+        self.history = LAYER_AGGREGATION_CLASSES[aggregation].for_stack(config, side)
         # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
-        # post-norm output row.
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_norm else None
+        # post-norm output row, and so does a history whose output is normalised (MSC's top block).
+        self.layer_norm = None
+        if config.pre_norm and not self.history.ends_normalised:
+            self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def history_modules(self) -> dict[str, nn.Module | None]:
+        """Modules of this stack that its history runs on, handed to `history.start` at each call: none here."""
+        return {}
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -1201,9 +1236,13 @@ class DeepNMTEncoder(DeepNMTStack):
             )
             if msc_attends_context(config, "encoder"):
                 self.context = DeepNMTMscContext(config)
-            self.history = DeepNMTMultiscaleHistory(config, self)
-            self.layer_norm = None  # the top block's LayerNorm plays its part
         self.post_init()
+
+    def history_modules(self) -> dict[str, nn.Module | None]:
+        """MSC: the block LayerNorms and the context cell (`DeepNMTMultiscaleHistory.start`), read at each call."""
+        if self.block_layer_norms is None:
+            return {}
+        return {"block_layer_norms": self.block_layer_norms, "context_cell": self.context}
 
     def forward(
         self,
@@ -1246,7 +1285,7 @@ class DeepNMTEncoder(DeepNMTStack):
                 check_padding_rows(attention_mask)
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
-        state = self.history.start(hidden_states)  # layer outputs of this call only
+        state = self.history.start(hidden_states, **self.history_modules())  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
             output = layer(self.history.layer_input(state, index), mask, self.history.layer_context(state, index))
             self.history.push(state, output, index)
@@ -1278,6 +1317,9 @@ class DeepNMTDecoder(DeepNMTStack):
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, "decoder")
         self.layers = nn.ModuleList(DeepNMTDecoderLayer(config, i) for i in range(config.decoder_layers))
+        # the causal mask is built only for a self-attention sublayer that reads it (none where MAtt merges it away)
+        self_attention = DECODER_ATTENTION_CLASSES[config.decoder_self_attention][0]
+        self.self_attention_takes_mask = self_attention is not None and self_attention.takes_causal_mask
         self.post_init()
 
     def forward(
@@ -1316,7 +1358,7 @@ class DeepNMTDecoder(DeepNMTStack):
             self.check_input_ids(input_ids)
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
         self_mask = None
-        if self.config.decoder_self_attention == "multi_head":
+        if self.self_attention_takes_mask:
             self_mask = self._self_attention_mask(
                 attention_mask,
                 input_ids.shape[1],
@@ -1325,7 +1367,7 @@ class DeepNMTDecoder(DeepNMTStack):
                 max_cache_len=self_caches[0].max_cache_len if static else None,
             )
         cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
-        state = self.history.start(hidden_states)  # layer outputs of this call only
+        state = self.history.start(hidden_states, **self.history_modules())  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
             memory, context = encoder_outputs.layer_memory(index)
             output = layer(
