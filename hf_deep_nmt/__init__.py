@@ -1,4 +1,4 @@
-"""hf-deep-nmt: deep-Transformer translation models (DLCL, DS-Init + MAtt, SDT, MSC) as Hugging Face models.
+"""hf-deep-nmt: deep-Transformer translation models (DLCL, DS-Init + MAtt, SDT, MSC, DeepNorm) as Hugging Face models.
 
 Importing the package registers every config with `AutoConfig`, its translation model with `AutoModelForSeq2SeqLM`
 and its encoder-decoder without the output layer with `AutoModel`, and marks them for auto-class saving, so that
@@ -10,7 +10,14 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling import modeling_deep_nmt
-from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt.modeling.configuration_deep_nmt import (
+    DeepNMTConfig,
+    DeepNormConfig,
+    DlclConfig,
+    DsInitConfig,
+    MscConfig,
+    SdtConfig,
+)
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     CODE_VERSION,
     METHODS,
@@ -19,6 +26,8 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTMethod,
     DeepNMTModel,
     DeepNMTPreTrainedModel,
+    DeepNormForConditionalGeneration,
+    DeepNormModel,
     DlclForConditionalGeneration,
     DlclModel,
     DsInitForConditionalGeneration,
@@ -75,6 +84,9 @@ __all__ = [
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",
     "DeepNMTForConditionalGeneration",
+    "DeepNormConfig",
+    "DeepNormForConditionalGeneration",
+    "DeepNormModel",
     "DlclForConditionalGeneration",
     "DlclModel",
     "DsInitConfig",

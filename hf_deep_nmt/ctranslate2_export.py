@@ -166,6 +166,11 @@ SETTINGS: dict[str, SettingCheck | None] = {
         None if value in ACTIVATIONS else f"CTranslate2 computes {sorted(ACTIVATIONS)}"
     ),
     "eos_token_id": _eos_problem,
+    "deepnorm": lambda value: (
+        None
+        if not value
+        else "DeepNorm: CTranslate2 adds a residual's skip unweighted, x + F(x), where DeepNorm weighs it by alpha"
+    ),
 }
 
 

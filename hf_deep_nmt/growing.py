@@ -82,6 +82,12 @@ GROWABLE: dict[str, SettingCheck | None] = {
         None,
     ),
     "msc_block_layers": _msc_problem,
+    "deepnorm": lambda value: (
+        None
+        if not value
+        else "DeepNorm: its alpha and beta depend on the number of layers, so a grown model would compute with other "
+        "constants than the ones its layers were trained with"
+    ),
 }
 
 
@@ -94,7 +100,8 @@ def _package_model(model: PreTrainedModel | str | Path, caller: str) -> PreTrain
         raise TypeError(f"{caller} needs a model of this package, got {type(model).__name__}.")
     problems = refusals(config, GROWABLE, caller)
     if problems:
-        what = "MSC models" if config.msc_block_layers is not None else f"this {config.model_type} model"
+        msc = config.msc_block_layers
+        what = f"MSC models (msc_block_layers={msc!r})" if msc is not None else f"this {config.model_type} model"
         raise ValueError(f"{caller} does not apply to {what}: {'; '.join(problems)}.")
     return model
 

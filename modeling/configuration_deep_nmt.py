@@ -47,7 +47,7 @@ SINUSOID_FREQUENCIES = ("fairseq", "marian")
 # Settings new in 0.2.0 (not yet released) that 0.1.0 did not have: `to_dict` (and so `config.json`) holds them only
 # when they differ from their defaults, so a model that does not use them gets no key for them: as far as these
 # settings go, its config is what 0.1.0 wrote, and the 0.1.0 model code published on the Hub still loads it.
-LATER_SETTINGS = ("sinusoid_frequencies", "output_bias", "converted_from", "growth")
+LATER_SETTINGS = ("sinusoid_frequencies", "output_bias", "converted_from", "growth", "deepnorm")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
 # `PreTrainedConfig` itself: not unknown keys.
@@ -135,6 +135,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
             "dlcl_history_norm",
             "aan_ffn",
             "sdpa_avoid_cudnn",
+            "deepnorm",
         ),
         BOOL,
     ),
@@ -329,7 +330,30 @@ def _token_ids_are_in_their_vocabulary(config: DeepNMTConfig) -> str | None:
     return None
 
 
+def _deepnorm_is_post_norm_with_its_own_init(config: DeepNMTConfig) -> str | None:
+    if not config.deepnorm:
+        return None
+    if config.pre_norm:
+        return (
+            "DeepNorm up-weights the skip of a post-norm residual, x <- LN(alpha * x + F(x)); `deepnorm=True` needs "
+            "`pre_norm=False`, got `pre_norm=True`."
+        )
+    if config.init_scheme != "default":
+        return (
+            "DeepNorm brings its own initialisation (Xavier-normal with gain beta); `deepnorm=True` needs "
+            f"`init_scheme='default'`, got {config.init_scheme!r}."
+        )
+    if config.msc_block_layers is not None:
+        return (
+            "DeepNorm's constants are derived for plain stacks of N encoder and M decoder layers; MSC's block-wise "
+            f"cross-attention and context are outside that analysis: `deepnorm=True` needs `msc_block_layers=None`, "
+            f"got {config.msc_block_layers!r}."
+        )
+    return None
+
+
 STRUCTURAL_RULES = (
+    _deepnorm_is_post_norm_with_its_own_init,
     _msc_blocks_pair_with_decoder_layers,
     _encoder_layers_fill_the_msc_blocks,
     _msc_encoder_is_residual,
@@ -540,6 +564,15 @@ class DeepNMTConfig(PreTrainedConfig):
             Su 2018, replacing self-attention only).
         aan_ffn (`bool`, *optional*, defaults to `False`):
             Give the AAN its feed-forward network on the average (only with `decoder_self_attention="average"`).
+        deepnorm (`bool`, *optional*, defaults to `False`):
+            DeepNorm (Wang et al. 2022, "DeepNet: Scaling Transformers to 1,000 Layers"): every post-norm residual
+            block computes `LN(alpha * x + F(x))`, and the FFN matrices and the attention value and output
+            projections are drawn Xavier-normal with gain beta (query and key projections gain 1). The constants
+            (`deepnorm_constants`) are the paper's encoder-decoder ones for N encoder and M decoder layers, since
+            every model here has both stacks: encoder alpha = 0.81 (N^4 M)^(1/16), beta = 0.87 (N^4 M)^(-1/16);
+            decoder alpha = (3M)^(1/4), beta = (12M)^(-1/4). Needs `pre_norm=False` and `init_scheme="default"`;
+            not with MSC. Combines with DLCL and sparse connections (each layer's residual blocks are scaled), MAtt,
+            the AAN and relative position keys. Written into `config.json` only when set.
         relative_position_window (`int`, *optional*, defaults to 0):
             Relative position keys (Shaw et al. 2018, as used by SDT, Li et al. 2020) in encoder and decoder
             self-attention with clipping distance k: score_ij = q_i . (k_j + a_clip(j-i, -k, k)) / sqrt(d_h), one
@@ -647,6 +680,7 @@ class DeepNMTConfig(PreTrainedConfig):
     encoder_l2_lambda: float = 0.0
     layer_norm_eps: float = 1e-5
     sdpa_avoid_cudnn: bool = True
+    deepnorm: bool = False
     converted_from: dict | None = None
     growth: list[dict] | None = None
     use_cache: bool = True
@@ -683,6 +717,19 @@ class DeepNMTConfig(PreTrainedConfig):
         for size in blocks:
             boundaries.append(boundaries[-1] + size)
         return boundaries
+
+    def deepnorm_constants(self, side: str) -> tuple[float, float]:
+        """DeepNorm's `(alpha, beta)` for the layers of `side` ("encoder" or "decoder"): the skip weight of every
+        residual block and the gain of the value, output and FFN matrices; `(1.0, 1.0)` without `deepnorm`. The
+        encoder-decoder form of the paper (N encoder, M decoder layers)."""
+        if side not in ("encoder", "decoder"):
+            raise ValueError(f"`side` must be 'encoder' or 'decoder', got {side!r}.")
+        if not self.deepnorm:
+            return 1.0, 1.0
+        n, m = self.encoder_layers, self.decoder_layers
+        if side == "encoder":
+            return 0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)
+        return (3 * m) ** (1 / 4), (12 * m) ** (-1 / 4)
 
     def to_dict(self) -> dict:
         output = super().to_dict()
@@ -890,6 +937,21 @@ class MscConfig(DeepNMTConfig):
     msc_block_layers: int | list[int] | None = 6
 
 
+class DeepNormConfig(DeepNMTConfig):
+    r"""
+    DeepNorm, "DeepNet: Scaling Transformers to 1,000 Layers" (Wang, Ma, Dong, Huang, Zhang, Wei, 2022): the
+    paper's deepest bilingual WMT-17 En-De system as defaults — post-norm with DeepNorm residuals and initialisation
+    (`deepnorm`), 100 encoder and 100 decoder layers, base width (512, FFN 2048, 8 heads), shared vocabulary.
+    """
+
+    model_type = "deep_nmt_deepnorm"
+
+    encoder_layers: int = 100
+    decoder_layers: int = 100
+    pre_norm: bool = False
+    deepnorm: bool = True
+
+
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -921,6 +983,7 @@ __all__ = [
     "DeepNMTConfig",
     "DeepNMTGenerationConfig",
     "DlclConfig",
+    "DeepNormConfig",
     "DsInitConfig",
     "MscConfig",
     "SdtConfig",

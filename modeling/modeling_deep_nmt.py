@@ -29,6 +29,7 @@ from .configuration_deep_nmt import (
     CACHE_LAYER_TYPE,
     DeepNMTConfig,
     DeepNMTGenerationConfig,
+    DeepNormConfig,
     DlclConfig,
     DsInitConfig,
     MscConfig,
@@ -328,20 +329,60 @@ def depth_scale(config: DeepNMTConfig, layer_idx: int | None) -> float:
     return alpha / math.sqrt(depth) if config.ds_init_mode == "paper" else math.sqrt(alpha) * depth**-0.25
 
 
+def deepnorm_gains(config: DeepNMTConfig, side: str | None) -> tuple[float, float] | None:
+    """DeepNorm's initialisation gains of a layer of `side`: `(gain of the query/key projections, gain beta of the
+    value/output projections and the FFN matrices)`, `(1, beta)`; None without `deepnorm`."""
+    if not config.deepnorm:
+        return None
+    if side is None:
+        raise ValueError("A DeepNorm layer needs its stack (`side='encoder'` or `'decoder'`): its gains depend on it.")
+    return 1.0, config.deepnorm_constants(side)[1]
+
+
 class DeepNMTLinear(nn.Linear):
-    """A weight matrix with its initialisation (`_init_weights`): Glorot-uniform in +-`init_scale * sqrt(6 /
-    glorot_fan)`, zero bias. `glorot_fan` is fan-in + fan-out of the matrix as the reference implementation stores
-    it (see `init_scheme` in the config's docs), `init_scale` DS-Init's depth factor (`depth_scale`)."""
+    """A weight matrix with its initialisation (`_init_weights`), zero bias, and the matrix drawn either
+    Glorot-uniform in +-`init_scale * sqrt(6 / glorot_fan)` or (`init_normal`, DeepNorm's Xavier-normal) from
+    N(0, (init_scale * sqrt(2 / glorot_fan))^2). `glorot_fan` is fan-in + fan-out of the matrix as the reference
+    implementation stores it (see `init_scheme` in the config's docs), `init_scale` DS-Init's depth factor
+    (`depth_scale`) or DeepNorm's gain (`deepnorm_gains`)."""
 
     def __init__(
-        self, in_features: int, out_features: int, glorot_fan: int | None = None, init_scale: float = 1.0
+        self,
+        in_features: int,
+        out_features: int,
+        glorot_fan: int | None = None,
+        init_scale: float = 1.0,
+        init_normal: bool = False,
     ) -> None:
         super().__init__(in_features, out_features)
         self.glorot_fan = glorot_fan if glorot_fan is not None else in_features + out_features
         self.init_scale = init_scale
+        self.init_normal = init_normal
+
+    @classmethod
+    def in_layer(
+        cls,
+        in_features: int,
+        out_features: int,
+        config: DeepNMTConfig,
+        side: str | None,
+        layer_idx: int | None,
+        reads_positions: bool = False,
+        glorot_fan: int | None = None,
+    ) -> DeepNMTLinear:
+        """A matrix of layer `layer_idx` of stack `side`, initialised as its place asks: with DeepNorm, Xavier-normal
+        over its own fans with gain 1 where it `reads_positions` (query and key maps, the AAN gate) and gain beta
+        elsewhere (value and output maps, FFNs); else Glorot-uniform over `glorot_fan` (default fan-in + fan-out)
+        scaled by DS-Init's depth factor."""
+        gains = deepnorm_gains(config, side)
+        if gains is not None:
+            gain = gains[0] if reads_positions else gains[1]
+            return cls(in_features, out_features, in_features + out_features, gain, init_normal=True)
+        return cls(in_features, out_features, glorot_fan, depth_scale(config, layer_idx))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, glorot_fan={self.glorot_fan}, init_scale={self.init_scale:.6g}"
+        drawn = ", normal" if self.init_normal else ""
+        return f"{super().extra_repr()}, glorot_fan={self.glorot_fan}, init_scale={self.init_scale:.6g}{drawn}"
 
 
 class DeepNMTAttention(nn.Module):
@@ -358,6 +399,8 @@ class DeepNMTAttention(nn.Module):
         is_cross_attention: bool,
         layer_idx: int | None,
         context_memory: bool = False,
+        *,
+        side: str | None = None,
     ):
         super().__init__()
         self.embed_dim = width = config.d_model
@@ -375,11 +418,11 @@ class DeepNMTAttention(nn.Module):
         # packs self-attention Q/K/V the same way but keeps separate d x d cross-attention maps (fan 2d).
         packed = not (is_cross_attention and config.init_scheme == "ds_init")
         projection_fan = (4 if packed else 2) * width
-        scale = depth_scale(config, layer_idx)
-        self.q_proj = DeepNMTLinear(width, width, projection_fan, scale)
-        self.k_proj = DeepNMTLinear(width, width, projection_fan, scale)
-        self.v_proj = DeepNMTLinear(width, width, projection_fan, scale)
-        self.out_proj = DeepNMTLinear(width, width, init_scale=scale)
+        place = (config, side, layer_idx)
+        self.q_proj = DeepNMTLinear.in_layer(width, width, *place, reads_positions=True, glorot_fan=projection_fan)
+        self.k_proj = DeepNMTLinear.in_layer(width, width, *place, reads_positions=True, glorot_fan=projection_fan)
+        self.v_proj = DeepNMTLinear.in_layer(width, width, *place, glorot_fan=projection_fan)
+        self.out_proj = DeepNMTLinear.in_layer(width, width, *place)
         # Relative position keys (self-attention only): 2k+1 vectors a_{-k..k}, shared by the heads of this layer.
         self.relative_window = 0 if is_cross_attention else config.relative_position_window
         self.relative_keys = (
@@ -389,7 +432,7 @@ class DeepNMTAttention(nn.Module):
     @classmethod
     def in_decoder(cls, config: DeepNMTConfig, layer_idx: int, is_cross_attention: bool) -> DeepNMTAttention:
         """The decoder's self- or cross-attention sublayer (`DECODER_ATTENTION_CLASSES`)."""
-        return cls(config, config.decoder_attention_heads, is_cross_attention, layer_idx)
+        return cls(config, config.decoder_attention_heads, is_cross_attention, layer_idx, side="decoder")
 
     def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
         batch, length, _ = states.shape
@@ -480,7 +523,7 @@ class DeepNMTMergedAttention(DeepNMTAttention):
     """
 
     def __init__(self, config: DeepNMTConfig, num_heads: int, layer_idx: int):
-        super().__init__(config, num_heads, is_cross_attention=True, layer_idx=layer_idx)
+        super().__init__(config, num_heads, is_cross_attention=True, layer_idx=layer_idx, side="decoder")
 
     @classmethod
     def in_decoder(cls, config: DeepNMTConfig, layer_idx: int, is_cross_attention: bool) -> DeepNMTMergedAttention:
@@ -515,11 +558,11 @@ class DeepNMTAverageAttention(nn.Module):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
-        width, scale = config.d_model, depth_scale(config, layer_idx)
-        self.gate = DeepNMTLinear(2 * width, 2 * width, init_scale=scale)
+        width, ffn, place = config.d_model, config.decoder_ffn_dim, (config, "decoder", layer_idx)
+        self.gate = DeepNMTLinear.in_layer(2 * width, 2 * width, *place, reads_positions=True)
         if config.aan_ffn:
-            self.fc1 = DeepNMTLinear(width, config.decoder_ffn_dim, init_scale=scale)
-            self.fc2 = DeepNMTLinear(config.decoder_ffn_dim, width, init_scale=scale)
+            self.fc1 = DeepNMTLinear.in_layer(width, ffn, *place)
+            self.fc2 = DeepNMTLinear.in_layer(ffn, width, *place)
             self.activation_fn = activation_function(config.activation_function)
             self.activation_dropout = config.activation_dropout
         else:
@@ -557,22 +600,27 @@ class DeepNMTResidualNorm(nn.LayerNorm):
 
         post-norm (DLCL paper Eq. 3):  x <- LN(x + Drop(F(x)))
         pre-norm  (Eq. 4):             x <- x + Drop(F(LN(x)))
+        DeepNorm (DeepNet Eq. 1):      x <- LN(alpha * x + Drop(F(x)))   (post-norm, alpha of the block's stack)
 
     `around(x, F)` applies the block to the sublayer `F`; called as a module it is the plain LayerNorm. The layer
     holds it under the norm's name, as Marian names its norms (`self_attn_layer_norm`, `encoder_attn_layer_norm`,
     `final_layer_norm`), so the saved parameter names are the LayerNorm's."""
 
-    def __init__(self, config: DeepNMTConfig):
+    def __init__(self, config: DeepNMTConfig, side: str):
         super().__init__(config.d_model, eps=config.layer_norm_eps)
         self.pre_norm = config.pre_norm
         self.dropout = config.dropout
+        self.residual_scale = config.deepnorm_constants(side)[0]  # DeepNorm's alpha; 1 otherwise
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, pre_norm={self.pre_norm}, dropout={self.dropout}"
+        scale = f", residual_scale={self.residual_scale:.6g}" if self.residual_scale != 1.0 else ""
+        return f"{super().extra_repr()}, pre_norm={self.pre_norm}, dropout={self.dropout}{scale}"
 
     def around(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         inputs = self(hidden_states) if self.pre_norm else hidden_states
-        outputs = hidden_states + dropout(sublayer(inputs), self.dropout, self.training)
+        outputs = dropout(sublayer(inputs), self.dropout, self.training)
+        skip = hidden_states if self.residual_scale == 1.0 else self.residual_scale * hidden_states
+        outputs = skip + outputs
         return outputs if self.pre_norm else self(outputs)
 
 
@@ -591,7 +639,7 @@ def msc_context_modules(
     order, and so their seeded draws."""
     if not msc_attends_context(config, side):
         return None, None
-    context_attention = DeepNMTAttention(config, num_heads, True, layer_idx, context_memory=True)
+    context_attention = DeepNMTAttention(config, num_heads, True, layer_idx, context_memory=True, side=side)
     if config.msc_fusion != "gate":
         return context_attention, None
     width = config.d_model
@@ -611,15 +659,15 @@ class DeepNMTLayer(GradientCheckpointingLayer):
     (`msc_context_modules`), so that their parameters come after it, as in every saved model.
     """
 
-    def __init__(self, config: DeepNMTConfig, layer_idx: int, ffn_dim: int):
+    def __init__(self, config: DeepNMTConfig, layer_idx: int, ffn_dim: int, side: str):
         super().__init__()
-        width, scale = config.d_model, depth_scale(config, layer_idx)
+        width = config.d_model
         self.layer_idx = layer_idx
         self.activation_fn = activation_function(config.activation_function)
         self.activation_dropout = config.activation_dropout
-        self.fc1 = DeepNMTLinear(width, ffn_dim, init_scale=scale)
-        self.fc2 = DeepNMTLinear(ffn_dim, width, init_scale=scale)
-        self.final_layer_norm = DeepNMTResidualNorm(config)
+        self.fc1 = DeepNMTLinear.in_layer(width, ffn_dim, config, side, layer_idx)
+        self.fc2 = DeepNMTLinear.in_layer(ffn_dim, width, config, side, layer_idx)
+        self.final_layer_norm = DeepNMTResidualNorm(config, side)
         # set by each layer after its own attention (`msc_context_modules`); None where it attends no context
         self.context_attn: DeepNMTAttention | None = None
         self.fusion_gate: DeepNMTLinear | None = None
@@ -653,10 +701,10 @@ class DeepNMTLayer(GradientCheckpointingLayer):
 
 class DeepNMTEncoderLayer(DeepNMTLayer):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
-        super().__init__(config, layer_idx, config.encoder_ffn_dim)
+        super().__init__(config, layer_idx, config.encoder_ffn_dim, "encoder")
         heads = config.encoder_attention_heads
-        self.self_attn = DeepNMTAttention(config, heads, False, layer_idx)
-        self.self_attn_layer_norm = DeepNMTResidualNorm(config)
+        self.self_attn = DeepNMTAttention(config, heads, False, layer_idx, side="encoder")
+        self.self_attn_layer_norm = DeepNMTResidualNorm(config, "encoder")
         self.context_attn, self.fusion_gate = msc_context_modules(config, "encoder", heads, layer_idx)
 
     def forward(
@@ -675,14 +723,14 @@ class DeepNMTEncoderLayer(DeepNMTLayer):
 
 class DeepNMTDecoderLayer(DeepNMTLayer):
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
-        super().__init__(config, layer_idx, config.decoder_ffn_dim)
+        super().__init__(config, layer_idx, config.decoder_ffn_dim, "decoder")
         self_attention, cross_attention = DECODER_ATTENTION_CLASSES[config.decoder_self_attention]
         self.self_attn = self.self_attn_layer_norm = None  # MAtt: merged into the cross-attention sublayer
         if self_attention is not None:
             self.self_attn = self_attention.in_decoder(config, layer_idx, is_cross_attention=False)
-            self.self_attn_layer_norm = DeepNMTResidualNorm(config)
+            self.self_attn_layer_norm = DeepNMTResidualNorm(config, "decoder")
         self.encoder_attn = cross_attention.in_decoder(config, layer_idx, is_cross_attention=True)
-        self.encoder_attn_layer_norm = DeepNMTResidualNorm(config)
+        self.encoder_attn_layer_norm = DeepNMTResidualNorm(config, "decoder")
         self.context_attn, self.fusion_gate = msc_context_modules(
             config, "decoder", config.decoder_attention_heads, layer_idx
         )
@@ -1141,7 +1189,10 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
         modules without parameters of their own.
         """
         d_model = self.config.d_model
-        if isinstance(module, DeepNMTLinear):
+        if isinstance(module, DeepNMTLinear) and getattr(module, "init_normal", False):
+            init.normal_(module.weight, mean=0.0, std=module.init_scale * math.sqrt(2.0 / module.glorot_fan))
+            init.zeros_(module.bias)
+        elif isinstance(module, DeepNMTLinear):
             bound = module.init_scale * math.sqrt(6.0 / module.glorot_fan)
             init.uniform_(module.weight, -bound, bound)
             init.zeros_(module.bias)
@@ -1700,6 +1751,13 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         return attention_mask
 
 
+class DeepNormForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """DeepNorm (Wang et al., 2022). Same network as [`DeepNMTForConditionalGeneration`] with [`DeepNormConfig`]
+    defaults."""
+
+    config_class = DeepNormConfig
+
+
 class DlclForConditionalGeneration(DeepNMTForConditionalGeneration):
     """DLCL (Wang et al., 2019). Same network as [`DeepNMTForConditionalGeneration`] with [`DlclConfig`] defaults."""
 
@@ -1727,6 +1785,10 @@ class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
 
 
 # The encoder-decoders without the output layer that `AutoModel` loads for each named config.
+
+
+class DeepNormModel(DeepNMTModel):
+    config_class = DeepNormConfig
 
 
 class DlclModel(DeepNMTModel):
@@ -1816,6 +1878,9 @@ for _method in (
     DeepNMTMethod(
         MscConfig, MscForConditionalGeneration, MscModel, card="msc", checks={"msc": dict(msc_block_layers=[2, 2])}
     ),
+    DeepNMTMethod(
+        DeepNormConfig, DeepNormForConditionalGeneration, DeepNormModel, card="deepnorm", checks={"deepnorm": {}}
+    ),
 ):
     register_method(_method)
 
@@ -1830,6 +1895,8 @@ __all__ = [
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",
     "DeepNMTForConditionalGeneration",
+    "DeepNormForConditionalGeneration",
+    "DeepNormModel",
     "DlclForConditionalGeneration",
     "DsInitForConditionalGeneration",
     "MscForConditionalGeneration",

@@ -18,7 +18,7 @@ for _variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")
 import pytest
 import torch
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 
 # Every size differs from every other one, so that a swapped axis or a transposed weight fails loudly.
 TINY_SIZES = dict(
@@ -88,6 +88,16 @@ ARCHITECTURES = [
     ),
     # MSC: encoder blocks of 2 and 1 layers for the 2 decoder layers, across the ablation switches
     pytest.param((MscConfig, dict(msc_block_layers=[2, 1])), id="MscConfig"),
+    # DeepNorm: post-norm with the skip weighted by alpha; with DLCL and MAtt, and with the AAN and relative keys
+    pytest.param((DeepNormConfig, {}), id="DeepNormConfig"),
+    pytest.param(
+        (DeepNormConfig, dict(layer_aggregation="dlcl", decoder_self_attention="merged_average")),
+        id="deepnorm-dlcl-matt",
+    ),
+    pytest.param(
+        (DeepNormConfig, dict(decoder_self_attention="average", aan_ffn=True, relative_position_window=2)),
+        id="deepnorm-aan-ffn-relative-keys",
+    ),
     pytest.param(
         (DeepNMTConfig, dict(msc_block_layers=[1, 2], pre_norm=False, msc_context="ffn_per_block", msc_fusion="add")),
         id="msc-postnorm-ffn-cell-add-fusion",

@@ -13,6 +13,8 @@ from hf_deep_nmt import (
     MODEL_CLASSES,
     DeepNMTConfig,
     DeepNMTForConditionalGeneration,
+    DeepNormConfig,
+    DeepNormForConditionalGeneration,
     DlclConfig,
     DlclForConditionalGeneration,
     DsInitConfig,
@@ -33,6 +35,7 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (
 
 LOSS_KEYS = ("missing_keys", "unexpected_keys", "mismatched_keys")
 NAMED_MODEL_CLASSES = {
+    DeepNormForConditionalGeneration: DeepNormConfig,
     DlclForConditionalGeneration: DlclConfig,
     DsInitForConditionalGeneration: DsInitConfig,
     SdtForConditionalGeneration: SdtConfig,

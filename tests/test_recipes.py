@@ -35,6 +35,7 @@ EXPECTED = {
     "msc_6x12_iwslt14_ende": (
         "deep_nmt_msc", 72, 6, 256, 512, 4, True, {"msc_block_layers": 12, "encoder_l2_lambda": 1e-5},
     ),
+    "deepnorm_100l_wmt17_ende": ("deep_nmt_deepnorm", 100, 100, 512, 2048, 8, False, {"deepnorm": True}),
 }  # fmt: skip
 
 
