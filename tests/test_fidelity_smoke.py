@@ -84,3 +84,20 @@ def test_msc_gradients_smoke(tmp_path):
     for system in results["systems"].values():
         assert [p["step"] for p in system["points"]] == [0, 2, 4]
         assert all(len(p["encoder"]) == 4 for p in system["points"])
+
+
+def test_deepnorm_update_smoke(tmp_path):
+    load_script("deepnorm_update").main(["--smoke", "--threads", "1", "--out-dir", str(tmp_path)])
+    results = check_outputs(tmp_path, "deepnorm_update", ["deepnorm_update.png"], {"claim", "settings", "systems"})
+    assert set(results["systems"]) == {
+        f"{name} {depth}L" for name in ("post-norm", "DS-Init", "DeepNorm") for depth in (2, 3)
+    }
+    for label, system in results["systems"].items():
+        assert list(system["model_update"]) == ["1", "3"]
+        assert all(value > 0 for value in system["model_update"].values())  # every system moved
+        assert len(system["gradient_norms_at_init"]["encoder"]) == system["depth"]
+        assert len(system["train_loss"]) == 3
+        constants = system["deepnorm_constants"]
+        assert (constants is not None) == label.startswith("DeepNorm")
+    alpha, beta = results["systems"]["DeepNorm 2L"]["deepnorm_constants"]["decoder"]
+    assert (alpha, beta) == pytest.approx(((3 * 2) ** 0.25, (12 * 2) ** -0.25))
