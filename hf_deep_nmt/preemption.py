@@ -35,6 +35,7 @@ class TrainingPreempted(KeyboardInterrupt):
             else "stopped before training started; nothing to save, run the same command to start again"
         )
         super().__init__(f"{name} received: {where}")
+        self.add_note(str(self))  # what the command line reports for an interruption
         self.signum, self.checkpoint = signum, checkpoint
 
 
