@@ -39,6 +39,11 @@ class TrainingPreempted(KeyboardInterrupt):
         self.signum, self.checkpoint = signum, checkpoint
 
 
+class OutputFolderTakenOver(RuntimeError):
+    """Another run took over this run's output folder (its lease was not renewed in time): this run stops without
+    writing anything more there."""
+
+
 class PreemptionSignals:
     """`with PreemptionSignals():` turns SIGTERM and SIGUSR1 into a request to stop (`received`), restoring the
     previous handlers at the end. Outside training (`training` false) the request stops the command at once; during
@@ -49,6 +54,7 @@ class PreemptionSignals:
     def __init__(self) -> None:
         self.received: int | None = None
         self.training = False
+        self.taken_over: str | None = None  # set (from the lock's heartbeat) when another run took the folder
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> PreemptionSignals:
@@ -93,6 +99,8 @@ class PreemptionCallback(TrainerCallback):
             self.signals.training = True
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self.signals is not None and self.signals.taken_over:
+            raise OutputFolderTakenOver(self.signals.taken_over)
         signum = self.signals.received if self.signals is not None else None
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             flag = torch.tensor(float(signum or 0), device=args.device)

@@ -85,6 +85,7 @@ NOT_RECIPE = {
     "push_to_hub",
     "hub_model_id",
     "hub_token",
+    "local_rank",  # set by the launcher for each process (-1 without one): the run's shape is recorded instead
 }
 
 
@@ -118,7 +119,9 @@ def run_recipe(*arguments: Any) -> dict[str, Any]:
 
 
 def recipe_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    keys = sorted(set(recorded) | set(current))
+    """`key: old -> new` for each recipe setting that changed; settings a record of an earlier version holds that are
+    no longer part of a recipe (`NOT_RECIPE`) do not count."""
+    keys = sorted((set(recorded) | set(current)) - NOT_RECIPE)
     return [
         f"{key}: {recorded.get(key, '(unset)')!r} -> {current.get(key, '(unset)')!r}"
         for key in keys
@@ -319,11 +322,14 @@ class RunFolder:
         is never written) every quarter lease, until released."""
         while not self._stop_heartbeat.wait(LEASE_SECONDS / 4):
             if not self._holds_lock():
-                self.lock_lost.set()
-                logger.error(
-                    f"The lock of {str(self.folder)!r} was taken over by another run (this process renewed no lease "
-                    f"for {LEASE_SECONDS:g} s); stop this run, the other one owns the folder now."
+                message = (
+                    f"The lock of output_dir {str(self.folder)!r} was taken over by another run (this process renewed "
+                    f"no lease for {LEASE_SECONDS:g} s); this run stops at the end of its step without saving, the "
+                    "other one owns the folder now."
                 )
+                self._signals.taken_over = message
+                self.lock_lost.set()
+                logger.error(message)
                 return
             try:
                 os.pwrite(self._descriptor, self._lock_text(), 0)

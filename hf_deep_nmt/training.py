@@ -209,6 +209,11 @@ def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None =
         model=model_args.tokenizer_model,
     )
     if tokenizer_dir is not None:
+        if tokenizer_dir.exists() and (not tokenizer_dir.is_dir() or any(tokenizer_dir.iterdir())):
+            raise FileExistsError(
+                f"{str(tokenizer_dir)!r}, where this run saves the tokenizer it trains, already holds files but no "
+                "tokenizer.json; move them away, or name a tokenizer with `tokenizer_name_or_path`."
+            )
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
         tokenizer.save_pretrained(tokenizer_dir)
     return tokenizer

@@ -15,13 +15,25 @@ import time
 from pathlib import Path
 
 import pytest
+import transformers.trainer
+from transformers import TrainerCallback
 
 from hf_deep_nmt import run_folder
+from hf_deep_nmt.arguments import parse_arguments
 from hf_deep_nmt.callbacks import checkpoint_problem, numbered_checkpoints
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.preemption import PreemptionSignals, TrainingPreempted
-from hf_deep_nmt.run_folder import LOCK_FILE, RUN_RECORD, RunFolder, RunFolderError, _process_alive
+from hf_deep_nmt.preemption import OutputFolderTakenOver, PreemptionCallback, PreemptionSignals, TrainingPreempted
+from hf_deep_nmt.run_folder import (
+    LOCK_FILE,
+    RUN_RECORD,
+    RunFolder,
+    RunFolderError,
+    _process_alive,
+    recipe_differences,
+    run_recipe,
+)
+from hf_deep_nmt.staged import run_staged
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 WORKER = Path(__file__).with_name("fault_worker.py")
@@ -120,6 +132,61 @@ def test_sigterm_saves_a_checkpoint_frees_the_folder_and_the_requeued_command_co
         f"checkpoint-{STEPS}",
         "results.json",
     ]
+
+
+class SignalDuringStageTwo(TrainerCallback):
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == 2 and Path(args.output_dir).name == "stage-2-2-layers":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_preempted_stage_is_not_marked_finished_and_the_same_command_continues_it(corpus, tmp_path, monkeypatch):
+    output_dir = tmp_path / "staged"
+    arguments = train_arguments(corpus, output_dir)[1:]
+    arguments[arguments.index("--tokenizer_name_or_path") : arguments.index("--tokenizer_name_or_path") + 2] = [
+        *("--tokenizer_vocab_size", "300")  # trained by the run and saved in output_dir/tokenizer
+    ]
+    arguments += ["--stage_depths", "1", "2", "--stage_max_steps", "3"]
+    defaults = transformers.trainer.DEFAULT_CALLBACKS
+    monkeypatch.setattr(transformers.trainer, "DEFAULT_CALLBACKS", [*defaults, SignalDuringStageTwo])
+    stage_two = output_dir / "stage-2-2-layers"
+    with pytest.raises(TrainingPreempted, match=rf"SIGTERM received: checkpoint '{stage_two}/checkpoint-2' saved"):
+        run_staged(arguments)
+    assert (output_dir / "stage-1-1-layers" / "stage.json").is_file() and not (stage_two / "stage.json").exists()
+    assert checkpoint_problem(stage_two / "checkpoint-2") is None and not (output_dir / LOCK_FILE).exists()
+    record = json.loads((output_dir / RUN_RECORD).read_text())
+    assert record["written"] == ["stage-1-1-layers", "stage-2-2-layers", "tokenizer"]
+    monkeypatch.setattr(transformers.trainer, "DEFAULT_CALLBACKS", defaults)
+    summary = run_staged(arguments)
+    assert [stage["steps"] for stage in summary["stages"]] == [3, 3]
+    assert json.loads((stage_two / "checkpoint-3" / "trainer_state.json").read_text())["global_step"] == 3
+    record = json.loads((output_dir / RUN_RECORD).read_text())
+    assert record["finished"] and record["written"] == [
+        "results.json",
+        "stage-1-1-layers",
+        "stage-2-2-layers",
+        "tokenizer",
+    ]
+
+
+def test_a_run_whose_folder_was_taken_over_stops_without_saving(tmp_path):
+    signals = PreemptionSignals()
+    signals.taken_over = "taken over by node-17"
+    callback = PreemptionCallback()
+    callback.signals = signals
+    control = transformers.trainer.TrainerControl()
+    arguments = type("Arguments", (), {"world_size": 1, "output_dir": str(tmp_path)})()
+    with pytest.raises(OutputFolderTakenOver, match="taken over by node-17"):
+        callback.on_step_end(arguments, transformers.trainer.TrainerState(), control)
+    assert not control.should_save
+
+
+def test_the_launchers_rank_is_not_part_of_the_recipe(tmp_path):
+    parsed = parse_arguments(["--model_type", "deep_nmt", "--output_dir", str(tmp_path), "--use_cpu", "true"])
+    assert "local_rank" not in run_recipe(*parsed)
+    # a record of an earlier version holds it: continuing that run under a launcher is not a changed recipe
+    assert recipe_differences({"local_rank": -1, "seed": 0}, {"seed": 0}) == []
+    assert recipe_differences({"local_rank": -1, "seed": 0}, {"seed": 1}) == ["seed: 0 -> 1"]
 
 
 def test_a_signal_before_training_stops_at_once_and_releases_the_lock(tmp_path):
