@@ -498,16 +498,23 @@ class RunFolder:
             logger.warning(f"Resuming with another process count: {both}; the data order differs from then on.")
             return
         ways = [f"launch it with {recorded.get('world_size')} process(es) and the recorded batch settings"]
-        accumulation, rest = divmod(
-            int(recorded.get("per_update") or 0), self.shape["per_process"] * self.shape["world_size"]
-        )
-        if not same_update and accumulation and not rest and recorded.get("unit") == self.shape["unit"]:
-            ways.append(
-                f"keep the update size with `--gradient_accumulation_steps {accumulation}` (then resume with "
-                "`--resume_from_checkpoint last`)"
-            )
-        elif same_update:
+        if same_update:
             ways.append("accept the new data order with `--resume_from_checkpoint last`")
+        elif recorded.get("unit") == self.shape["unit"]:
+            per_update, world_size = int(recorded.get("per_update") or 0), self.shape["world_size"]
+            accumulation, rest = divmod(per_update, self.shape["per_process"] * world_size)
+            keep = []
+            if accumulation and not rest:
+                keep.append(f"`--gradient_accumulation_steps {accumulation}`")
+            per_process, rest = divmod(per_update, self.shape["gradient_accumulation_steps"] * world_size)
+            if per_process and not rest:
+                flag = "--max_tokens" if self.shape["unit"] == "tokens" else "--per_device_train_batch_size"
+                keep.append(f"`{flag} {per_process}`")
+            if keep:
+                ways.append(
+                    f"keep {per_update} {self.shape['unit']} per update with {' or '.join(keep)} and "
+                    "`--resume_from_checkpoint last` (the data order differs from then on)"
+                )
         ways.append("start afresh with `--overwrite_output_dir true` or another output_dir")
         raise RunFolderError(f"Cannot continue: {both}. To continue it, {'; or '.join(ways)}.")
 

@@ -241,7 +241,11 @@ def test_a_run_continued_with_another_process_count_or_update_size_is_refused(co
     error = capsys.readouterr().err
     assert "was trained with 2 process(es), 16 sentences per update (8 x 1 accumulation x 2)" in error
     assert "this one has 1 process(es), 8 sentences per update (8 x 1 accumulation x 1)" in error
-    assert "launch it with 2 process(es)" in error and "`--gradient_accumulation_steps 2`" in error
+    assert "launch it with 2 process(es)" in error
+    assert (
+        "keep 16 sentences per update with `--gradient_accumulation_steps 2` or `--per_device_train_batch_size 16`"
+        in error
+    )
     assert main(["train", *recipe_arguments(corpus, old_run, "--resume_from_checkpoint", "last")]) == 2
     assert "Cannot continue" in capsys.readouterr().err
     assert tree(old_run) == before
@@ -260,6 +264,25 @@ def test_another_process_count_with_the_same_update_size_needs_an_explicit_resum
         assert resumed.start("last", False) == "last"
     assert "Resuming with another process count" in caplog.text
     assert json.loads((folder / RUN_RECORD).read_text())["shape"] == now
+
+
+def test_two_processes_after_one_are_refused_naming_the_settings_that_keep_the_tokens_per_update(tmp_path):
+    folder = tmp_path / "run"
+    (folder / "checkpoint-5").mkdir(parents=True)
+    one = {"world_size": 1, "per_process": 4096, "gradient_accumulation_steps": 2, "unit": "tokens"}
+    one["per_update"] = 4096 * 2 * 1
+    two = {**one, "world_size": 2, "per_update": 16384}  # the same recipe under a launcher of 2 processes
+    (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "recipe": {}, "shape": one}))
+    message = (
+        r"trained with 1 process\(es\), 8192 tokens per update \(4096 x 2 accumulation x 1\), this one has 2 "
+        r"process\(es\), 16384 tokens per update \(4096 x 2 accumulation x 2\)\. To continue it, launch it with 1 "
+        r"process\(es\) .*; or keep 8192 tokens per update with `--gradient_accumulation_steps 1` or "
+        r"`--max_tokens 2048` and `--resume_from_checkpoint last`"
+    )
+    for resume in (None, "last"):
+        with pytest.raises(RunFolderError, match=message), RunFolder(folder, "train", {}, two) as again:
+            again.start(resume, False)
+    assert json.loads((folder / RUN_RECORD).read_text())["shape"] == one
 
 
 def test_overwrite_keeps_the_tokenizer_the_recipe_reads_from_the_output_dir(corpus, old_run, caplog):
