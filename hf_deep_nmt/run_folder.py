@@ -363,9 +363,11 @@ class RunFolder:
                 time.sleep(0.05 * (attempt + 1))
         raise ValueError("unreadable lock")
 
-    def _lock_holder(self, lock: Path) -> str | None:
+    def _lock_holder(self, lock: Path, waited: bool = False) -> str | None:
         """Who holds `lock`, or None after taking it away from a holder that is gone: a process of this host that
-        has ended, or a holder on another host whose lease has run out."""
+        has ended, or a holder on another host whose lease has run out. A lease that its holder failed to renew for
+        half of it (a job killed after its grace period, requeued at once) is waited for, once, then taken over if
+        still not renewed."""
         try:
             found = self._read_lock(lock)
         except ValueError:
@@ -384,8 +386,15 @@ class RunFolder:
             if not isinstance(heartbeat, (int, float)) or not isinstance(lease, (int, float)):
                 return f"{who}; its lock has no lease (an older hf-deep-nmt wrote it), so it is never taken over"
             left = heartbeat + lease - time.time()
-            if left > 0:
+            if left > 0 and (waited or lease - left <= lease / 2):
                 return f"{who}; its lease was renewed {lease - left:.0f} s ago and runs {left:.0f} s more"
+            if left > 0:
+                logger.warning(
+                    f"The lock of {str(self.folder)!r} ({who}) was last renewed {lease - left:.0f} s ago, though a "
+                    f"running holder renews it every {lease / 4:g} s: waiting {left:.0f} s for its lease to run out."
+                )
+                time.sleep(left + 0.05)
+                return self._lock_holder(lock, waited=True)
             reason = f"of {who}, whose lease ran out {-left:.0f} s ago (renewed every {lease / 4:g} s while it runs)"
         if not self._take_over(lock, text):
             return f"{who}; its lock changed while it was being taken over"

@@ -15,6 +15,7 @@ multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollator
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -203,17 +204,18 @@ def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None =
         return tokenizer
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer_dir is not None and os.path.lexists(tokenizer_dir):
+        if not tokenizer_dir.is_dir() or any(tokenizer_dir.iterdir()):
+            raise FileExistsError(
+                f"{str(tokenizer_dir)!r}, where this run saves the tokenizer it trains, already holds files but no "
+                "tokenizer.json; move them away, or name a tokenizer with `tokenizer_name_or_path`."
+            )
     tokenizer = train_joint_tokenizer(
         zip(raw["train"][SOURCE], raw["train"][TARGET]),
         vocab_size=model_args.tokenizer_vocab_size,
         model=model_args.tokenizer_model,
     )
     if tokenizer_dir is not None:
-        if tokenizer_dir.exists() and (not tokenizer_dir.is_dir() or any(tokenizer_dir.iterdir())):
-            raise FileExistsError(
-                f"{str(tokenizer_dir)!r}, where this run saves the tokenizer it trains, already holds files but no "
-                "tokenizer.json; move them away, or name a tokenizer with `tokenizer_name_or_path`."
-            )
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
         tokenizer.save_pretrained(tokenizer_dir)
     return tokenizer
@@ -401,7 +403,10 @@ def evaluate_and_export(
         summary["export_dir"] = export_args.export_dir
     output_dir.mkdir(parents=True, exist_ok=True)
     claim_outputs(output_dir, output_dir / "results.json")
-    (output_dir / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    # written beside and renamed into place: a run stopped meanwhile (a signal) leaves no half-written results
+    partial = output_dir / "results.json.partial"
+    partial.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    partial.replace(output_dir / "results.json")
     return summary
 
 

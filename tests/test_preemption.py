@@ -222,6 +222,13 @@ def test_a_live_lease_on_another_host_is_never_taken_over_and_a_run_out_one_is(t
     with caplog.at_level(logging.WARNING), RunFolder(folder, "train", {}):
         assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
     assert "whose lease ran out 1 s ago" in caplog.text
+    # not renewed for more than half its lease (a running holder renews it every quarter): waited for, then taken
+    another_hosts_lock(folder, heartbeat_age=0.7, lease=1.0)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), RunFolder(folder, "train", {}):
+        assert json.loads((folder / LOCK_FILE).read_text())["pid"] == os.getpid()
+    assert "was last renewed 1 s ago, though a running holder renews it every 0.25 s: waiting 0 s" in caplog.text
+    assert "whose lease ran out 0 s ago" in caplog.text
     assert sorted(path.name for path in folder.iterdir()) == []  # no stale copy left behind
 
 

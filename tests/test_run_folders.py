@@ -320,6 +320,19 @@ def test_overwrite_refuses_a_folder_no_record_lists_and_removes_nothing(corpus, 
     assert sorted(tree(old_run)) == sorted(name for name in before if name != RUN_RECORD)
 
 
+def test_train_staged_never_saves_its_tokenizer_into_a_folder_of_other_files(tmp_path):
+    from hf_deep_nmt.arguments import ModelArguments
+    from hf_deep_nmt.training import load_tokenizer
+
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "notes.txt").write_text("mine")
+    raw = {"train": {"source": ["hola mundo"] * 4, "target": ["hello world"] * 4}}
+    message = rf"'{tmp_path}/tokenizer', where this run saves the tokenizer it trains, already holds files but no"
+    with pytest.raises(FileExistsError, match=message):
+        load_tokenizer(ModelArguments(model_type="deep_nmt"), raw, tmp_path / "tokenizer")
+    assert [path.name for path in (tmp_path / "tokenizer").iterdir()] == ["notes.txt"]
+
+
 def test_translate_refuses_an_output_that_is_the_file_read_on_stdin(tmp_path, monkeypatch, capsys):
     source = tmp_path / "source.txt"
     source.write_text("hola\n")
