@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
@@ -27,13 +28,17 @@ class TrainingPreempted(KeyboardInterrupt):
     """The run was asked to stop by a signal; its last checkpoint (if training had started) holds the progress, and
     the same command continues from it. A `KeyboardInterrupt`, so that no `except Exception` swallows it."""
 
-    def __init__(self, signum: int, checkpoint: str | None = None):
+    def __init__(self, signum: int, checkpoint: str | None = None, trained: bool = False):
         name = signal.Signals(signum).name
-        where = (
-            f"checkpoint {checkpoint!r} saved; run the same command to continue from it"
-            if checkpoint
-            else "stopped before training started; nothing to save, run the same command to start again"
-        )
+        if checkpoint:
+            where = f"checkpoint {checkpoint!r} saved; run the same command to continue from it"
+        elif trained:
+            where = (
+                "stopped after the last checkpoint of a training (while evaluating, exporting or between stages); run "
+                "the same command to continue from it"
+            )
+        else:
+            where = "stopped before training started; nothing to save, run the same command to start again"
         super().__init__(f"{name} received: {where}")
         self.add_note(str(self))  # what the command line reports for an interruption
         self.signum, self.checkpoint = signum, checkpoint
@@ -54,6 +59,7 @@ class PreemptionSignals:
     def __init__(self) -> None:
         self.received: int | None = None
         self.training = False
+        self.trained = False  # training has ended: a signal now interrupts evaluation or export
         self.taken_over: str | None = None  # set (from the lock's heartbeat) when another run took the folder
         self._previous: dict[int, object] = {}
 
@@ -75,7 +81,7 @@ class PreemptionSignals:
         first = self.received is None
         self.received = signum
         if not self.training:
-            raise TrainingPreempted(signum)
+            raise TrainingPreempted(signum, trained=self.trained)
         if first:
             logger.warning(
                 f"{signal.Signals(signum).name} received: saving a checkpoint at the end of this optimizer step, then "
@@ -96,7 +102,7 @@ class PreemptionCallback(TrainerCallback):
         self.signals = PreemptionSignals.current
         self.stopped_at = self.signum = None
         if self.signals is not None:
-            self.signals.training = True
+            self.signals.training, self.signals.trained = True, False
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.signals is not None and self.signals.taken_over:
@@ -114,8 +120,13 @@ class PreemptionCallback(TrainerCallback):
         self.stopped_at = f"{args.output_dir}/checkpoint-{state.global_step}"
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self.signals is not None:
-            self.signals.training = False
+        if self.signals is None:
+            return
+        self.signals.training, self.signals.trained = False, True
+        last = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if self.signals.received is not None and self.stopped_at is None and last.is_dir():
+            # the signal came after the last step end: its checkpoint is the one to continue from
+            self.signum, self.stopped_at = self.signals.received, str(last)
 
 
 def raise_if_preempted(trainer) -> None:

@@ -23,7 +23,13 @@ from hf_deep_nmt.arguments import parse_arguments
 from hf_deep_nmt.callbacks import checkpoint_problem, numbered_checkpoints
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.preemption import OutputFolderTakenOver, PreemptionCallback, PreemptionSignals, TrainingPreempted
+from hf_deep_nmt.preemption import (
+    OutputFolderTakenOver,
+    PreemptionCallback,
+    PreemptionSignals,
+    TrainingPreempted,
+    raise_if_preempted,
+)
 from hf_deep_nmt.run_folder import (
     LOCK_FILE,
     RUN_RECORD,
@@ -203,6 +209,26 @@ def test_a_signal_before_training_stops_at_once_and_releases_the_lock(tmp_path):
         signals.training = True  # during training the signal is only noted, for the callback to act on
         os.kill(os.getpid(), signal.SIGTERM)
         assert signals.received == signal.SIGTERM
+        signals.training, signals.trained = False, True
+        with pytest.raises(TrainingPreempted, match="SIGTERM received: stopped after the last checkpoint"):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+
+
+def test_a_signal_after_the_last_step_end_names_the_last_checkpoint(tmp_path):
+    (tmp_path / "checkpoint-3").mkdir()
+    callback = PreemptionCallback()
+    arguments = type("Arguments", (), {"world_size": 1, "output_dir": str(tmp_path)})()
+    state, control = transformers.trainer.TrainerState(global_step=3), transformers.trainer.TrainerControl()
+    with PreemptionSignals() as signals:
+        callback.on_train_begin(arguments, state, control)
+        callback.on_step_end(arguments, state, control)
+        assert callback.stopped_at is None and not control.should_save
+        signals.received = signal.SIGUSR1  # after the last step's end, before the end of training
+        callback.on_train_end(arguments, state, control)
+    trainer = type("Trainer", (), {"callback_handler": type("Handler", (), {"callbacks": [callback]})()})()
+    with pytest.raises(TrainingPreempted, match=rf"SIGUSR1 received: checkpoint '{tmp_path}/checkpoint-3' saved"):
+        raise_if_preempted(trainer)
 
 
 def test_a_live_lease_on_another_host_is_never_taken_over_and_a_run_out_one_is(tmp_path, caplog):
