@@ -301,7 +301,12 @@ class RunFolder:
                     f"output_dir {str(self.folder)!r} is in use by another hf-deep-nmt run ({holder}); wait for it "
                     f"to finish or choose another output_dir. If that run is gone, delete {str(lock)!r}."
                 ) from None
-            os.pwrite(descriptor, self._lock_text(), 0)
+            try:
+                os.pwrite(descriptor, self._lock_text(), 0)
+            except BaseException:  # e.g. a full disk: leave no empty lock behind
+                os.close(descriptor)
+                lock.unlink(missing_ok=True)
+                raise
             self._descriptor, self._locked = descriptor, True
             self._stop_heartbeat.clear()
             self._heartbeat = threading.Thread(target=self._renew, name="hf-deep-nmt-lock-lease", daemon=True)
@@ -475,7 +480,7 @@ class RunFolder:
         for path in earlier:
             if path.name == RUN_RECORD:
                 continue
-            target = path.absolute()
+            target = path.resolve()
             read = [item for item in inputs if item == target or target in item.parents]
             if read:
                 logger.warning(f"overwrite_output_dir: keeping {str(path)!r}: the recipe reads {str(read[0])!r}.")
@@ -553,7 +558,7 @@ class RunFolder:
         if overwrite_output_dir:
             kept: list[str] = []
             if earlier and self.main_process:
-                read = [Path(item).absolute() for item in inputs if item]
+                read = [Path(item).resolve() for item in inputs if item]
                 kept = self._overwrite(earlier, record, read)
             self._write_record(finished=False, written=kept)
             return None
