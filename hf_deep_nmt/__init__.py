@@ -9,11 +9,14 @@ the models' default LoRA target modules (`hf_deep_nmt.adapters`).
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from hf_deep_nmt.adapters import register_lora_defaults
+from hf_deep_nmt.modeling import modeling_deep_nmt
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     CODE_VERSION,
+    METHODS,
     TESTED_TRANSFORMERS,
     DeepNMTForConditionalGeneration,
+    DeepNMTMethod,
     DeepNMTModel,
     DeepNMTPreTrainedModel,
     DlclForConditionalGeneration,
@@ -33,32 +36,34 @@ __version__ = CODE_VERSION  # one version for the package and the model code it 
 # as it ships to the Hub without the package.
 TESTED_VERSIONS: dict[str, tuple[str, str]] = {"transformers": TESTED_TRANSFORMERS, "torch": ("2.13", "2.13")}
 
-MODEL_CLASSES: dict[type, type] = {
-    DeepNMTConfig: DeepNMTForConditionalGeneration,
-    DlclConfig: DlclForConditionalGeneration,
-    DsInitConfig: DsInitForConditionalGeneration,
-    SdtConfig: SdtForConditionalGeneration,
-    MscConfig: MscForConditionalGeneration,
-}
+# Derived from the model code's one table of methods (`METHODS`), kept in step by `register_method`.
+MODEL_CLASSES: dict[type, type] = {}
 # what `AutoModel` loads: the encoder-decoder without the output layer
-BASE_MODEL_CLASSES: dict[type, type] = {
-    DeepNMTConfig: DeepNMTModel,
-    DlclConfig: DlclModel,
-    DsInitConfig: DsInitModel,
-    SdtConfig: SdtModel,
-    MscConfig: MscModel,
-}
+BASE_MODEL_CLASSES: dict[type, type] = {}
+
+
+def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
+    """Make `method` a method of the package: added to the model code's `METHODS`, its classes to `MODEL_CLASSES` /
+    `BASE_MODEL_CLASSES`, registered with `AutoConfig`, `AutoModelForSeq2SeqLM` and `AutoModel` and marked for
+    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets. The five
+    built-in methods come this way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
+    modeling_deep_nmt.register_method(method)
+    config_class, model_class, base_model_class = method.config_class, method.model_class, method.base_model_class
+    MODEL_CLASSES[config_class] = model_class
+    BASE_MODEL_CLASSES[config_class] = base_model_class
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(config_class, model_class, exist_ok=True)
+    config_class.register_for_auto_class()
+    model_class.register_for_auto_class("AutoModelForSeq2SeqLM")
+    AutoModel.register(config_class, base_model_class, exist_ok=True)
+    base_model_class.register_for_auto_class("AutoModel")
+    register_lora_defaults([config_class.model_type])
+    return method
 
 
 def _register() -> None:
-    for config_class, model_class in MODEL_CLASSES.items():
-        AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-        AutoModelForSeq2SeqLM.register(config_class, model_class, exist_ok=True)
-        config_class.register_for_auto_class()
-        model_class.register_for_auto_class("AutoModelForSeq2SeqLM")
-        AutoModel.register(config_class, BASE_MODEL_CLASSES[config_class], exist_ok=True)
-        BASE_MODEL_CLASSES[config_class].register_for_auto_class("AutoModel")
-    register_lora_defaults()
+    for method in list(METHODS.values()):
+        register_method(method)
 
 
 _register()
@@ -75,7 +80,10 @@ __all__ = [
     "DsInitConfig",
     "DsInitForConditionalGeneration",
     "DsInitModel",
+    "METHODS",
     "MODEL_CLASSES",
+    "DeepNMTMethod",
+    "register_method",
     "MscConfig",
     "MscForConditionalGeneration",
     "MscModel",

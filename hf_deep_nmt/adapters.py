@@ -14,7 +14,9 @@ a `torch.nn.GRUCell`, is no layer type LoRA adapts, but its weight matrices are 
 
 from __future__ import annotations
 
-from hf_deep_nmt.modeling.configuration_deep_nmt import BASE_MODEL_CLASS_NAMES
+from collections.abc import Iterable
+
+from hf_deep_nmt.modeling.modeling_deep_nmt import METHODS
 
 # Every linear map inside the layers: attention projections (self-, cross-, MAtt and MSC context attention), the
 # feed-forward networks (also the AAN's and the MSC feed-forward context cell's), the AAN gate and the MSC fusion gate.
@@ -23,13 +25,13 @@ LORA_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2", "
 GRU_PARAMETERS = ("weight_ih", "weight_hh")
 
 
-def register_lora_defaults() -> bool:
+def register_lora_defaults(model_types: Iterable[str] | None = None) -> bool:
     """Add `LORA_TARGET_MODULES` for every model type of the package to peft's table of default LoRA targets (an
     entry peft already has is kept). Returns False, doing nothing, when peft is not installed."""
     try:
         from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
     except ImportError:
         return False
-    for model_type in BASE_MODEL_CLASS_NAMES:
+    for model_type in METHODS if model_types is None else model_types:
         defaults.setdefault(model_type, list(LORA_TARGET_MODULES))
     return True

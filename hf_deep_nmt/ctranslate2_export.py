@@ -33,6 +33,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from hf_deep_nmt.folders import EXPORT_FLAG, write_marked_folder
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTSinusoidalPositions
+from hf_deep_nmt.settings import SettingCheck, refusals
 
 # Activations of this package's configs that CTranslate2 computes the same way (`common_spec.Activation` names).
 ACTIVATIONS = {
@@ -76,40 +77,103 @@ def quantization_choices() -> tuple[str, ...]:
     return tuple(ACCEPTED_MODEL_TYPES)
 
 
+def _aggregation_problem(value) -> str | None:
+    if value == "residual":
+        return None
+    what = "DLCL layer history" if value == "dlcl" else "sparse (SDT) block connections"
+    return f"{what}: a CTranslate2 layer reads only the layer below"
+
+
+def _self_attention_problem(value) -> str | None:
+    if value == "multi_head":
+        return None
+    what = "merged attention, MAtt" if value == "merged_average" else "the average attention network, AAN"
+    return f"{what}: CTranslate2 decoders have multi-head self-attention"
+
+
+def _eos_problem(value) -> str | None:
+    return "CTranslate2 stops at one end token" if isinstance(value, list) and len(value) > 1 else None
+
+
+ANY = None  # a setting whose every value the exporter expresses (a size, or one that only matters with another)
+# Every setting the exporter knows, with the check of its value (None when it can express the value, else why not).
+# An allow-list: a setting missing here (a new method's, say) is refused by name until the exporter is taught it.
+SETTINGS: dict[str, SettingCheck | None] = {
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "decoder_vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "layer_norm_eps",
+            "scale_embedding",
+            "share_embeddings",
+            "tie_word_embeddings",
+            "pre_norm",
+            "sinusoid_frequencies",
+            "output_bias",
+            "pad_token_id",
+            "bos_token_id",
+            "decoder_start_token_id",
+            "decoder_layer_types",
+            "use_cache",
+            "sdpa_avoid_cudnn",
+            # training only
+            "dropout",
+            "attention_dropout",
+            "activation_dropout",
+            "encoder_l2_lambda",
+            "init_scheme",
+            "ds_init_alpha",
+            "ds_init_mode",
+            # how the model was made
+            "converted_from",
+            "growth",
+            # settings of a feature refused through another setting (the layer histories, the AAN, MSC)
+            "layer_aggregation",
+            "dlcl_weights",
+            "dlcl_history_norm",
+            "sparse_block_size",
+            "encoder_block_boundaries",
+            "decoder_block_boundaries",
+            "aan_ffn",
+            "msc_context",
+            "msc_context_sides",
+            "msc_fusion",
+        ),
+        ANY,
+    ),
+    "encoder_layer_aggregation": _aggregation_problem,
+    "decoder_layer_aggregation": _aggregation_problem,
+    "decoder_self_attention": _self_attention_problem,
+    "msc_block_layers": lambda value: (
+        None
+        if value is None
+        else "MSC: block-wise cross-attention and the context states have no CTranslate2 counterpart"
+    ),
+    "relative_position_window": lambda value: (
+        None
+        if not value
+        else "relative position keys: CTranslate2 uses them instead of the absolute sinusoidal positions, which these "
+        "models add as well"
+    ),
+    "activation_function": lambda value: (
+        None if value in ACTIVATIONS else f"CTranslate2 computes {sorted(ACTIVATIONS)}"
+    ),
+    "eos_token_id": _eos_problem,
+}
+
+
 def ctranslate2_blockers(config) -> list[str]:
     """Each setting of `config` that CTranslate2's Transformer cannot express, naming it and its value and saying
-    why; empty when the model can be exported."""
-    blockers = []
-    for side in ("encoder", "decoder"):
-        aggregation = getattr(config, f"{side}_layer_aggregation", "residual")
-        if aggregation != "residual":
-            what = "DLCL layer history" if aggregation == "dlcl" else "sparse (SDT) block connections"
-            blockers.append(
-                f"`{side}_layer_aggregation={aggregation!r}` ({what}: a CTranslate2 layer reads only the layer below)"
-            )
-    attention = getattr(config, "decoder_self_attention", "multi_head")
-    if attention != "multi_head":
-        what = "merged attention, MAtt" if attention == "merged_average" else "the average attention network, AAN"
-        blockers.append(
-            f"`decoder_self_attention={attention!r}` ({what}: CTranslate2 decoders have multi-head self-attention)"
-        )
-    if getattr(config, "msc_block_layers", None) is not None:
-        blockers.append(
-            f"`msc_block_layers={config.msc_block_layers!r}` (MSC: block-wise cross-attention and the context states "
-            "have no CTranslate2 counterpart)"
-        )
-    if getattr(config, "relative_position_window", 0):
-        blockers.append(
-            f"`relative_position_window={config.relative_position_window}` (relative position keys: CTranslate2 uses "
-            "them instead of the absolute sinusoidal positions, which these models add as well)"
-        )
-    activation = getattr(config, "activation_function", "relu")
-    if activation not in ACTIVATIONS:
-        blockers.append(f"`activation_function={activation!r}` (CTranslate2 computes {sorted(ACTIVATIONS)})")
-    eos = config.eos_token_id
-    if isinstance(eos, list) and len(eos) > 1:
-        blockers.append(f"`eos_token_id={eos!r}` (CTranslate2 stops at one end token)")
-    return blockers
+    why, and each setting the exporter does not know (`SETTINGS` is an allow-list); empty when the model can be
+    exported."""
+    return refusals(config, SETTINGS, "the CTranslate2 exporter")
 
 
 def check_ctranslate2_support(config) -> None:

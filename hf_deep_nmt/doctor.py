@@ -28,17 +28,21 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-# The families tried on a GPU, as overrides of `DeepNMTConfig`.
-FAMILIES: dict[str, dict] = {
-    "prenorm": {},
-    "postnorm": dict(pre_norm=False),
-    "dlcl-prenorm": dict(layer_aggregation="dlcl"),
-    "dlcl-postnorm": dict(layer_aggregation="dlcl", pre_norm=False),
-    "dsinit-matt": dict(init_scheme="ds_init", pre_norm=False, decoder_self_attention="merged_average"),
-    "aan": dict(decoder_self_attention="average", aan_ffn=True),
-    "sdt-sparse-rpr": dict(layer_aggregation="sparse", sparse_block_size=2, relative_position_window=4),
-    "msc": dict(msc_block_layers=[2, 2]),
-}
+
+def families() -> dict[str, tuple[type, dict]]:
+    """The variants checked, by name: each registered method's `checks` (the model code's `METHODS`), as its config
+    class and the settings added to `TINY`."""
+    from hf_deep_nmt.modeling.modeling_deep_nmt import METHODS
+
+    return {
+        name: (method.config_class, settings)
+        for method in METHODS.values()
+        for name, settings in method.checks.items()
+    }
+
+
+# The families tried on a GPU, as the package registers them at import (`families()` also has methods added later).
+FAMILIES: dict[str, tuple[type, dict]] = families()
 TINY = dict(
     vocab_size=61,
     d_model=32,
@@ -57,16 +61,16 @@ PADDED_LENGTHS = (64, 128, 192)  # the cuDNN bug shows at 64 mod 128
 
 
 def family_config(family: str, **overrides):
-    """A tiny config of the named family (the MSC family gets `MscConfig`'s model class through `MODEL_CLASSES`)."""
-    from hf_deep_nmt import DeepNMTConfig, MscConfig
-
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; choose one of {sorted(FAMILIES)}.")
-    settings = {**TINY, **FAMILIES[family], **overrides}
-    if "msc_block_layers" in settings:
+    """A tiny config of the named family, of its method's config class (an MSC variant takes its encoder depth from
+    its blocks)."""
+    known = families()
+    if family not in known:
+        raise ValueError(f"unknown family {family!r}; choose one of {sorted(known)}.")
+    config_class, settings = known[family]
+    settings = {**TINY, **settings, **overrides}
+    if settings.get("msc_block_layers") is not None:
         settings.pop("encoder_layers")
-        return MscConfig(**settings)
-    return DeepNMTConfig(**settings)
+    return config_class(**settings)
 
 
 def family_model(family: str, device: str, seed: int = 0, **overrides):
@@ -299,11 +303,13 @@ def train_sample(device: str, steps: int, output_dir: Path) -> str:
     path = output_dir.with_suffix(".json")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(recipe, indent=2))
+    torch.cuda.reset_peak_memory_stats(device)
     summary = run([str(path)])
     assert summary["train_steps"] == steps, f"stopped at step {summary['train_steps']} of {steps}"
     return (
         f"{steps} steps, loss {summary['train_loss']}, sacreBLEU {summary.get('bleu')}, "
-        f"{summary['nonfinite_steps_skipped']} skipped, {summary['train_seconds']} s"
+        f"{summary['nonfinite_steps_skipped']} skipped, {summary['train_seconds']} s, "
+        f"peak GPU memory {torch.cuda.max_memory_allocated(device) / 2**30:.1f} GiB"
     )
 
 
@@ -463,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
     parser.add_argument("--train-steps", type=int, default=300, help="steps of the base-size training (0: skip)")
-    parser.add_argument("--families", default=",".join(FAMILIES), help=f"comma-separated, from {sorted(FAMILIES)}")
+    parser.add_argument("--families", default=None, help=f"comma-separated, from {sorted(families())} (default: all)")
     parser.add_argument("--output-dir", default=None, help="folder for the training run (default: a temporary one)")
     args = parser.parse_args(argv)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -473,10 +479,11 @@ def main(argv: list[str] | None = None) -> int:
         raise ValueError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__}).")
     if args.train_steps < 0:
         raise ValueError(f"--train-steps must be >= 0, got {args.train_steps}.")
-    families = [name.strip() for name in args.families.split(",") if name.strip()]
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown or not families:
-        raise ValueError(f"--families: unknown {unknown or families}; choose from {sorted(FAMILIES)}.")
+    known = families()
+    chosen = [name.strip() for name in (args.families or ",".join(known)).split(",") if name.strip()]
+    unknown = sorted(set(chosen) - set(known))
+    if unknown or not chosen:
+        raise ValueError(f"--families: unknown {unknown or chosen}; choose from {sorted(known)}.")
 
     print("== environment")
     print_table(environment(), ("component", "version", "tested"))
@@ -485,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n== checks on {device}", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
         output_dir = Path(args.output_dir) if args.output_dir else Path(scratch)
-        results = run_checks(device, args.train_steps, output_dir, families)
+        results = run_checks(device, args.train_steps, output_dir, chosen)
     print_table([(r.status, r.name, r.detail) for r in results], ("result", "check", "detail"))
     failed = [r for r in results if r.status == "FAIL"]
     skipped = [r for r in results if r.status == "SKIP"]

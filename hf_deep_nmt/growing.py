@@ -30,6 +30,7 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
+from hf_deep_nmt.settings import SettingCheck, refusals
 
 GROWTH_STRATEGIES = ("top", "top_only", "double", "interleave")
 EXACT_AGGREGATIONS = ("dlcl", "sparse")  # what `with_layer_aggregation` turns a residual stack into
@@ -55,6 +56,35 @@ def source_layers(num_layers: int, num_new: int, strategy: str) -> list[int]:
     return [index for index in old for _ in range(2)]
 
 
+def _msc_problem(value) -> str | None:
+    if value is None:
+        return None
+    return "MSC: each encoder block is tied to a decoder layer, so a new block would need a new decoder layer too"
+
+
+# Every setting growing knows (an allow-list: a setting missing here, a new method's say, is refused by name): the
+# encoder's layers are copied as they are, so every setting of a layer carries over; the layer histories grow as the
+# module docstring says; MSC is refused.
+GROWABLE: dict[str, SettingCheck | None] = {
+    **dict.fromkeys(
+        (
+            *("vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers", "layer_norm_eps"),
+            *("encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim"),
+            *("activation_function", "scale_embedding", "share_embeddings", "tie_word_embeddings", "output_bias"),
+            *("pre_norm", "sinusoid_frequencies", "relative_position_window", "decoder_self_attention", "aan_ffn"),
+            *("layer_aggregation", "encoder_layer_aggregation", "decoder_layer_aggregation", "sparse_block_size"),
+            *("encoder_block_boundaries", "decoder_block_boundaries", "dlcl_weights", "dlcl_history_norm"),
+            *("init_scheme", "ds_init_alpha", "ds_init_mode", "dropout", "attention_dropout", "activation_dropout"),
+            *("encoder_l2_lambda", "msc_context", "msc_context_sides", "msc_fusion", "decoder_layer_types"),
+            *("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "use_cache"),
+            *("sdpa_avoid_cudnn", "converted_from", "growth"),
+        ),
+        None,
+    ),
+    "msc_block_layers": _msc_problem,
+}
+
+
 def _package_model(model: PreTrainedModel | str | Path, caller: str) -> PreTrainedModel:
     """`model`, or the model saved at that folder / Hub id, checked to be a non-MSC model of this package."""
     if isinstance(model, (str, Path)):
@@ -62,11 +92,10 @@ def _package_model(model: PreTrainedModel | str | Path, caller: str) -> PreTrain
     config = getattr(model, "config", None)
     if not isinstance(config, DeepNMTConfig) or type(config) not in MODEL_CLASSES:
         raise TypeError(f"{caller} needs a model of this package, got {type(model).__name__}.")
-    if config.msc_block_layers is not None:
-        raise ValueError(
-            f"{caller} does not apply to MSC models (msc_block_layers={config.msc_block_layers!r}): each encoder "
-            "block is tied to a decoder layer, so a new block would need a new decoder layer too."
-        )
+    problems = refusals(config, GROWABLE, caller)
+    if problems:
+        what = "MSC models" if config.msc_block_layers is not None else f"this {config.model_type} model"
+        raise ValueError(f"{caller} does not apply to {what}: {'; '.join(problems)}.")
     return model
 
 

@@ -26,13 +26,51 @@ from hf_deep_nmt.folders import (  # noqa: F401  (the folder-safety functions, i
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 CITATION_MARKER = "<!-- citation -->"
-METHOD_CARDS = {
-    "deep_nmt": "deep_nmt",
-    "deep_nmt_dlcl": "dlcl",
-    "deep_nmt_dsinit": "dsinit",
-    "deep_nmt_sdt": "sdt",
-    "deep_nmt_msc": "msc",
-}
+# Settings every card shows, whatever their value; the card adds every other setting that differs from the base
+# architecture's default (`architecture_of`).
+CARD_SIZES = (
+    "model_type",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "encoder_ffn_dim",
+    "vocab_size",
+)
+# Not architecture: how a model was made or is run, and transformers' own bookkeeping.
+NOT_ARCHITECTURE = frozenset(
+    ("converted_from", "growth", "use_cache", "dropout", "attention_dropout", "activation_dropout", "sdpa_avoid_cudnn")
+)
+
+
+def method_card(model_type: str) -> str:
+    """The method description file (under `model_cards/methods/`) of a model type: its `METHODS` entry's `card`; a
+    model type of no registered method gets the base architecture's."""
+    from hf_deep_nmt.modeling.modeling_deep_nmt import METHODS
+
+    method = METHODS.get(model_type)
+    return method.card if method is not None else "deep_nmt"
+
+
+def architecture_of(config) -> dict:
+    """What a card shows of `config`: the sizes (`CARD_SIZES`), then every setting whose value differs from the base
+    architecture's default (`DeepNMTConfig`), so a method's own settings and any new one appear without a list of
+    them here. Token ids, transformers' bookkeeping and how the model was made or is run (`NOT_ARCHITECTURE`) are
+    left out."""
+    from transformers import PretrainedConfig
+
+    from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
+
+    values = config.to_dict()
+    base = DeepNMTConfig().to_dict()
+    generic = set(PretrainedConfig().to_dict()) | {"auto_map", "decoder_layer_types"}
+    shown = {key: values[key] for key in CARD_SIZES if key in values}
+    for key, value in values.items():
+        if key in shown or key in generic or key in NOT_ARCHITECTURE or key.endswith("_token_id"):
+            continue
+        if key not in base or base[key] != value:
+            shown[key] = value
+    return shown
 
 
 def _card_file(name: str) -> str:
@@ -119,7 +157,7 @@ def render_model_card(
     if license is None:
         license = (origin.get("license") or UNKNOWN_LICENCE) if origin else DEFAULT_LICENCE
     base_model = origin.get("model") if origin.get("location") == "hub" else None
-    method = _card_file(f"methods/{METHOD_CARDS.get(config.model_type, 'deep_nmt')}.md")
+    method = _card_file(f"methods/{method_card(config.model_type)}.md")
     method_text, _, citation = method.partition(CITATION_MARKER)
     metrics = metrics or {}
     results = {name: metrics[name] for name in ("bleu", "chrf", "tok_bleu") if name in metrics}
@@ -150,25 +188,7 @@ def render_model_card(
         eval_results=eval_results or None,
         base_model=base_model,
     )
-    architecture = {
-        key: getattr(config, key)
-        for key in (
-            "model_type",
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_attention_heads",
-            "encoder_ffn_dim",
-            "pre_norm",
-            "encoder_layer_aggregation",
-            "decoder_layer_aggregation",
-            "decoder_self_attention",
-            "init_scheme",
-            "relative_position_window",
-            "vocab_size",
-            "share_embeddings",
-        )
-    }
+    architecture = architecture_of(config)
     generation = model.generation_config
     if generation.max_new_tokens is not None:
         generate_cap = generation.max_new_tokens

@@ -2,9 +2,10 @@
 
 A folder exported by this package carries its modeling code (Hub remote code), and that code runs under whatever
 transformers the user has. Code written before a transformers release can decode wrongly under it (0.1.0 ignored the
-decoding state that transformers 5.24 passes as `cache`). This module rewrites the two code files to the installed
-package's, migrates `config.json` (loaded by the installed config class and saved again, `auto_map` kept) and settles
-the output cap of `generation_config.json`; the weights, tokenizer, model card and the export marker stay as they are.
+decoding state that transformers 5.24 passes as `cache`). This module rewrites the code files to the installed
+package's (adding those a folder lacks), migrates `config.json` (loaded by the installed config class and saved again,
+`auto_map` kept) and settles the output cap of `generation_config.json`; the weights, tokenizer, model card and the
+export marker stay as they are.
 
 Nothing is written before a check passes: in clean processes that cannot import this package (so the folder's own code
 runs, as on a user's machine), the old and the new code decode the same inputs, greedy and with 4 beams, with and
@@ -27,7 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py")
+# The model code an exported folder carries. Folders of 0.1.0 have the first two only: upgrading installs the third.
+CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py")
+REQUIRED_CODE_FILES = CODE_FILES[:2]  # what makes a folder one with model code to upgrade
 CONFIG_FILES = ("config.json", "generation_config.json")
 BACKUP_FOLDER = ".hf-deep-nmt-upgrade-backup"  # hidden: never uploaded by `push`
 DEFAULT_NUM_CHECKS = 4
@@ -112,7 +115,7 @@ def check_model_folder(folder: Path) -> dict:
             f"{folder / 'config.json'} has model_type {found!r}, not one of hf-deep-nmt's ({', '.join(model_types)}); "
             "upgrade-code only mends folders this package exported."
         )
-    missing = [name for name in CODE_FILES if not (folder / name).is_file()]
+    missing = [name for name in REQUIRED_CODE_FILES if not (folder / name).is_file()]
     if missing or "auto_map" not in config:
         raise ValueError(
             f"{str(folder)!r} holds no model code ({', '.join(missing) or 'no auto_map in config.json'}): it loads "
@@ -308,7 +311,8 @@ def replace_in_folder(folder: Path, new: Path, report: UpgradeReport) -> None:
             kept = [
                 (backup / name).relative_to(folder).as_posix() for name in report.changed if (backup / name).exists()
             ]
-            content["files"] = sorted(listed | set(kept))
+            # a code file the folder lacked (`kernels_deep_nmt.py` in a 0.1.0 folder) is written by us now too
+            content["files"] = sorted(listed | set(kept) | set(report.changed))
             marker.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     report.backup = str(backup)
     report.written = True

@@ -696,10 +696,13 @@ class DeepNMTConfig(PreTrainedConfig):
         # Beside the translation model (named in `auto_map` by the model's `save_pretrained`, which also writes the
         # modeling file), `auto_map` names the encoder-decoder without the output layer: `AutoModel` loads the folder
         # as remote code too.
+        # Each method's encoder-decoder is named after its translation model (`XForConditionalGeneration` ->
+        # `XModel`, as `METHODS` in the modeling file pairs them; a test holds every method to it).
         auto_map = getattr(self, "auto_map", None) or {}
-        base_model = BASE_MODEL_CLASS_NAMES.get(self.model_type)
-        if "AutoModelForSeq2SeqLM" in auto_map and base_model is not None:
-            self.auto_map = {**auto_map, "AutoModel": f"modeling_deep_nmt.{base_model}"}
+        translation_model = auto_map.get("AutoModelForSeq2SeqLM")
+        if isinstance(translation_model, str) and translation_model.endswith("ForConditionalGeneration"):
+            base_model = translation_model.removesuffix("ForConditionalGeneration") + "Model"
+            self.auto_map = {**auto_map, "AutoModel": base_model}
         return super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
 
     def _read_earlier_msc_keys(self, kwargs: dict) -> None:
@@ -887,16 +890,6 @@ class MscConfig(DeepNMTConfig):
     msc_block_layers: int | list[int] | None = 6
 
 
-# The class of `modeling_deep_nmt` that `AutoModel` loads for each model type: the encoder-decoder without the output
-# layer.
-BASE_MODEL_CLASS_NAMES = {
-    "deep_nmt": "DeepNMTModel",
-    "deep_nmt_dlcl": "DlclModel",
-    "deep_nmt_dsinit": "DsInitModel",
-    "deep_nmt_sdt": "SdtModel",
-    "deep_nmt_msc": "MscModel",
-}
-
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -918,7 +911,6 @@ class DeepNMTGenerationConfig(GenerationConfig):
 
 
 __all__ = [
-    "BASE_MODEL_CLASS_NAMES",
     "DECODER_SELF_ATTENTIONS",
     "DLCL_WEIGHTS",
     "DEFAULT_MAX_OUTPUT_TOKENS",

@@ -1,13 +1,14 @@
 """Deep Transformer encoder-decoder for translation: one configurable backbone for the deep-NMT methods.
 
 Pre-norm / post-norm sublayers and the dynamic linear combination of layers (DLCL, Wang et al. 2019) are settings of
-[`DeepNMTConfig`]; the named classes at the bottom only pick defaults. This file ships verbatim inside every Hub
-repository of the package: it imports only the standard library, torch and transformers.
+[`DeepNMTConfig`]; the named classes at the bottom only pick defaults. This file holds the architecture; how it is
+computed fast (attention backends, compiled CPU training, the chunked loss, the layer history's autograd) lives in
+`kernels_deep_nmt.py` beside it. Both ship verbatim inside every Hub repository of the package, with
+`configuration_deep_nmt.py`: they import only the standard library, torch, transformers and each other.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,10 +16,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from torch.nn import functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import __version__ as transformers_version
 from transformers import initialization as init
-from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache, StaticLayer
 from transformers.generation import GenerationMixin
 from transformers.modeling_layers import GradientCheckpointingLayer
@@ -34,6 +33,17 @@ from .configuration_deep_nmt import (
     DsInitConfig,
     MscConfig,
     SdtConfig,
+)
+from .kernels_deep_nmt import (
+    DeepNMTHistoryState,
+    DeepNMTTracedHistoryState,
+    activation_function,
+    chunked_linear_cross_entropy,
+    combine_history_row,
+    dropout,
+    is_tracing,
+    sdpa_avoiding_cudnn,
+    start_history,
 )
 
 logger = logging.get_logger(__name__)
@@ -55,202 +65,6 @@ def padding_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> t
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(), torch.finfo(dtype).min)[
         :, None, None, :
     ]
-
-
-# SDPA backends allowed for masked attention on CUDA when `config.sdpa_avoid_cudnn` is on: every one but cuDNN, whose
-# backward returns NaN gradients with an explicit mask at padded lengths of 64 mod 128 (pytorch/pytorch#196678).
-SDPA_BACKENDS_WITHOUT_CUDNN = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-# Device types whose masked attention is restricted to those backends (the cuDNN backend only exists on CUDA).
-SDPA_RESTRICTED_DEVICE_TYPES = ("cuda",)
-
-
-def scaled_dot_product_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float,
-    avoid_cudnn: bool,
-) -> torch.Tensor:
-    """`F.scaled_dot_product_attention`, kept off the cuDNN backend when a mask is passed on CUDA and `avoid_cudnn`.
-
-    The condition is on Python values and the device type only (no host synchronisation), so it costs nothing on
-    CPU and `torch.compile` traces the backend restriction as a context manager without a graph break."""
-    if avoid_cudnn and attention_mask is not None and query.device.type in SDPA_RESTRICTED_DEVICE_TYPES:
-        with sdpa_kernel(SDPA_BACKENDS_WITHOUT_CUDNN):
-            return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout)
-    return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout)
-
-
-# Training graphs that `torch.compile` builds for the CPU avoid saving boolean tensors for backward: Inductor's CPU
-# code writes a boolean tensor about 30x slower than a float one (AVX2, torch 2.13: 28 ms against 0.8 ms for 4M
-# values), and a base-size training step saves one per dropout and per ReLU. Eager code and other devices keep
-# `F.dropout` and `F.relu`; the functions below are traced in their place: ReLU's values and gradients, dropout's
-# distribution and scaling (compiled dropout draws other numbers than eager dropout in any case).
-def compiling_for_cpu_training(hidden_states: torch.Tensor) -> bool:
-    """True while `torch.compile` traces a CPU forward that records gradients (Python values only: no graph break)."""
-    return (
-        torch.compiler.is_compiling()
-        and hidden_states.device.type == "cpu"
-        and torch.is_grad_enabled()
-        and hidden_states.requires_grad
-    )
-
-
-class CpuCompiledDropout(torch.autograd.Function):
-    """Inverted dropout whose kept positions are saved as a uint8 0/1 tensor (as small as `F.dropout`'s boolean
-    mask): `y = x * keep / (1 - p)`, `dx = dy * keep / (1 - p)`, keep ~ Bernoulli(1 - p)."""
-
-    @staticmethod
-    def forward(ctx, hidden_states: torch.Tensor, p: float) -> torch.Tensor:
-        random = torch.rand(hidden_states.shape, device=hidden_states.device, dtype=torch.float32)
-        keep = torch.where(random >= p, 1, 0).to(torch.uint8)
-        ctx.scale = 1.0 / (1.0 - p)
-        ctx.save_for_backward(keep)
-        return hidden_states * keep * ctx.scale
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (keep,) = ctx.saved_tensors
-        return grad_output * keep * ctx.scale, None
-
-
-class CpuCompiledReLU(torch.autograd.Function):
-    """ReLU whose backward multiplies by the sign of the saved output (0 or 1), which the next linear layer saves
-    anyway: written as `threshold_backward`, the compiled graph stores a boolean mask beside it. Gradients are ReLU's
-    exactly where they are finite (an infinite one reaching a unit that is off gives NaN instead of 0)."""
-
-    @staticmethod
-    def forward(ctx, hidden_states: torch.Tensor) -> torch.Tensor:
-        output = torch.relu(hidden_states)
-        ctx.save_for_backward(output)
-        return output
-
-    @staticmethod
-    def backward(ctx, grad_output: torch.Tensor) -> torch.Tensor:
-        (output,) = ctx.saved_tensors
-        return grad_output * torch.sign(output)
-
-
-def dropout(hidden_states: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """`F.dropout`; `CpuCompiledDropout` in a compiled CPU training graph."""
-    if training and 0.0 < p < 1.0 and compiling_for_cpu_training(hidden_states):
-        return CpuCompiledDropout.apply(hidden_states, p)
-    return F.dropout(hidden_states, p=p, training=training)
-
-
-class DeepNMTReLU(nn.Module):
-    """`activation_function="relu"`: `F.relu`, and `CpuCompiledReLU` in a compiled CPU training graph (training mode:
-    exported evaluation graphs keep `F.relu`)."""
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.training and compiling_for_cpu_training(hidden_states):
-            return CpuCompiledReLU.apply(hidden_states)
-        return F.relu(hidden_states)
-
-
-def activation_function(name: str) -> nn.Module:
-    """The feed-forward activation called `name` (transformers' `ACT2FN` names)."""
-    return DeepNMTReLU() if name == "relu" else ACT2FN[name]
-
-
-# How many logits `ChunkedLinearCrossEntropy` computes at a time (rows = this // vocabulary size): 32 MB of float32 on
-# a CPU (for 2048 tokens x 32000 types, forward + backward took 1.79 s in chunks of 8M values, 2.03 s of 4M, 1.88 s
-# whole, 2.02 s through `F.cross_entropy`: medians of 7 on 2 cores), 256 MB on a GPU (few chunks: few launches).
-LOSS_CHUNK_VALUES = {"cpu": 1 << 23, "cuda": 1 << 26}
-
-
-class ChunkedLinearCrossEntropy(torch.autograd.Function):
-    """Mean cross-entropy of `hidden @ weight.T` against `labels` (-100 ignored; label smoothing as
-    `F.cross_entropy`'s: `(1 - eps) * nll + eps * mean over the vocabulary of -log p`), computed `chunk_rows` target
-    tokens at a time so that the (tokens, vocabulary) logits never exist whole. The gradients are computed with the
-    loss, chunk by chunk (softmax minus the smoothed one-hot, times 1 / tokens, multiplied into `d hidden` and
-    accumulated into `d weight`): the backward only scales them by the incoming gradient. The same three matrix
-    products as the unchunked output layer, and none of its (tokens, vocabulary) float32 tensors: logits, their
-    log-softmax and their gradient."""
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, label_smoothing: float, chunk_rows: int):
-        valid = labels != -100
-        targets = torch.where(valid, labels, 0)
-        # logits, loss and the weight's gradient in float32 at least (half-precision products are upcast)
-        dtype = torch.promote_types(hidden.dtype, torch.float32)
-        # 1 / tokens, as F.cross_entropy's mean: 0 tokens give inf, then NaN, as there.
-        inverse_count = valid.sum().to(dtype).reciprocal()
-        vocabulary = weight.shape[0]
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        same_dtype = hidden.dtype == dtype  # float32 or float64 products: no upcast of the logits
-        grad_weight = None
-        if ctx.needs_input_grad[1]:  # float32 products write the first chunk's product into it; others add to zeros
-            written = same_dtype and hidden.shape[0] > 0
-            grad_weight = (torch.empty if written else torch.zeros)(weight.shape, dtype=dtype, device=weight.device)
-        total = torch.zeros((), dtype=dtype, device=hidden.device)
-        # one logits buffer for every chunk: a fresh allocation per chunk is mapped and page-faulted anew on a CPU
-        buffer = torch.empty(min(chunk_rows, hidden.shape[0]), vocabulary, dtype=dtype, device=hidden.device)
-        with torch.autocast(hidden.device.type, enabled=False):
-            for start in range(0, hidden.shape[0], chunk_rows):
-                rows = slice(start, start + chunk_rows)
-                chunk_hidden, chunk_targets, chunk_valid = hidden[rows], targets[rows], valid[rows]
-                logits = buffer[: chunk_hidden.shape[0]]
-                if same_dtype:
-                    torch.mm(chunk_hidden, weight.t(), out=logits)
-                else:
-                    logits.copy_(torch.mm(chunk_hidden, weight.t()))
-                target_logits = logits.gather(1, chunk_targets[:, None]).squeeze(1)
-                token_losses = -(1.0 - label_smoothing) * target_logits
-                if label_smoothing:
-                    token_losses = token_losses - label_smoothing * logits.mean(dim=1)
-                # log-sum-exp by hand, in place: `torch.logsumexp` and `log_softmax` take 2-2.5x as long on a CPU
-                row_max = logits.amax(dim=1)
-                exps = logits.sub_(row_max[:, None]).exp_()
-                sums = exps.sum(dim=1)
-                token_losses = token_losses + sums.log() + row_max
-                total += torch.where(chunk_valid, token_losses, 0.0).sum()
-                if grad_hidden is None and grad_weight is None:
-                    continue
-                # d loss / d logits = (softmax - (1 - eps) * one-hot - eps / V) / tokens on counted rows, 0 elsewhere
-                row_weights = torch.where(chunk_valid, inverse_count, 0.0)
-                grad_logits = exps.mul_((row_weights / sums)[:, None])
-                if label_smoothing:
-                    grad_logits.sub_((row_weights * (label_smoothing / vocabulary))[:, None])
-                grad_logits.scatter_add_(1, chunk_targets[:, None], ((label_smoothing - 1.0) * row_weights)[:, None])
-                grad_logits = grad_logits.to(hidden.dtype)
-                if grad_hidden is not None:
-                    torch.mm(grad_logits, weight, out=grad_hidden[rows])
-                if grad_weight is not None and same_dtype and start == 0:
-                    torch.mm(grad_logits.t(), chunk_hidden, out=grad_weight)
-                elif grad_weight is not None and same_dtype:
-                    grad_weight.addmm_(grad_logits.t(), chunk_hidden)
-                elif grad_weight is not None:  # a half-precision product, accumulated in float32
-                    grad_weight.add_(torch.mm(grad_logits.t(), chunk_hidden))
-        ctx.save_for_backward(grad_hidden, grad_weight)
-        ctx.weight_dtype = weight.dtype
-        return total * inverse_count
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        if grad_hidden is not None:
-            grad_hidden = grad_hidden * grad_output.to(grad_hidden.dtype)
-        if grad_weight is not None:
-            grad_weight = (grad_weight * grad_output).to(ctx.weight_dtype)
-        return grad_hidden, grad_weight, None, None, None
-
-
-def chunked_linear_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, label_smoothing: float = 0.0
-) -> torch.Tensor:
-    """`F.cross_entropy(hidden @ weight.T, labels, ignore_index=-100, label_smoothing=...)` in float32 (or float64) by
-    `ChunkedLinearCrossEntropy`; under autocast the matrix products run in autocast's type, as `nn.Linear`'s would."""
-    hidden = hidden.reshape(-1, hidden.shape[-1])
-    device_type = hidden.device.type
-    if torch.is_autocast_enabled(device_type):
-        dtype = torch.get_autocast_dtype(device_type)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
-    budget = LOSS_CHUNK_VALUES.get(device_type, LOSS_CHUNK_VALUES["cuda"])
-    chunk_rows = max(1, budget // weight.shape[0])
-    labels = labels.reshape(-1).to(hidden.device)
-    return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, chunk_rows)
 
 
 @dataclass
@@ -279,167 +93,6 @@ class DeepNMTEncoderOutput(BaseModelOutput):
         return self.block_outputs[:, index], context
 
 
-# --- The transformers contract ---------------------------------------------------------------------------------
-# This file runs under whatever transformers the user has (it ships inside every Hub repository), and generation
-# internals it relies on change between minor releases: 5.24 renamed the decoding state from `past_key_values` to
-# `cache` in model inputs and outputs. What it was tested with is written here; a contract it relies on that is not
-# met raises an error (a translation decoded without its state is silently wrong), and a newer release than the
-# newest tested one gets one warning naming both.
-TESTED_TRANSFORMERS = ("5.23", "5.24")  # (oldest, newest) minor release this file was tested with
-CODE_VERSION = "0.2.0"  # the hf-deep-nmt release this file belongs to (`hf-deep-nmt upgrade-code` reads it)
-
-
-def _minor(version: str) -> tuple[int, int]:
-    """`(major, minor)` of a version string such as `5.24.0` or `5.25.0.dev0`."""
-    numbers = [int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:2]]
-    return tuple((numbers + [0, 0])[:2])
-
-
-def transformers_window_text() -> str:
-    """The installed transformers against the releases this file was tested with, for error messages."""
-    oldest, newest = TESTED_TRANSFORMERS
-    return f"transformers {transformers_version} (this model code was tested with {oldest} to {newest})"
-
-
-def check_transformers_window() -> str | None:
-    """One warning when the installed transformers is outside `TESTED_TRANSFORMERS`; returns its text (None inside)."""
-    oldest, newest = TESTED_TRANSFORMERS
-    installed = _minor(transformers_version)
-    if installed > _minor(newest):
-        text = (
-            f"hf-deep-nmt runs under transformers {transformers_version}, newer than {newest}, the newest release "
-            "this model code was tested with: decoding checks its contract with transformers and raises an error "
-            "where it is broken; `hf-deep-nmt doctor` checks cached decoding on this machine."
-        )
-    elif installed < _minor(oldest):
-        text = (
-            f"hf-deep-nmt runs under transformers {transformers_version}, older than {oldest}, the oldest release "
-            "this model code was tested with; upgrade transformers, or check decoding with `hf-deep-nmt doctor`."
-        )
-    else:
-        return None
-    logger.warning_once(text)
-    return text
-
-
-# The name of the decoding state in model outputs: `cache` from transformers 5.24, `past_key_values` before (None if
-# neither, a release this file does not know: returning a state then raises).
-_OUTPUT_FIELDS = getattr(Seq2SeqLMOutput, "__dataclass_fields__", {})
-CACHE_OUTPUT_NAME = next((name for name in ("cache", "past_key_values") if name in _OUTPUT_FIELDS), None)
-# The names a forward takes the decoding state under (transformers passes one of them, by release).
-CACHE_INPUT_NAMES = ("cache", "past_key_values")
-
-
-def decoding_state(outputs) -> Cache | None:
-    """The decoding state of a model output, whichever name the installed transformers gives it."""
-    for name in CACHE_INPUT_NAMES:
-        if name in getattr(type(outputs), "__dataclass_fields__", {}):
-            return getattr(outputs, name)
-    return None
-
-
-def with_decoding_state(output_class, cache: Cache | None, **fields):
-    """`output_class(**fields)` carrying `cache` under the name the installed transformers reads (`generate()` looks
-    for it there); an error, not a model output without its state, when that name is unknown."""
-    if cache is not None:
-        if CACHE_OUTPUT_NAME is None:
-            raise RuntimeError(
-                f"{output_class.__name__} has no field for the decoding state (neither `cache` nor `past_key_values`) "
-                f"under {transformers_window_text()}: generate() would decode every step without it. Install a "
-                "tested transformers release, or decode with use_cache=False."
-            )
-        fields[CACHE_OUTPUT_NAME] = cache
-    return output_class(**fields)
-
-
-def take_decoding_state(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
-    """The decoding state given under either name (`cache` from transformers 5.24, `past_key_values` before)."""
-    if cache is not None and past_key_values is not None and cache is not past_key_values:
-        raise ValueError("The decoding state was given twice, as `cache` and as `past_key_values`; give one of them.")
-    return cache if cache is not None else past_key_values
-
-
-def check_step_has_state(
-    config: DeepNMTConfig,
-    decoder_input_ids: torch.Tensor | None,
-    cache: Cache | None,
-    use_cache: bool | None,
-    cache_position: torch.Tensor | None,
-) -> None:
-    """Refuse a decoding step past the first that arrives without its state: decoded from its last token alone it
-    gives a wrong translation and no error. Seen as `cache_position` beyond 0, or as an explicit `use_cache=True` with
-    one decoder token that is not the start token; both without a cache."""
-    if cache is not None or decoder_input_ids is None or is_tracing():
-        return
-    reason = None
-    if cache_position is not None and cache_position.numel() and int(cache_position.reshape(-1)[0]) > 0:
-        reason = f"`cache_position` starts at {int(cache_position.reshape(-1)[0])}"
-    elif (
-        use_cache is True
-        and config.decoder_start_token_id is not None
-        and decoder_input_ids.dim() == 2
-        and decoder_input_ids.shape[1] == 1
-        and bool((decoder_input_ids != config.decoder_start_token_id).any())
-    ):
-        reason = f"one decoder token that is not the start token ({config.decoder_start_token_id}) with use_cache=True"
-    if reason is not None:
-        raise RuntimeError(
-            f"A decoding step past the first arrived without its decoding state ({reason}, and neither `cache` nor "
-            f"`past_key_values`): decoded from its last token alone the translation would be wrong. Under "
-            f"{transformers_window_text()}, generate() may pass the state under a name this code does not know; "
-            "install a tested transformers release, or decode with use_cache=False. (To score a one-token target "
-            "yourself, pass use_cache=False or the cache of the earlier steps.)"
-        )
-
-
-# Keyword arguments the forwards accept without using them (the generic output options of transformers' models):
-# ignored with one warning when set. `cache_position` (taken through `**kwargs`: a forward that names it makes
-# transformers build it, with a warning, for code loaded as remote code) only feeds `check_step_has_state`.
-IGNORED_ARGUMENTS = frozenset(
-    {"output_attentions", "output_hidden_states", "head_mask", "decoder_head_mask", "cross_attn_head_mask"}
-)
-# Inputs transformers' models take that this model cannot: accepted when None (as PEFT passes them), else refused.
-UNSUPPORTED_INPUTS = frozenset({"inputs_embeds", "decoder_inputs_embeds", "position_ids", "decoder_position_ids"})
-
-
-def check_extra_arguments(module: nn.Module, arguments: dict) -> None:
-    """The keyword arguments of a forward beyond its own: `TypeError` for a name it does not know (as a plain Python
-    function; naming the transformers release when the value is a decoding state under a new name), `ValueError` for
-    an input this model cannot take, one warning for a set `IGNORED_ARGUMENTS` option. Unset or False values of the
-    known names say nothing."""
-    name = f"{type(module).__name__}.forward()"
-    unknown = sorted(set(arguments) - IGNORED_ARGUMENTS - UNSUPPORTED_INPUTS - {"cache_position"})
-    for argument in unknown:
-        if isinstance(arguments[argument], Cache):
-            raise TypeError(
-                f"{name} got the decoding state under the name {argument!r}, which this model code does not know (it "
-                f"takes `cache` or `past_key_values`): {transformers_window_text()}. Decoding without it would "
-                "translate wrongly; install a tested transformers release, or decode with use_cache=False."
-            )
-    if unknown:
-        raise TypeError(
-            f"{name} got an unexpected keyword argument {unknown[0]!r}"
-            + (f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else "")
-            + f"; it ignores only {', '.join(sorted(IGNORED_ARGUMENTS))} (with a warning)."
-        )
-    given = sorted(argument for argument in UNSUPPORTED_INPUTS if arguments.get(argument) is not None)
-    if given:
-        raise ValueError(
-            f"{name} cannot take {', '.join(given)}: this model embeds token ids itself, with sinusoidal positions "
-            "counted from the decoding state; pass `input_ids` / `decoder_input_ids` instead."
-        )
-    ignored = sorted(
-        argument
-        for argument in IGNORED_ARGUMENTS
-        if arguments.get(argument) is not None and arguments.get(argument) is not False
-    )
-    if ignored:
-        logger.warning_once(
-            f"{type(module).__name__}.forward ignores {', '.join(ignored)}: this model neither takes these inputs nor "
-            "returns attention weights or per-layer hidden states."
-        )
-
-
 class DeepNMTSinusoidalPositions(nn.Module):
     """Sinusoidal positions (sin in the first half, cos in the second), computed for any position on the fly.
 
@@ -466,14 +119,6 @@ class DeepNMTSinusoidalPositions(nn.Module):
         if self.d_model % 2:
             table = F.pad(table, (0, 1))
         return table  # (seq_len, d_model)
-
-
-def is_tracing() -> bool:
-    """True while `torch.compile`, `torch.export` (and the ONNX exporter built on it) or `torch.jit.trace` trace the
-    forward: input checks that need the values of tensors (a host synchronisation, a data-dependent branch) are skipped
-    there and run in eager calls only."""
-    exporting = getattr(torch.compiler, "is_exporting", None)  # torch >= 2.5
-    return torch.compiler.is_compiling() or (exporting is not None and exporting()) or torch.jit.is_tracing()
 
 
 # Interface version of the cache layers below. Cache layers are found by `_layer_type` in one registry per process
@@ -702,6 +347,10 @@ class DeepNMTLinear(nn.Linear):
 class DeepNMTAttention(nn.Module):
     """Multi-head scaled dot-product attention (SDPA). Decoding state goes to the `EncoderDecoderCache` only."""
 
+    # As a decoder's self-attention it reads the decoder's causal (and target padding) mask; the averaging sublayers
+    # are causal by construction and take none.
+    takes_causal_mask = True
+
     def __init__(
         self,
         config: DeepNMTConfig,
@@ -752,7 +401,11 @@ class DeepNMTAttention(nn.Module):
         key_value_states: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         cache_layer: DeepNMTCacheLayerMixin | None = None,
+        average_cache_layer: DeepNMTCacheLayerMixin | None = None,
     ) -> torch.Tensor:
+        """`cache_layer`: this sublayer's state in the decoding cache. `average_cache_layer`: the layer's state in the
+        self-attention half, which a cross-attention that also averages the target keeps its running sum in (MAtt);
+        plain attention keeps nothing there and leaves it alone."""
         return self.out_proj(self._context(hidden_states, key_value_states, attention_mask, cache_layer))
 
     def _context(
@@ -790,7 +443,7 @@ class DeepNMTAttention(nn.Module):
             if self.relative_keys is not None:
                 bias = self._relative_key_scores(query, query_positions, key.shape[2])
                 attention_mask = bias if attention_mask is None else attention_mask + bias
-        output = scaled_dot_product_attention(
+        output = sdpa_avoiding_cudnn(
             query, key, value, attention_mask, self.dropout if self.training else 0.0, self.avoid_cudnn
         )
         output = output.transpose(1, 2)
@@ -856,6 +509,8 @@ class DeepNMTAverageAttention(nn.Module):
         [i_j; f_j] = sigmoid(W_z [y_j; g_j] + b_z)
         output_j = i_j * y_j + f_j * g_j
     """
+
+    takes_causal_mask = False  # the average runs over positions 0..j by construction
 
     def __init__(self, config: DeepNMTConfig, layer_idx: int):
         super().__init__()
@@ -1045,8 +700,6 @@ class DeepNMTDecoderLayer(DeepNMTLayer):
         """`encoder_hidden_states` / `context_states`: what this layer attends (`DeepNMTEncoderOutput.layer_memory`).
         `self_cache` / `cross_cache`: this layer's cache layers in the self- and cross-attention halves of the decoding
         cache (None without a cache)."""
-        # MAtt keeps its running sum in the self-attention half
-        merged = {"average_cache_layer": self_cache} if self.self_attn is None else {}
 
         def attend_source(normed: torch.Tensor) -> torch.Tensor:
             attended = self.encoder_attn(
@@ -1054,7 +707,7 @@ class DeepNMTDecoderLayer(DeepNMTLayer):
                 key_value_states=encoder_hidden_states,
                 attention_mask=encoder_attention_mask,
                 cache_layer=cross_cache,
-                **merged,
+                average_cache_layer=self_cache,  # MAtt keeps its running sum in the self-attention half
             )
             return self.with_context(attended, normed, context_states, encoder_attention_mask, cross_cache)
 
@@ -1071,14 +724,25 @@ class DeepNMTLayerHistory(nn.Module):
     """How a stack's layers are wired: what each layer reads and what the stack returns. One interface, so every
     stack runs one loop:
 
-    - `start(embedding)`: the per-call state (kept in the caller's `forward`, never on the module);
+    - `start(embedding, **modules)`: the per-call state (kept in the caller's `forward`, never on the module);
+      `modules` are those of the stack the history runs on (`DeepNMTStack.history_modules`: MSC's block LayerNorms
+      and context cell, none for the others);
     - `layer_input(state, i)`: the input of layer i (0-based); `layer_context(state, i)`: the context states layer i
       attends (MSC's encoder), else None;
     - `push(state, output, i)`: record the output of layer i;
     - `stack_output(state)`: what the stack returns before its final LayerNorm; `memory_outputs(state)`: what the
       encoder returns besides it for the decoder layers to attend (`DeepNMTEncoderOutput` fields; MSC only).
 
-    A new wiring is a subclass, and a key of `LAYER_AGGREGATION_CLASSES` when the config selects it."""
+    A new wiring is a subclass, and a key of `LAYER_AGGREGATION_CLASSES` when the config selects it. A stack builds
+    its history with `for_stack` of the class its aggregation names there."""
+
+    # whether `stack_output` is normalised already, so that a pre-norm stack adds no final LayerNorm (MSC's top block)
+    ends_normalised = False
+
+    @classmethod
+    def for_stack(cls, config: DeepNMTConfig, side: str) -> DeepNMTLayerHistory:
+        """The history of stack `side` ("encoder" or "decoder"), whose `{side}_layer_aggregation` names this class."""
+        return cls(config, getattr(config, f"{side}_layers"), getattr(config, f"{side}_block_boundaries"))
 
     def layer_context(self, state, index: int) -> torch.Tensor | None:
         return None
@@ -1093,6 +757,14 @@ class DeepNMTResidualHistory(DeepNMTLayerHistory):
     def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
         super().__init__()
 
+    @classmethod
+    def for_stack(cls, config: DeepNMTConfig, side: str) -> DeepNMTLayerHistory:
+        """A residual encoder cut into MSC blocks (`config.msc_block_layers`: MSC encoders are residual) runs MSC's
+        history, `DeepNMTMultiscaleHistory`."""
+        if side == "encoder" and config.msc_block_layers is not None:
+            return DeepNMTMultiscaleHistory(config)
+        return super().for_stack(config, side)
+
     def start(self, embedding: torch.Tensor) -> list[torch.Tensor]:
         return [embedding]
 
@@ -1104,93 +776,6 @@ class DeepNMTResidualHistory(DeepNMTLayerHistory):
 
     def stack_output(self, state: list[torch.Tensor]) -> torch.Tensor:
         return state[-1]
-
-
-class DeepNMTHistoryState:
-    """Per-call state of a block history (kept in the caller's `forward`, never on the module).
-
-    `buffer` (size, *shape) receives each stored output when the row that first reads it is combined (`columns`:
-    the same memory as one column per stored output); `count` is the number of stored outputs so far, `newest` the
-    last of them (not yet in the buffer), `last` the newest layer output, `previous_row` the last combination.
-    `weight` is the weight matrix detached and cast to the buffer's dtype; `grads` and `grad_columns` belong to the
-    backward pass of `DeepNMTHistoryRow`."""
-
-    __slots__ = ("buffer", "columns", "weight", "count", "newest", "last", "previous_row", "grads", "grad_columns")
-
-    def __init__(self, embedding: torch.Tensor, weight: torch.Tensor, size: int):
-        self.buffer = embedding.new_empty((size, *embedding.shape))
-        self.columns = self.buffer.view(size, -1).t()  # (elements, size)
-        self.weight = weight.detach().to(embedding.dtype)
-        self.count = 1
-        self.newest = self.last = embedding
-        self.previous_row = self.grads = self.grad_columns = None
-
-
-class DeepNMTTracedHistoryState:
-    """Per-call state of a block history while `torch.compile` / `torch.export` trace the forward: the stored outputs
-    as a list, each row a sum of scaled outputs (the compiler fuses a row into one kernel; the custom autograd function
-    of eager calls would break the graph)."""
-
-    __slots__ = ("stored", "count", "newest", "last")
-
-    def __init__(self, embedding: torch.Tensor):
-        self.stored: list[torch.Tensor] = []
-        self.count = 1
-        self.newest = self.last = embedding
-
-
-def _without_autocast(device_type: str):
-    """The combination keeps the stored outputs' precision, as the additions it replaces did: under autocast a
-    matrix-vector product would otherwise run in half precision."""
-    if torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type, enabled=False)
-    return contextlib.nullcontext()
-
-
-class DeepNMTHistoryRow(torch.autograd.Function):
-    r"""
-    Row r of the history combination, `sum_{j<=r} W[r, j] y_j`, as one matrix-vector product over the buffer of
-    stored outputs.
-
-    Forward writes `y_r` (the newest stored output) into `buffer[r]` and reduces `buffer[:r+1]` by the weight row.
-    The older outputs are read from the buffer, not passed in, so autograd records one node per row and nothing per
-    (row, output) pair: O(L) nodes, saved tensors and kernels for L rows, where separate scaled additions record
-    O(L^2).
-
-    Row r also takes the output of row r - 1 as an input whose gradient is always zero: the edge makes every
-    backward pass run the rows from the top down, whatever the layers between them. Row r writes its output gradient
-    `g_r` into `grads[r]` and returns the gradient of `y_r`, `sum_{k>=r} W[k, r] g_k` (one product with column r,
-    complete then since every row above has run). Row 0, the last to run, also returns the gradient of the whole
-    weight matrix at once, the lower triangle of `grads @ buffer^T`, and releases `grads`.
-    """
-
-    @staticmethod
-    def forward(ctx, weight, newest, previous_row, state: DeepNMTHistoryState, row: int):
-        state.buffer[row].copy_(newest)
-        with _without_autocast(newest.device.type):
-            combined = torch.mv(state.columns[:, : row + 1], state.weight[row, : row + 1])
-        ctx.state, ctx.row, ctx.newest_dtype = state, row, newest.dtype
-        ctx.weight_dtype = weight.dtype if weight is not None else None
-        return combined.view(newest.shape)
-
-    @staticmethod
-    def backward(ctx, grad):
-        state, row = ctx.state, ctx.row
-        if state.grads is None:
-            state.grads = torch.zeros_like(state.buffer)
-            state.grad_columns = state.grads.view(state.grads.shape[0], -1).t()
-        state.grads[row].copy_(grad)
-        grad_newest = grad_weight = None
-        with _without_autocast(grad.device.type):
-            if ctx.needs_input_grad[1]:
-                grad_newest = torch.mv(state.grad_columns[:, row:], state.weight[row:, row]).view(grad.shape)
-                if grad_newest.dtype != ctx.newest_dtype:
-                    grad_newest = grad_newest.to(ctx.newest_dtype)
-            if row == 0:
-                if ctx.needs_input_grad[0]:
-                    grad_weight = torch.mm(state.grad_columns.t(), state.columns).tril_().to(ctx.weight_dtype)
-                state.grads = state.grad_columns = None
-        return grad_weight, grad_newest, None, None, None
 
 
 class DeepNMTBlockHistory(DeepNMTLayerHistory):
@@ -1232,9 +817,7 @@ class DeepNMTBlockHistory(DeepNMTLayerHistory):
         return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True)
 
     def start(self, embedding: torch.Tensor) -> DeepNMTHistoryState | DeepNMTTracedHistoryState:
-        if is_tracing():
-            return DeepNMTTracedHistoryState(embedding)
-        return DeepNMTHistoryState(embedding, self.weight, self.size)
+        return start_history(embedding, self.weight, self.size)
 
     def layer_input(self, state: DeepNMTHistoryState, index: int) -> torch.Tensor:
         return self._combine(state) if index in self.block_starts else state.last
@@ -1249,19 +832,10 @@ class DeepNMTBlockHistory(DeepNMTLayerHistory):
         return self._combine(state)
 
     def _combine(self, state: DeepNMTHistoryState) -> torch.Tensor:
-        # Row r reads the stored outputs y_0..y_r: one product with the weight row (`DeepNMTHistoryRow`), whatever r.
-        # Each row is combined once per call, after the push of y_r; row 0 carries the weight gradient.
+        # Row r reads the stored outputs y_0..y_r: one product with the weight row, whatever r
+        # (`combine_history_row`). Each row is combined once per call, after the push of y_r.
         row = state.count - 1
-        if isinstance(state, DeepNMTTracedHistoryState):
-            state.stored.append(state.newest)
-            weight = self.weight.to(state.newest.dtype)
-            combined = weight[row, 0] * state.stored[0]
-            for column in range(1, row + 1):
-                combined = combined + weight[row, column] * state.stored[column]
-        else:
-            weight = self.weight if row == 0 else None
-            combined = DeepNMTHistoryRow.apply(weight, state.newest, state.previous_row, state, row)
-            state.previous_row = combined
+        combined = combine_history_row(state, self.weight)
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
         return combined
@@ -1322,13 +896,16 @@ class DeepNMTMscContext(nn.Module):
 
 
 class DeepNMTMultiscaleState:
-    """Per-call state of the MSC encoder: the newest layer output, the context the current block attends, and the
-    normalised block outputs and contexts so far."""
+    """Per-call state of the MSC encoder: the encoder's block LayerNorms and context cell (None without a context) for
+    this call, the newest layer output, the context the current block attends, and the normalised block outputs and
+    contexts so far."""
 
-    __slots__ = ("last", "context", "blocks", "contexts")
+    __slots__ = ("block_layer_norms", "context_cell", "last", "context", "blocks", "contexts")
 
-    def __init__(self, embedding: torch.Tensor, context: torch.Tensor | None):
-        self.last, self.context = embedding, context
+    def __init__(self, embedding: torch.Tensor, block_layer_norms: nn.ModuleList, context_cell: nn.Module | None):
+        self.block_layer_norms, self.context_cell = block_layer_norms, context_cell
+        self.last = embedding
+        self.context = embedding if context_cell is not None else None
         self.blocks: list[torch.Tensor] = []
         self.contexts: list[torch.Tensor] = []
 
@@ -1341,21 +918,23 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
     `C^n = Q(C^{n-1}, LN_n(B^n))`, `C^0` the encoder input (`DeepNMTMscContext`).
 
     The block LayerNorms and the context cell are the encoder's modules (`encoder.block_layer_norms`,
-    `encoder.context`: the names every saved MSC model has), read from the encoder at each call, so that a module
-    replaced there (e.g. by PEFT's `modules_to_save`) is the one that runs. The encoder is held in a tuple: a plain
-    reference, not a submodule.
+    `encoder.context`: the names every saved MSC model has), handed to `start` by the encoder at each call
+    (`DeepNMTEncoder.history_modules`), so that a module replaced there (e.g. by PEFT's `modules_to_save`) is the one
+    that runs. The history itself holds no module.
     """
 
-    def __init__(self, config: DeepNMTConfig, encoder: nn.Module):
+    ends_normalised = True  # the top block's LayerNorm plays the final LayerNorm's part
+
+    def __init__(self, config: DeepNMTConfig):
         super().__init__()
         boundaries = config.msc_block_boundaries()
         self.block_ends = {end - 1: block for block, end in enumerate(boundaries[1:])}  # last layer -> its block
         self.returns_context = msc_attends_context(config, "decoder")
-        self.owner = (encoder,)
 
-    def start(self, embedding: torch.Tensor) -> DeepNMTMultiscaleState:
-        attends_context = self.owner[0].context is not None
-        return DeepNMTMultiscaleState(embedding, embedding if attends_context else None)
+    def start(
+        self, embedding: torch.Tensor, block_layer_norms: nn.ModuleList, context_cell: nn.Module | None
+    ) -> DeepNMTMultiscaleState:
+        return DeepNMTMultiscaleState(embedding, block_layer_norms, context_cell)
 
     def layer_input(self, state: DeepNMTMultiscaleState, index: int) -> torch.Tensor:
         return state.last
@@ -1368,11 +947,10 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
         block = self.block_ends.get(index)
         if block is None:
             return
-        encoder = self.owner[0]
-        normed = encoder.block_layer_norms[block](output)
+        normed = state.block_layer_norms[block](output)
         state.blocks.append(normed)
-        if encoder.context is not None:
-            state.context = encoder.context(state.context, normed, block)
+        if state.context_cell is not None:
+            state.context = state.context_cell(state.context, normed, block)
             state.contexts.append(state.context)
 
     def stack_output(self, state: DeepNMTMultiscaleState) -> torch.Tensor:
@@ -1381,6 +959,167 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
     def memory_outputs(self, state: DeepNMTMultiscaleState) -> dict[str, torch.Tensor | None]:
         contexts = torch.stack(state.contexts, dim=1) if self.returns_context else None
         return {"block_outputs": torch.stack(state.blocks, dim=1), "context_states": contexts}
+
+
+# --- The transformers contract ---------------------------------------------------------------------------------
+# This file runs under whatever transformers the user has (it ships inside every Hub repository), and generation
+# internals it relies on change between minor releases: 5.24 renamed the decoding state from `past_key_values` to
+# `cache` in model inputs and outputs. What it was tested with is written here; a contract it relies on that is not
+# met raises an error (a translation decoded without its state is silently wrong), and a newer release than the
+# newest tested one gets one warning naming both.
+TESTED_TRANSFORMERS = ("5.23", "5.24")  # (oldest, newest) minor release this file was tested with
+CODE_VERSION = "0.2.0"  # the hf-deep-nmt release this file belongs to (`hf-deep-nmt upgrade-code` reads it)
+
+
+def _minor(version: str) -> tuple[int, int]:
+    """`(major, minor)` of a version string such as `5.24.0` or `5.25.0.dev0`."""
+    numbers = [int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:2]]
+    return tuple((numbers + [0, 0])[:2])
+
+
+def transformers_window_text() -> str:
+    """The installed transformers against the releases this file was tested with, for error messages."""
+    oldest, newest = TESTED_TRANSFORMERS
+    return f"transformers {transformers_version} (this model code was tested with {oldest} to {newest})"
+
+
+def check_transformers_window() -> str | None:
+    """One warning when the installed transformers is outside `TESTED_TRANSFORMERS`; returns its text (None inside)."""
+    oldest, newest = TESTED_TRANSFORMERS
+    installed = _minor(transformers_version)
+    if installed > _minor(newest):
+        text = (
+            f"hf-deep-nmt runs under transformers {transformers_version}, newer than {newest}, the newest release "
+            "this model code was tested with: decoding checks its contract with transformers and raises an error "
+            "where it is broken; `hf-deep-nmt doctor` checks cached decoding on this machine."
+        )
+    elif installed < _minor(oldest):
+        text = (
+            f"hf-deep-nmt runs under transformers {transformers_version}, older than {oldest}, the oldest release "
+            "this model code was tested with; upgrade transformers, or check decoding with `hf-deep-nmt doctor`."
+        )
+    else:
+        return None
+    logger.warning_once(text)
+    return text
+
+
+# The name of the decoding state in model outputs: `cache` from transformers 5.24, `past_key_values` before (None if
+# neither, a release this file does not know: returning a state then raises).
+_OUTPUT_FIELDS = getattr(Seq2SeqLMOutput, "__dataclass_fields__", {})
+CACHE_OUTPUT_NAME = next((name for name in ("cache", "past_key_values") if name in _OUTPUT_FIELDS), None)
+# The names a forward takes the decoding state under (transformers passes one of them, by release).
+CACHE_INPUT_NAMES = ("cache", "past_key_values")
+
+
+def decoding_state(outputs) -> Cache | None:
+    """The decoding state of a model output, whichever name the installed transformers gives it."""
+    for name in CACHE_INPUT_NAMES:
+        if name in getattr(type(outputs), "__dataclass_fields__", {}):
+            return getattr(outputs, name)
+    return None
+
+
+def with_decoding_state(output_class, cache: Cache | None, **fields):
+    """`output_class(**fields)` carrying `cache` under the name the installed transformers reads (`generate()` looks
+    for it there); an error, not a model output without its state, when that name is unknown."""
+    if cache is not None:
+        if CACHE_OUTPUT_NAME is None:
+            raise RuntimeError(
+                f"{output_class.__name__} has no field for the decoding state (neither `cache` nor `past_key_values`) "
+                f"under {transformers_window_text()}: generate() would decode every step without it. Install a "
+                "tested transformers release, or decode with use_cache=False."
+            )
+        fields[CACHE_OUTPUT_NAME] = cache
+    return output_class(**fields)
+
+
+def take_decoding_state(cache: Cache | None, past_key_values: Cache | None) -> Cache | None:
+    """The decoding state given under either name (`cache` from transformers 5.24, `past_key_values` before)."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ValueError("The decoding state was given twice, as `cache` and as `past_key_values`; give one of them.")
+    return cache if cache is not None else past_key_values
+
+
+def check_step_has_state(
+    config: DeepNMTConfig,
+    decoder_input_ids: torch.Tensor | None,
+    cache: Cache | None,
+    use_cache: bool | None,
+    cache_position: torch.Tensor | None,
+) -> None:
+    """Refuse a decoding step past the first that arrives without its state: decoded from its last token alone it
+    gives a wrong translation and no error. Seen as `cache_position` beyond 0, or as an explicit `use_cache=True` with
+    one decoder token that is not the start token; both without a cache."""
+    if cache is not None or decoder_input_ids is None or is_tracing():
+        return
+    reason = None
+    if cache_position is not None and cache_position.numel() and int(cache_position.reshape(-1)[0]) > 0:
+        reason = f"`cache_position` starts at {int(cache_position.reshape(-1)[0])}"
+    elif (
+        use_cache is True
+        and config.decoder_start_token_id is not None
+        and decoder_input_ids.dim() == 2
+        and decoder_input_ids.shape[1] == 1
+        and bool((decoder_input_ids != config.decoder_start_token_id).any())
+    ):
+        reason = f"one decoder token that is not the start token ({config.decoder_start_token_id}) with use_cache=True"
+    if reason is not None:
+        raise RuntimeError(
+            f"A decoding step past the first arrived without its decoding state ({reason}, and neither `cache` nor "
+            f"`past_key_values`): decoded from its last token alone the translation would be wrong. Under "
+            f"{transformers_window_text()}, generate() may pass the state under a name this code does not know; "
+            "install a tested transformers release, or decode with use_cache=False. (To score a one-token target "
+            "yourself, pass use_cache=False or the cache of the earlier steps.)"
+        )
+
+
+# Keyword arguments the forwards accept without using them (the generic output options of transformers' models):
+# ignored with one warning when set. `cache_position` (taken through `**kwargs`: a forward that names it makes
+# transformers build it, with a warning, for code loaded as remote code) only feeds `check_step_has_state`.
+IGNORED_ARGUMENTS = frozenset(
+    {"output_attentions", "output_hidden_states", "head_mask", "decoder_head_mask", "cross_attn_head_mask"}
+)
+# Inputs transformers' models take that this model cannot: accepted when None (as PEFT passes them), else refused.
+UNSUPPORTED_INPUTS = frozenset({"inputs_embeds", "decoder_inputs_embeds", "position_ids", "decoder_position_ids"})
+
+
+def check_extra_arguments(module: nn.Module, arguments: dict) -> None:
+    """The keyword arguments of a forward beyond its own: `TypeError` for a name it does not know (as a plain Python
+    function; naming the transformers release when the value is a decoding state under a new name), `ValueError` for
+    an input this model cannot take, one warning for a set `IGNORED_ARGUMENTS` option. Unset or False values of the
+    known names say nothing."""
+    name = f"{type(module).__name__}.forward()"
+    unknown = sorted(set(arguments) - IGNORED_ARGUMENTS - UNSUPPORTED_INPUTS - {"cache_position"})
+    for argument in unknown:
+        if isinstance(arguments[argument], Cache):
+            raise TypeError(
+                f"{name} got the decoding state under the name {argument!r}, which this model code does not know (it "
+                f"takes `cache` or `past_key_values`): {transformers_window_text()}. Decoding without it would "
+                "translate wrongly; install a tested transformers release, or decode with use_cache=False."
+            )
+    if unknown:
+        raise TypeError(
+            f"{name} got an unexpected keyword argument {unknown[0]!r}"
+            + (f" (and {', '.join(map(repr, unknown[1:]))})" if len(unknown) > 1 else "")
+            + f"; it ignores only {', '.join(sorted(IGNORED_ARGUMENTS))} (with a warning)."
+        )
+    given = sorted(argument for argument in UNSUPPORTED_INPUTS if arguments.get(argument) is not None)
+    if given:
+        raise ValueError(
+            f"{name} cannot take {', '.join(given)}: this model embeds token ids itself, with sinusoidal positions "
+            "counted from the decoding state; pass `input_ids` / `decoder_input_ids` instead."
+        )
+    ignored = sorted(
+        argument
+        for argument in IGNORED_ARGUMENTS
+        if arguments.get(argument) is not None and arguments.get(argument) is not False
+    )
+    if ignored:
+        logger.warning_once(
+            f"{type(module).__name__}.forward ignores {', '.join(ignored)}: this model neither takes these inputs nor "
+            "returns attention weights or per-layer hidden states."
+        )
 
 
 class DeepNMTPreTrainedModel(PreTrainedModel):
@@ -1433,17 +1172,21 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
 
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding, side: str):
         super().__init__(config)
-        num_layers = getattr(config, f"{side}_layers")
         aggregation = getattr(config, f"{side}_layer_aggregation")
-        boundaries = getattr(config, f"{side}_block_boundaries")
         self.dropout = config.dropout
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = DeepNMTSinusoidalPositions(config.d_model, config.sinusoid_frequencies)
-        self.history = LAYER_AGGREGATION_CLASSES[aggregation](config, num_layers, boundaries)
+        self.history = LAYER_AGGREGATION_CLASSES[aggregation].for_stack(config, side)
         # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
-        # post-norm output row.
-        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.pre_norm else None
+        # post-norm output row, and so does a history whose output is normalised (MSC's top block).
+        self.layer_norm = None
+        if config.pre_norm and not self.history.ends_normalised:
+            self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+
+    def history_modules(self) -> dict[str, nn.Module | None]:
+        """Modules of this stack that its history runs on, handed to `history.start` at each call: none here."""
+        return {}
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -1493,9 +1236,13 @@ class DeepNMTEncoder(DeepNMTStack):
             )
             if msc_attends_context(config, "encoder"):
                 self.context = DeepNMTMscContext(config)
-            self.history = DeepNMTMultiscaleHistory(config, self)
-            self.layer_norm = None  # the top block's LayerNorm plays its part
         self.post_init()
+
+    def history_modules(self) -> dict[str, nn.Module | None]:
+        """MSC: the block LayerNorms and the context cell (`DeepNMTMultiscaleHistory.start`), read at each call."""
+        if self.block_layer_norms is None:
+            return {}
+        return {"block_layer_norms": self.block_layer_norms, "context_cell": self.context}
 
     def forward(
         self,
@@ -1538,7 +1285,7 @@ class DeepNMTEncoder(DeepNMTStack):
                 check_padding_rows(attention_mask)
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
-        state = self.history.start(hidden_states)  # layer outputs of this call only
+        state = self.history.start(hidden_states, **self.history_modules())  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
             output = layer(self.history.layer_input(state, index), mask, self.history.layer_context(state, index))
             self.history.push(state, output, index)
@@ -1570,6 +1317,9 @@ class DeepNMTDecoder(DeepNMTStack):
     def __init__(self, config: DeepNMTConfig, embed_tokens: nn.Embedding):
         super().__init__(config, embed_tokens, "decoder")
         self.layers = nn.ModuleList(DeepNMTDecoderLayer(config, i) for i in range(config.decoder_layers))
+        # the causal mask is built only for a self-attention sublayer that reads it (none where MAtt merges it away)
+        self_attention = DECODER_ATTENTION_CLASSES[config.decoder_self_attention][0]
+        self.self_attention_takes_mask = self_attention is not None and self_attention.takes_causal_mask
         self.post_init()
 
     def forward(
@@ -1608,7 +1358,7 @@ class DeepNMTDecoder(DeepNMTStack):
             self.check_input_ids(input_ids)
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
         self_mask = None
-        if self.config.decoder_self_attention == "multi_head":
+        if self.self_attention_takes_mask:
             self_mask = self._self_attention_mask(
                 attention_mask,
                 input_ids.shape[1],
@@ -1617,7 +1367,7 @@ class DeepNMTDecoder(DeepNMTStack):
                 max_cache_len=self_caches[0].max_cache_len if static else None,
             )
         cross_mask = padding_mask_to_additive(encoder_attention_mask, hidden_states.dtype)
-        state = self.history.start(hidden_states)  # layer outputs of this call only
+        state = self.history.start(hidden_states, **self.history_modules())  # layer outputs of this call only
         for index, layer in enumerate(self.layers):
             memory, context = encoder_outputs.layer_memory(index)
             output = layer(
@@ -1846,7 +1596,7 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         return_logits (`bool`, *optional*):
             True keeps `logits` in a training step too. The output carries them always but in a training step
             (training mode, `labels` given, gradients recorded, not under `torch.compile`): there the loss goes
-            through the output layer a chunk of tokens at a time (`ChunkedLinearCrossEntropy`, the same loss and
+            through the output layer a chunk of tokens at a time (`DeepNMTChunkedLinearCrossEntropy`, the same loss and
             gradients), the (tokens, vocabulary) logits are never made and `logits` is None. False or None change
             nothing.
         """
@@ -1895,9 +1645,10 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         )
 
     def chunks_training_loss(self) -> bool:
-        """Whether a forward with labels is a training step whose loss `ChunkedLinearCrossEntropy` computes: training
-        mode, gradients recorded, not traced by `torch.compile` (Inductor fuses the plain loss itself), and the output
-        layer a plain bias-free `nn.Linear` without hooks (not one wrapped by an adapter: its forward is skipped)."""
+        """Whether a forward with labels is a training step whose loss `DeepNMTChunkedLinearCrossEntropy` computes:
+        training mode, gradients recorded, not traced by `torch.compile` (Inductor fuses the plain loss itself), and
+        the output layer a plain bias-free `nn.Linear` without hooks (not one wrapped by an adapter: its forward is
+        skipped)."""
         head = self.lm_head
         return (
             self.training
@@ -1994,10 +1745,87 @@ class MscModel(DeepNMTModel):
     config_class = MscConfig
 
 
+# --- The methods -----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeepNMTMethod:
+    """One method of this package, named once: everything outside the model code that lists methods (the package's
+    class maps and auto-class registration, the model card, `doctor` and the test families) reads this table.
+
+    `checks` are the tiny variants `doctor` and the tests run for the method, by name: settings added to the tiny
+    sizes they use (a variant with `msc_block_layers` takes its encoder depth from the blocks). `card` is the file
+    under the package's `model_cards/methods/` that describes the method."""
+
+    config_class: type
+    model_class: type
+    base_model_class: type
+    card: str
+    checks: dict[str, dict]
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+
+METHODS: dict[str, DeepNMTMethod] = {}
+
+
+def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
+    """Add `method` to `METHODS` (by model type); a second method under a model type already taken is an error."""
+    known = METHODS.get(method.model_type)
+    if known is not None and known != method:
+        raise ValueError(f"model_type {method.model_type!r} is already the method of {known.config_class.__name__}.")
+    for name in method.checks:
+        owner = next((other for other in METHODS.values() if name in other.checks and other is not known), None)
+        if owner is not None:
+            raise ValueError(f"check name {name!r} is already taken by {owner.config_class.__name__}.")
+    METHODS[method.model_type] = method
+    return method
+
+
+for _method in (
+    DeepNMTMethod(
+        DeepNMTConfig,
+        DeepNMTForConditionalGeneration,
+        DeepNMTModel,
+        card="deep_nmt",
+        checks={
+            "prenorm": {},
+            "postnorm": dict(pre_norm=False),
+            "aan": dict(decoder_self_attention="average", aan_ffn=True),
+        },
+    ),
+    DeepNMTMethod(
+        DlclConfig,
+        DlclForConditionalGeneration,
+        DlclModel,
+        card="dlcl",
+        checks={"dlcl-prenorm": {}, "dlcl-postnorm": dict(pre_norm=False)},
+    ),
+    DeepNMTMethod(
+        DsInitConfig, DsInitForConditionalGeneration, DsInitModel, card="dsinit", checks={"dsinit-matt": {}}
+    ),
+    DeepNMTMethod(
+        SdtConfig,
+        SdtForConditionalGeneration,
+        SdtModel,
+        card="sdt",
+        checks={"sdt-sparse-rpr": dict(sparse_block_size=2, relative_position_window=4)},
+    ),
+    DeepNMTMethod(
+        MscConfig, MscForConditionalGeneration, MscModel, card="msc", checks={"msc": dict(msc_block_layers=[2, 2])}
+    ),
+):
+    register_method(_method)
+
 check_transformers_window()
 
 __all__ = [
+    "METHODS",
     "TESTED_TRANSFORMERS",
+    "DeepNMTMethod",
+    "register_method",
     "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
     "DeepNMTModel",

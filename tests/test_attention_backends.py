@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, MscConfig
-from hf_deep_nmt.modeling import modeling_deep_nmt
+from hf_deep_nmt.modeling import kernels_deep_nmt, modeling_deep_nmt
 
 PAD = 1  # the tiny configs' padding id
 
@@ -59,7 +59,7 @@ def run_training_step(config) -> None:
 def test_every_masked_attention_call_runs_with_the_cudnn_backend_switched_off(
     family, tiny_config, recorded_calls, monkeypatch
 ):
-    monkeypatch.setattr(modeling_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(kernels_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
     config_class, overrides = family
     run_training_step(tiny_config(config_class, **overrides))
     masked = [flags for has_mask, flags in recorded_calls if has_mask]
@@ -71,7 +71,7 @@ def test_every_masked_attention_call_runs_with_the_cudnn_backend_switched_off(
 
 
 def test_unmasked_calls_keep_every_backend(tiny_config, recorded_calls, monkeypatch):
-    monkeypatch.setattr(modeling_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(kernels_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
     model = modeling_deep_nmt.DeepNMTForConditionalGeneration(tiny_config()).eval()
     # no mask given: the encoder's self-attention passes none (a given mask always goes in, whatever its values)
     model.get_encoder()(input_ids=torch.tensor([[5, 6, 7, 2]]))
@@ -80,7 +80,7 @@ def test_unmasked_calls_keep_every_backend(tiny_config, recorded_calls, monkeypa
 
 
 def test_the_setting_switches_the_restriction_off(tiny_config, recorded_calls, monkeypatch):
-    monkeypatch.setattr(modeling_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(kernels_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
     run_training_step(tiny_config(sdpa_avoid_cudnn=False))
     assert any(has_mask for has_mask, _ in recorded_calls)
     assert all(flags["cudnn"] for _, flags in recorded_calls)
@@ -109,7 +109,7 @@ def test_the_setting_is_saved_and_a_config_without_it_keeps_the_restriction(tiny
 
 def test_the_restricted_attention_compiles_into_one_graph_with_the_eager_result(tiny_config, monkeypatch):
     """The backend restriction is a context manager that dynamo traces: no graph break (fullgraph), same output."""
-    monkeypatch.setattr(modeling_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(kernels_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
     torch._dynamo.reset()
     model = modeling_deep_nmt.DeepNMTForConditionalGeneration(tiny_config(relative_position_window=2)).eval()
     batch = padded_batch()

@@ -1,4 +1,4 @@
-"""The training loss through the output layer in chunks (`ChunkedLinearCrossEntropy`): the loss and gradients of
+"""The training loss through the output layer in chunks (`DeepNMTChunkedLinearCrossEntropy`): the loss and gradients of
 `F.cross_entropy` on the whole logits, with ignored tokens and label smoothing, in any chunking; the model's training
 step uses it (no logits made or saved) and gives the plain path's loss and gradients; `DeepNMTTrainer` hands label
 smoothing to the model and gets the library's smoothed loss."""
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from transformers.trainer_pt_utils import LabelSmoother
 
 from hf_deep_nmt import DeepNMTForConditionalGeneration
-from hf_deep_nmt.modeling import modeling_deep_nmt
-from hf_deep_nmt.modeling.modeling_deep_nmt import chunked_linear_cross_entropy
+from hf_deep_nmt.modeling import kernels_deep_nmt
+from hf_deep_nmt.modeling.kernels_deep_nmt import chunked_linear_cross_entropy
 from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments
 
 VOCABULARY = 37
@@ -36,7 +36,7 @@ def gradients(loss, *tensors):
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1, 1.0])
 @pytest.mark.parametrize("chunk_rows", [1, 3, 11, 64])
 def test_equals_cross_entropy_of_the_whole_logits(monkeypatch, label_smoothing, chunk_rows):
-    monkeypatch.setitem(modeling_deep_nmt.LOSS_CHUNK_VALUES, "cpu", chunk_rows * VOCABULARY)
+    monkeypatch.setitem(kernels_deep_nmt.LOSS_CHUNK_VALUES, "cpu", chunk_rows * VOCABULARY)
     hidden, weight, labels = loss_inputs()
     expected = F.cross_entropy(hidden @ weight.T, labels, ignore_index=-100, label_smoothing=label_smoothing)
     loss = chunked_linear_cross_entropy(hidden, weight, labels, label_smoothing)

@@ -1,16 +1,16 @@
 """Compiled CPU training graphs save no boolean tensor of activation size: the dropout and ReLU traced in a compiled
-CPU training forward (`CpuCompiledDropout`, `CpuCompiledReLU`) compute what `F.dropout` and `F.relu` compute, with the
-kept positions saved as uint8 and the ReLU gradient taken from the saved output; and `DeepNMTTrainer` with
-`torch_compile=True` compiles the model without a graph break."""
+CPU training forward (`DeepNMTCompiledCpuDropout`, `DeepNMTCompiledCpuReLU`) compute what `F.dropout` and `F.relu`
+compute, with the kept positions saved as uint8 and the ReLU gradient taken from the saved output; and
+`DeepNMTTrainer` with `torch_compile=True` compiles the model without a graph break."""
 
 import pytest
 import torch
 from torch.nn import functional as F
 
 from hf_deep_nmt import doctor
-from hf_deep_nmt.modeling.modeling_deep_nmt import (
-    CpuCompiledDropout,
-    CpuCompiledReLU,
+from hf_deep_nmt.modeling.kernels_deep_nmt import (
+    DeepNMTCompiledCpuDropout,
+    DeepNMTCompiledCpuReLU,
     DeepNMTReLU,
     activation_function,
     dropout,
@@ -22,7 +22,7 @@ def test_the_compiled_relu_has_relu_values_and_gradients():
     inputs = torch.cat([inputs, torch.randn(1000, generator=torch.Generator().manual_seed(0))])
     grad_output = torch.randn(inputs.shape, generator=torch.Generator().manual_seed(1))
     results = []
-    for relu in (F.relu, CpuCompiledReLU.apply):
+    for relu in (F.relu, DeepNMTCompiledCpuReLU.apply):
         leaf = inputs.clone().requires_grad_()
         output = relu(leaf)
         output.backward(grad_output)
@@ -38,7 +38,7 @@ def test_the_compiled_dropout_keeps_one_minus_p_and_scales_by_its_inverse(p):
     inputs = torch.randn(400, 500, generator=torch.Generator().manual_seed(0)).requires_grad_()
     grad_output = torch.randn(inputs.shape, generator=torch.Generator().manual_seed(1))
     torch.manual_seed(2)
-    output = CpuCompiledDropout.apply(inputs, p)
+    output = DeepNMTCompiledCpuDropout.apply(inputs, p)
     output.backward(grad_output)
     kept = output.detach() != 0
     scale = 1.0 / (1.0 - p)
@@ -47,7 +47,7 @@ def test_the_compiled_dropout_keeps_one_minus_p_and_scales_by_its_inverse(p):
     # 200,000 draws: the kept fraction's standard deviation is under 0.0011
     assert abs(kept.float().mean().item() - (1 - p)) < 0.01
     torch.manual_seed(2)
-    assert torch.equal(CpuCompiledDropout.apply(inputs, p), output)  # seeded by torch's generator
+    assert torch.equal(DeepNMTCompiledCpuDropout.apply(inputs, p), output)  # seeded by torch's generator
 
 
 def test_eager_code_keeps_torch_dropout_and_relu():

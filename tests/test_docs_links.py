@@ -1,7 +1,9 @@
-"""The documents a newcomer reads point at what exists: every relative link in README.md, benchmarks/README.md,
-CONTRIBUTING.md and tests/README.md names an existing file or folder, and every repository path (`recipes/...`,
+"""The documents a newcomer reads point at what exists: every relative link in README.md, the pages of docs/,
+benchmarks/README.md, CONTRIBUTING.md and tests/README.md names an existing file or folder, every `#anchor` of a link
+to a Markdown page (or within the same page) names one of its headings, and every repository path (`recipes/...`,
 `benchmarks/...`, `tests/...`) in a command of their ```bash blocks exists. Run from the repository root, as the
-documents' commands are. tests/README.md also lists every test file exactly once."""
+documents' commands are. README.md links every page of docs/, and tests/README.md lists every test file exactly
+once."""
 
 import glob
 import re
@@ -10,12 +12,28 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCUMENTS = ["README.md", "benchmarks/README.md", "CONTRIBUTING.md", "tests/README.md"]
+# every page of docs/, found by glob, so that a new page is checked without being named here
+DOCUMENTS = ["README.md", *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md"))]
+DOCUMENTS += ["benchmarks/README.md", "CONTRIBUTING.md", "tests/README.md"]
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 # [text](target) and ![alt](target); the target ends at whitespace (a title may follow) or the closing parenthesis
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?[^)]*\)")
 INLINE_CODE = re.compile(r"`[^`\n]*`")
 REPOSITORY_PATH = re.compile(r"^(recipes|benchmarks|tests)/")
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation other than `-` and `_` dropped, spaces as
+    `-`, a repeated heading numbered `-1`, `-2`, ...; headings inside code blocks (shell comments) do not count."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", FENCE.sub("", text), re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, number = slug, 0
+        while anchor in anchors:
+            number += 1
+            anchor = f"{slug}-{number}"
+        anchors.add(anchor)
+    return anchors
 
 
 def relative_links(text: str) -> list[str]:
@@ -61,6 +79,30 @@ def test_relative_links_point_to_existing_files(document):
 
 
 @pytest.mark.parametrize("document", DOCUMENTS)
+def test_anchors_name_headings_of_the_linked_page(document):
+    path = ROOT / document
+    text = path.read_text(encoding="utf-8")
+    prose = INLINE_CODE.sub("", FENCE.sub("", text))
+    targets = [match.group(1) for match in LINK.finditer(prose)]
+    broken = []
+    for target in targets:
+        page, _, anchor = target.partition("#")
+        if not anchor or re.match(r"^[a-z][a-z0-9+.-]*:", page) or not (page == "" or page.endswith(".md")):
+            continue
+        linked = path if page == "" else path.parent / page
+        if linked.is_file() and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+            broken.append(target)
+    assert not broken, f"{document} links to anchors that no heading of the linked page has: {broken}"
+
+
+def test_the_readme_links_every_docs_page():
+    pages = sorted(path.name for path in (ROOT / "docs").glob("*.md"))
+    assert pages, "docs/ holds no pages"
+    linked = set(re.findall(r"\]\(docs/([\w-]+\.md)(?:#[^)]*)?\)", (ROOT / "README.md").read_text(encoding="utf-8")))
+    assert not set(pages) - linked, f"README.md does not link these pages of docs/: {sorted(set(pages) - linked)}"
+
+
+@pytest.mark.parametrize("document", DOCUMENTS)
 def test_paths_in_bash_commands_exist(document):
     missing = [
         (command, word)
@@ -82,6 +124,9 @@ def test_the_checks_find_what_they_look_for():
         "```python\nopen('recipes/not_a_command.json')\n```\n"
     )
     assert relative_links(text) == ["docs/a.md#part", "img/b.png"]
+    page = "# Top\n## Settings of `DeepNMTConfig`\n## Versions: what is tested, and more\n## Top\n"
+    page += "```bash\n# one GPU\n```\n"
+    assert heading_anchors(page) == {"top", "settings-of-deepnmtconfig", "versions-what-is-tested-and-more", "top-1"}
     (command,) = bash_commands(text)
     assert repository_paths(command) == ["benchmarks/x.py", "tests/y.json", "recipes/z.json"]
 

@@ -8,7 +8,7 @@ from torch.nn import functional as F
 
 from hf_deep_nmt import doctor
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.modeling import modeling_deep_nmt
+from hf_deep_nmt.modeling import kernels_deep_nmt, modeling_deep_nmt
 
 
 def test_on_the_cpu_it_checks_one_family_and_says_what_it_skipped(capsys):
@@ -89,7 +89,7 @@ def simulated_cudnn_bug(monkeypatch):
         return output
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", buggy)
-    monkeypatch.setattr(modeling_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
+    monkeypatch.setattr(kernels_deep_nmt, "SDPA_RESTRICTED_DEVICE_TYPES", ("cpu",))
 
 
 def test_the_padded_length_check_passes_because_of_the_restriction(simulated_cudnn_bug):

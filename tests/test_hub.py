@@ -9,7 +9,7 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.hub import export_hub_folder
+from hf_deep_nmt.hub import export_hub_folder, files_not_written_by_us
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
@@ -56,6 +56,7 @@ def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
         "generation_config.json",
         "configuration_deep_nmt.py",
         "modeling_deep_nmt.py",
+        "kernels_deep_nmt.py",
         "tokenizer.json",
         "tokenizer_config.json",
         "README.md",
@@ -70,8 +71,9 @@ def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
     assert config["use_cache"] is True
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["num_beams"] == 3 and generation["decoder_start_token_id"] == 0
-    for name in ("configuration_deep_nmt.py", "modeling_deep_nmt.py"):
+    for name in ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py"):
         assert (folder / name).read_bytes() == (MODELING_DIR / name).read_bytes()
+    assert files_not_written_by_us(folder) == []  # the marker lists every code file, the sibling included
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".")]  # no staging folder left behind
 
 
@@ -148,11 +150,22 @@ def test_each_preset_gets_its_own_method_section_in_the_card(tokenizer):
     assert "deep_nmt_dsinit" in card.data.tags
 
 
-def test_every_registered_preset_has_a_method_card():
-    from hf_deep_nmt import MODEL_CLASSES
-    from hf_deep_nmt.hub import METHOD_CARDS
+def test_every_registered_method_has_a_method_card():
+    from hf_deep_nmt import METHODS, MODEL_CLASSES
 
-    for config_class in MODEL_CLASSES:
-        assert config_class.model_type in METHOD_CARDS, config_class.model_type
-        card = MODELING_DIR.parent / "model_cards" / "methods" / f"{METHOD_CARDS[config_class.model_type]}.md"
+    assert {method.config_class for method in METHODS.values()} == set(MODEL_CLASSES)
+    for method in METHODS.values():
+        card = MODELING_DIR.parent / "model_cards" / "methods" / f"{method.card}.md"
         assert "<!-- citation -->" in card.read_text(encoding="utf-8")
+
+
+def test_the_card_shows_every_setting_that_differs_from_the_base_architecture():
+    from hf_deep_nmt import MscConfig, SdtConfig
+    from hf_deep_nmt.hub import architecture_of
+
+    shown = architecture_of(SdtConfig(encoder_layers=12, growth=[{"from_layers": 6}], dropout=0.3))
+    assert shown["encoder_layers"] == 12 and shown["d_model"] == 512  # sizes always
+    assert shown["encoder_layer_aggregation"] == "sparse" and shown["relative_position_window"] == 8
+    assert "pre_norm" not in shown  # the base default
+    assert not {"growth", "dropout", "pad_token_id", "transformers_version"} & set(shown)  # not architecture
+    assert architecture_of(MscConfig())["msc_block_layers"] == 6  # as the config holds it (6 blocks of 6)

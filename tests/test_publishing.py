@@ -34,6 +34,7 @@ EXPORTED_FILES = [
     "config.json",
     "configuration_deep_nmt.py",
     "generation_config.json",
+    "kernels_deep_nmt.py",
     "model.safetensors",
     "modeling_deep_nmt.py",
     "tokenizer.json",

@@ -15,7 +15,7 @@ from huggingface_hub import constants
 
 from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig, __version__
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.hub import export_hub_folder, files_not_written_by_us
+from hf_deep_nmt.hub import WRITTEN_MARKER, export_hub_folder, files_not_written_by_us
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.upgrade_code import (
     BACKUP_FOLDER,
@@ -64,8 +64,14 @@ def publish(tmp_path, tiny_config, random_model, tokenizer):
         config_class, overrides = FAMILIES[family]
         model = random_model(tiny_config(config_class, vocab_size=len(tokenizer), **overrides), scale=0.5)
         folder = export_hub_folder(model, tokenizer, tmp_path / f"published-{family}")
-        for name in CODE_FILES:
-            shutil.copyfile(PUBLISHED_0_1_0 / name, folder / name)
+        for name in CODE_FILES:  # 0.1.0 shipped two of today's code files, and its marker listed those only
+            if (PUBLISHED_0_1_0 / name).is_file():
+                shutil.copyfile(PUBLISHED_0_1_0 / name, folder / name)
+            else:
+                (folder / name).unlink()
+        marker = json.loads((folder / WRITTEN_MARKER).read_text())
+        marker["files"] = [name for name in marker["files"] if (folder / name).exists()]
+        (folder / WRITTEN_MARKER).write_text(json.dumps(marker))
         return folder
 
     return make
@@ -85,6 +91,7 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
 
     assert report.old_version == "0.1.0 or earlier" and report.new_version == __version__
     assert "modeling_deep_nmt.py" in report.changed and report.written
+    assert "kernels_deep_nmt.py" in report.changed  # the code file 0.1.0 lacked is installed
     for name in CODE_FILES:
         assert (published / name).read_bytes() == (installed_code_folder() / name).read_bytes()
     assert (

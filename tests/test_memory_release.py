@@ -1,0 +1,58 @@
+"""A training step leaves nothing behind. Each step's activations must be freed by reference counting as soon as
+the step's loss and outputs go: an autograd node that keeps a tensor of its own graph (through `ctx`) is a cycle
+Python's collector cannot free, so memory grows with every step until a GPU runs out (this happened to the DLCL
+history: a 30+6 model at d 512 filled 139 GiB of an H200 within about 200 steps of 8k-token batches)."""
+
+import gc
+import weakref
+
+import torch
+
+from hf_deep_nmt import MODEL_CLASSES
+from hf_deep_nmt.modeling import modeling_deep_nmt
+
+
+def _training_step(model, batch) -> None:
+    outputs = model(**batch)
+    outputs.loss.backward()
+
+
+def _live_tensors() -> int:
+    gc.collect()
+    return sum(1 for item in gc.get_objects() if isinstance(item, torch.Tensor))
+
+
+def test_training_steps_do_not_accumulate_tensors(architecture_config, padded_batch):
+    config = architecture_config
+    model = MODEL_CLASSES[type(config)](config).train()
+    batch = {key: padded_batch[key] for key in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
+    _training_step(model, batch)  # the first step creates the .grad tensors
+    before = _live_tensors()
+    for _ in range(3):
+        _training_step(model, batch)
+    assert _live_tensors() == before
+
+
+def test_the_history_buffer_is_freed_without_the_cycle_collector(tiny_config, padded_batch, monkeypatch):
+    """Stricter than counting after `gc.collect()`: with the collector off, the stored-output buffer of a DLCL
+    stack dies with the step's loss, i.e. nothing in the autograd graph refers back to the graph itself."""
+    buffers = []
+    start = modeling_deep_nmt.DeepNMTBlockHistory.start
+
+    def recording_start(self, embedding):
+        state = start(self, embedding)
+        buffers.append(weakref.ref(state.buffer))
+        return state
+
+    monkeypatch.setattr(modeling_deep_nmt.DeepNMTBlockHistory, "start", recording_start)
+    model = MODEL_CLASSES[type(config := tiny_config(layer_aggregation="dlcl"))](config).train()
+    batch = {key: padded_batch[key] for key in ("input_ids", "attention_mask", "labels")}
+    gc.disable()
+    try:
+        outputs = model(**batch)
+        outputs.loss.backward()
+        assert len(buffers) == 2 and all(ref() is not None for ref in buffers)  # encoder and decoder histories
+        del outputs
+        assert [ref() is None for ref in buffers] == [True, True]
+    finally:
+        gc.enable()
