@@ -374,7 +374,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
         quantization_choices,
         require_ctranslate2,
     )
-    from hf_deep_nmt.hub import check_export_folder
+    from hf_deep_nmt.folders import check_export_folder
 
     # Everything named is checked before the model's weights are loaded.
     require_ctranslate2()
@@ -435,8 +435,8 @@ def _grow(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
+    from hf_deep_nmt.folders import check_export_folder, write_marked_folder
     from hf_deep_nmt.growing import grow_encoder
-    from hf_deep_nmt.hub import check_export_folder, write_marked_folder
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
     check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)

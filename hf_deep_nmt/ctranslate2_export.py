@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from hf_deep_nmt.hub import EXPORT_FLAG, write_marked_folder
+from hf_deep_nmt.folders import EXPORT_FLAG, write_marked_folder
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTSinusoidalPositions
 from hf_deep_nmt.settings import SettingCheck, refusals

@@ -115,7 +115,7 @@ def check_run_folders(output_dir: str, export_dir: str | None, corpus_files: lis
                 f"output_dir {output_dir!r} is inside export_dir {export_dir!r}: an overwritten export would take the "
                 "checkpoints with it; give the two separate folders."
             )
-    from hf_deep_nmt.hub import check_writable_location
+    from hf_deep_nmt.folders import check_writable_location
 
     check_writable_location(output_dir, "output_dir")
     return protected

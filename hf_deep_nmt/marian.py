@@ -274,7 +274,7 @@ def convert_marian(source: str | Path, out: str | Path, *, overwrite: bool = Fal
     this package did not write. Everything is checked before anything is written: what cannot be converted is
     refused by name (`ValueError`), and the converted model must give the source's logits on a probe batch. The config
     records the source (`converted_from`, see `origin_record`) for the model card."""
-    from hf_deep_nmt.hub import check_export_folder, write_marked_folder
+    from hf_deep_nmt.folders import check_export_folder, write_marked_folder
 
     check_export_folder(out, overwrite, flag=OVERWRITE_FLAG)
     marian = _load_marian(source)

@@ -10,6 +10,20 @@ The rule (`RunFolder.start`):
 * a folder holding another run (another recipe, or no record) is refused unless `resume_from_checkpoint` is given
   (continue it anyway, e.g. with more steps) or `overwrite_output_dir` (remove what earlier runs of ours wrote there:
   checkpoints, stage folders, results, curves, the record; nothing else).
+
+What a run wrote is decided by who wrote it, never by name: the record lists every top-level entry a run of ours
+creates (`written`), claimed before it is written (`claim_outputs`: the Trainer's checkpoints by `RunOutputsCallback`,
+results, curves, the tokenizer of `train-staged`). `overwrite_output_dir` removes only listed entries, keeps any the
+recipe reads (a tokenizer, a saved model, a corpus file), and refuses, removing nothing, when the folder holds
+outputs under our names that no record lists (a folder of an older version, or the user's own files).
+
+The record also holds the run's shape (`run_shape`: the process count and the batch per optimizer update); a run
+continued with another shape is refused, naming both, since it would not continue the same training.
+
+The lock (`LOCK_FILE`) names its holder and carries a lease that a heartbeat thread renews (`heartbeat` time,
+`lease_seconds`). A lock whose process has ended (on this host: a missing pid, a zombie) or, from another host, whose
+lease has run out, is taken over atomically (renamed away, and put back if it changed meanwhile); a live lease never
+is. So a job that a cluster preempted and requeued on another node takes over the folder of its dead predecessor.
 """
 
 from __future__ import annotations
@@ -20,22 +34,33 @@ import json
 import os
 import shutil
 import socket
+import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from hf_deep_nmt.callbacks import numbered_checkpoints
+from hf_deep_nmt.preemption import PreemptionSignals
 
 logger = logging.get_logger(__name__)
 
 LOCK_FILE = ".hf-deep-nmt.lock"
 RUN_RECORD = "hf-deep-nmt-run.json"
 # files and folders a run of ours writes into its output folder, besides `checkpoint-N/` (stage-N-L-layers/ for
-# train-staged); `overwrite_output_dir` removes these and nothing else
+# train-staged); `overwrite_output_dir` removes those of them the record lists and nothing else
 RUN_OUTPUTS = ("results.json", "training_curves.png", "tokenizer", RUN_RECORD)
 STAGE_PREFIX = "stage-"
+# a folder a run only reads when it is there (the recipe may point `tokenizer_name_or_path` at it): an earlier output
+# only when a record lists it
+READ_ONLY_OUTPUTS = ("tokenizer",)
+# seconds a lock stays valid without a heartbeat; the holder renews it every quarter of that
+LEASE_SECONDS = float(os.environ.get("HF_DEEP_NMT_LOCK_LEASE", "120"))
+LOCK_SIZE = 1024  # the lock is rewritten in place at this fixed size, so that a reader never sees a shorter file
 # settings that say where results go or how progress is shown, not what is trained: they may change between the
 # runs of one recipe
 NOT_RECIPE = {
@@ -60,6 +85,7 @@ NOT_RECIPE = {
     "push_to_hub",
     "hub_model_id",
     "hub_token",
+    "local_rank",  # set by the launcher for each process (-1 without one): the run's shape is recorded instead
 }
 
 
@@ -93,7 +119,9 @@ def run_recipe(*arguments: Any) -> dict[str, Any]:
 
 
 def recipe_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
-    keys = sorted(set(recorded) | set(current))
+    """`key: old -> new` for each recipe setting that changed; settings a record of an earlier version holds that are
+    no longer part of a recipe (`NOT_RECIPE`) do not count."""
+    keys = sorted((set(recorded) | set(current)) - NOT_RECIPE)
     return [
         f"{key}: {recorded.get(key, '(unset)')!r} -> {current.get(key, '(unset)')!r}"
         for key in keys
@@ -102,46 +130,152 @@ def recipe_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
 
 
 def _process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host runs: never for 0 or a negative number (`kill` would signal a process
+    group), nor for a zombie (ended, not yet reaped by its parent)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # someone else's live process
+        pass
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # no /proc (macOS): kill() is all there is
         return True
-    return True
+    return status.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+def run_shape(training_args) -> dict[str, Any]:
+    """The process count and the batch of one optimizer update (per process x gradient accumulation x processes), in
+    tokens with `max_tokens`, else in sentences: what a resumed run must keep to continue the same training."""
+    world_size = max(1, int(getattr(training_args, "world_size", 1)))
+    max_tokens = getattr(training_args, "max_tokens", None)
+    per_process = max_tokens if max_tokens is not None else training_args.per_device_train_batch_size
+    accumulation = training_args.gradient_accumulation_steps
+    return {
+        "world_size": world_size,
+        "per_process": per_process,
+        "gradient_accumulation_steps": accumulation,
+        "unit": "tokens" if max_tokens is not None else "sentences",
+        "per_update": per_process * accumulation * world_size,
+    }
+
+
+def _describe_shape(shape: dict[str, Any]) -> str:
+    return (
+        f"{shape.get('world_size')} process(es), {shape.get('per_update')} {shape.get('unit')} per update "
+        f"({shape.get('per_process')} x {shape.get('gradient_accumulation_steps')} accumulation x "
+        f"{shape.get('world_size')})"
+    )
+
+
+def _read_record(folder: Path) -> dict[str, Any] | None:
+    try:
+        record = json.loads((folder / RUN_RECORD).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("recipe"), dict) else None
+
+
+def _write_record_file(folder: Path, record: dict[str, Any]) -> None:
+    partial = folder / f"{RUN_RECORD}.partial"
+    partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    partial.replace(folder / RUN_RECORD)
+
+
+def _main_process() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def claim_outputs(output_dir: str | Path, *paths: str | Path) -> None:
+    """List `paths` (inside `output_dir`; their top-level entries) in the run record as written by this run, before
+    they are written, so that `overwrite_output_dir` may later remove them. Nothing happens without a record (a
+    folder no `RunFolder` holds), on processes other than the main one, or for paths outside `output_dir`."""
+    root = Path(output_dir)
+    record = _read_record(root) if _main_process() else None
+    if record is None:
+        return
+    written = set(record.get("written") or [])
+    for path in paths:
+        try:
+            parts = Path(path).absolute().relative_to(root.absolute()).parts
+        except ValueError:
+            continue
+        if parts and parts[0] != RUN_RECORD:
+            written.add(parts[0])
+    if written != set(record.get("written") or []):
+        _write_record_file(root, {**record, "written": sorted(written)})
+
+
+class RunOutputsCallback(TrainerCallback):
+    """List each Trainer checkpoint in the run record before it is written (`claim_outputs`): the checkpoint folder
+    under the run's output folder, or the stage folder that holds it for `train-staged`."""
+
+    def _claim(self, args, state) -> None:
+        checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        for root in (Path(args.output_dir), Path(args.output_dir).parent):
+            if (root / RUN_RECORD).is_file():
+                claim_outputs(root, checkpoint)
+                return
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if control.should_save:
+            self._claim(args, state)
+
+    def on_save(self, args, state, control, **kwargs):
+        self._claim(args, state)  # a save no step end announced (e.g. asked for by another callback later)
 
 
 class RunFolder:
-    """`with RunFolder(output_dir, command, recipe):` holds the folder's lock for the block (released on error too;
-    a lock left by a killed process of this host is taken over with a warning). Only the main process of a
-    multi-process launch (`RANK` 0) locks and writes; the others only read the same decision."""
+    """`with RunFolder(output_dir, command, recipe, shape):` holds the folder's lock for the block (released on error
+    and on a preemption signal too; see the module for taking over a lock left behind), with SIGTERM / SIGUSR1
+    handled as requests to save and stop (`hf_deep_nmt.preemption`). Only the main process of a multi-process launch
+    (`RANK` 0) locks and writes; the others only read the same decision."""
 
-    def __init__(self, output_dir: str | Path, command: str, recipe: dict[str, Any]):
+    def __init__(
+        self, output_dir: str | Path, command: str, recipe: dict[str, Any], shape: dict[str, Any] | None = None
+    ):
         self.folder = Path(output_dir)
         self.command = command
         self.recipe = recipe
-        self.main_process = int(os.environ.get("RANK", "0")) == 0
+        self.shape = shape
+        self.main_process = _main_process()
+        self.lock_lost = threading.Event()
         self._locked = False
         self._created = False
+        self._descriptor: int | None = None
+        self._owner: dict[str, Any] = {}
+        self._stop_heartbeat = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self._signals = PreemptionSignals()
 
     # ---- the lock -----------------------------------------------------------------------------------------------
 
     def __enter__(self) -> RunFolder:
-        if self.main_process:
-            self._lock()
+        self._signals.__enter__()
+        try:
+            if self.main_process:
+                self._lock()
+        except BaseException:
+            self._signals.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
-        if self._locked:
-            lock = self.folder / LOCK_FILE
-            try:
-                if json.loads(lock.read_text(encoding="utf-8")).get("pid") == os.getpid():
-                    lock.unlink()
-            except (OSError, ValueError):
-                pass
-            self._locked = False
-            if self._created and not any(self.folder.iterdir()):
-                self.folder.rmdir()  # a refused run leaves no empty folder behind
+        try:
+            if self._locked:
+                self._release()
+                if self._created and self.folder.is_dir() and not any(self.folder.iterdir()):
+                    self.folder.rmdir()  # a refused run leaves no empty folder behind
+        finally:
+            self._signals.__exit__(*exc)
+
+    def _lock_text(self) -> bytes:
+        self._owner["heartbeat"] = time.time()
+        text = json.dumps(self._owner).encode()
+        return text + b" " * (LOCK_SIZE - 1 - len(text)) + b"\n"
 
     def _lock(self) -> None:
         self._created = not self.folder.exists()
@@ -149,10 +283,16 @@ class RunFolder:
             raise RunFolderError(f"output_dir {str(self.folder)!r} is a file; choose a folder.")
         self.folder.mkdir(parents=True, exist_ok=True)
         lock = self.folder / LOCK_FILE
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "command": self.command, "since": time.ctime()}
-        for _ in range(2):
+        self._owner = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": self.command,
+            "since": time.ctime(),
+            "lease_seconds": LEASE_SECONDS,
+        }
+        for _ in range(3):
             try:
-                descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
             except FileExistsError:
                 holder = self._lock_holder(lock)
                 if holder is None:
@@ -161,66 +301,254 @@ class RunFolder:
                     f"output_dir {str(self.folder)!r} is in use by another hf-deep-nmt run ({holder}); wait for it "
                     f"to finish or choose another output_dir. If that run is gone, delete {str(lock)!r}."
                 ) from None
-            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-                handle.write(json.dumps(owner) + "\n")
-            self._locked = True
+            try:
+                os.pwrite(descriptor, self._lock_text(), 0)
+            except BaseException:  # e.g. a full disk: leave no empty lock behind
+                os.close(descriptor)
+                lock.unlink(missing_ok=True)
+                raise
+            self._descriptor, self._locked = descriptor, True
+            self._stop_heartbeat.clear()
+            self._heartbeat = threading.Thread(target=self._renew, name="hf-deep-nmt-lock-lease", daemon=True)
+            self._heartbeat.start()
             return
         raise RunFolderError(f"Could not lock output_dir {str(self.folder)!r}; delete {str(lock)!r} if no run is on.")
 
-    def _lock_holder(self, lock: Path) -> str | None:
-        """Who holds `lock`, or None after removing it when its process (on this host) is gone."""
+    def _holds_lock(self) -> bool:
+        """Whether the lock file in the folder is still the one this run created (not taken over meanwhile)."""
         try:
-            holder = json.loads(lock.read_text(encoding="utf-8"))
-            pid, host = int(holder["pid"]), str(holder["host"])
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError):
+            mine, there = os.fstat(self._descriptor), os.stat(self.folder / LOCK_FILE)
+        except (OSError, TypeError):
+            return False
+        return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
+
+    def _renew(self) -> None:
+        """The heartbeat: renew the lease in place (through the open descriptor, so that a lock taken over meanwhile
+        is never written) every quarter lease, until released."""
+        while not self._stop_heartbeat.wait(LEASE_SECONDS / 4):
+            if not self._holds_lock():
+                message = (
+                    f"The lock of output_dir {str(self.folder)!r} was taken over by another run (this process renewed "
+                    f"no lease for {LEASE_SECONDS:g} s); this run stops at the end of its step without saving, the "
+                    "other one owns the folder now."
+                )
+                self._signals.taken_over = message
+                self.lock_lost.set()
+                logger.error(message)
+                return
+            try:
+                os.pwrite(self._descriptor, self._lock_text(), 0)
+            except OSError as error:
+                logger.warning(f"Could not renew the lease of {str(self.folder / LOCK_FILE)!r}: {error}.")
+
+    def _release(self) -> None:
+        self._stop_heartbeat.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+            self._heartbeat = None
+        try:
+            if self._holds_lock():
+                (self.folder / LOCK_FILE).unlink()
+        finally:
+            os.close(self._descriptor)
+            self._descriptor, self._locked = None, False
+
+    def _read_lock(self, lock: Path) -> tuple[str, dict[str, Any]] | None:
+        """The lock's text and contents; None when it is gone; `ValueError` when it cannot be read (after a few
+        tries: a holder may be writing it)."""
+        for attempt in range(5):
+            try:
+                text = lock.read_text(encoding="utf-8")
+                holder = json.loads(text)
+                int(holder["pid"]), str(holder["host"])
+                return text, holder
+            except FileNotFoundError:
+                return None
+            except (OSError, ValueError, KeyError, TypeError):
+                time.sleep(0.05 * (attempt + 1))
+        raise ValueError("unreadable lock")
+
+    def _lock_holder(self, lock: Path, waited: bool = False) -> str | None:
+        """Who holds `lock`, or None after taking it away from a holder that is gone: a process of this host that
+        has ended, or a holder on another host whose lease has run out. A lease that its holder failed to renew for
+        half of it (a job killed after its grace period, requeued at once) is waited for, once, then taken over if
+        still not renewed."""
+        try:
+            found = self._read_lock(lock)
+        except ValueError:
             return "its lock file cannot be read; it may be starting"
-        if host == socket.gethostname() and not _process_alive(pid):
-            logger.warning(f"Taking over the lock of {str(self.folder)!r} left by process {pid}, which has ended.")
-            lock.unlink(missing_ok=True)
+        if found is None:
             return None
-        return f"process {pid} on {host}, {holder.get('command', 'a run')} started {holder.get('since', '?')}"
+        text, holder = found
+        pid, host = int(holder["pid"]), str(holder["host"])
+        who = f"process {pid} on {host}, {holder.get('command', 'a run')} started {holder.get('since', '?')}"
+        if host == socket.gethostname():
+            if _process_alive(pid):
+                return who
+            reason = f"left by process {pid}, which has ended"
+        else:
+            heartbeat, lease = holder.get("heartbeat"), holder.get("lease_seconds")
+            if not isinstance(heartbeat, (int, float)) or not isinstance(lease, (int, float)):
+                return f"{who}; its lock has no lease (an older hf-deep-nmt wrote it), so it is never taken over"
+            left = heartbeat + lease - time.time()
+            if left > 0 and (waited or lease - left <= lease / 2):
+                return f"{who}; its lease was renewed {lease - left:.0f} s ago and runs {left:.0f} s more"
+            if left > 0:
+                logger.warning(
+                    f"The lock of {str(self.folder)!r} ({who}) was last renewed {lease - left:.0f} s ago, though a "
+                    f"running holder renews it every {lease / 4:g} s: waiting {left:.0f} s for its lease to run out."
+                )
+                time.sleep(left + 0.05)
+                return self._lock_holder(lock, waited=True)
+            reason = f"of {who}, whose lease ran out {-left:.0f} s ago (renewed every {lease / 4:g} s while it runs)"
+        if not self._take_over(lock, text):
+            return f"{who}; its lock changed while it was being taken over"
+        logger.warning(f"Taking over the lock of {str(self.folder)!r} {reason}.")
+        return None
+
+    def _take_over(self, lock: Path, seen: str) -> bool:
+        """Move the stale lock whose text was `seen` out of the way, atomically: renamed to a name of this process, and
+        put back when its text changed meanwhile (its holder renewed it: it lives). True when it is gone."""
+        stale = lock.with_name(f"{LOCK_FILE}.stale-{socket.gethostname()}-{os.getpid()}")
+        try:
+            os.rename(lock, stale)
+        except FileNotFoundError:
+            return True  # another run took it first; the exclusive create decides who gets it
+        try:
+            if stale.read_text(encoding="utf-8") != seen:
+                try:
+                    os.link(stale, lock)
+                except FileExistsError:
+                    pass
+                return False
+            return True
+        finally:
+            stale.unlink(missing_ok=True)
 
     # ---- what the folder holds ----------------------------------------------------------------------------------
 
-    def earlier_outputs(self) -> list[Path]:
-        """What earlier runs of ours wrote here: checkpoints, stage folders, results, curves, tokenizer, record."""
+    def earlier_outputs(self, record: dict[str, Any] | None = None) -> list[Path]:
+        """What earlier runs of ours may have written here, by name: checkpoints, stage folders, results, curves,
+        record, and the tokenizer folder when a record lists it (otherwise it may be the recipe's own)."""
         if not self.folder.is_dir():
             return []
+        listed = set((record or {}).get("written") or [])
         found = list(numbered_checkpoints(self.folder))
         found += sorted(path for path in self.folder.glob(f"{STAGE_PREFIX}*-layers") if path.is_dir())
-        found += [self.folder / name for name in RUN_OUTPUTS if (self.folder / name).exists()]
+        found += [
+            self.folder / name
+            for name in RUN_OUTPUTS
+            if os.path.lexists(self.folder / name) and (name not in READ_ONLY_OUTPUTS or name in listed)
+        ]
         return found
 
     def record(self) -> dict[str, Any] | None:
-        try:
-            record = json.loads((self.folder / RUN_RECORD).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return record if isinstance(record, dict) and isinstance(record.get("recipe"), dict) else None
+        return _read_record(self.folder)
 
-    def _write_record(self, finished: bool) -> None:
+    def _write_record(self, finished: bool, written: Iterable[str] | None = None) -> None:
+        """Write the record; `written` replaces the list of what runs of ours wrote, else the list on disk is kept."""
         if not self.main_process:
             return
+        if written is None:
+            written = (self.record() or {}).get("written") or []
         record = {"command": self.command, "finished": finished, "recipe": self.recipe}
-        partial = self.folder / f"{RUN_RECORD}.partial"
-        partial.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-        partial.replace(self.folder / RUN_RECORD)
+        if written:  # none yet: the key is left out (a record without it lists nothing)
+            record["written"] = sorted(written)
+        if self.shape is not None:
+            record["shape"] = self.shape
+        _write_record_file(self.folder, record)
 
     # ---- the rule -----------------------------------------------------------------------------------------------
 
-    def start(self, resume_from_checkpoint: str | bool | None, overwrite_output_dir: bool) -> str | bool | None:
+    def _overwrite(self, earlier: list[Path], record: dict[str, Any] | None, inputs: list[Path]) -> list[str]:
+        """Remove what the record lists of `earlier` (not the record, not what the recipe reads); refuse, removing
+        nothing, when an output under our names is not listed. Returns the listed entries that stay."""
+        listed = set(record.get("written") or []) if record is not None else set()
+        unlisted = [path.name for path in earlier if path.name != RUN_RECORD and path.name not in listed]
+        if unlisted:
+            why = (
+                "no record lists them as written by a run of hf-deep-nmt (a folder of an older version, which kept "
+                "no such list, or files of your own)"
+            )
+            raise RunFolderError(
+                f"overwrite_output_dir: output_dir {str(self.folder)!r} holds {unlisted[:8]}"
+                f"{' ...' if len(unlisted) > 8 else ''}, which may not be removed: {why}. Nothing was removed. "
+                "Delete or move them yourself if they are not needed (a folder of an older hf-deep-nmt: delete "
+                "its checkpoint-*/ and results), or choose another output_dir."
+            )
+        kept = []
+        for path in earlier:
+            if path.name == RUN_RECORD:
+                continue
+            target = path.resolve()
+            read = [item for item in inputs if item == target or target in item.parents]
+            if read:
+                logger.warning(f"overwrite_output_dir: keeping {str(path)!r}: the recipe reads {str(read[0])!r}.")
+                kept.append(path.name)
+                continue
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        removed = [path.name for path in earlier if path.name not in kept and path.name != RUN_RECORD]
+        if removed:
+            logger.warning(f"overwrite_output_dir: removed {removed} from {self.folder} (written by earlier runs).")
+        return kept
+
+    def _check_shape(self, record: dict[str, Any], resume_asked: bool) -> None:
+        """Refuse to continue a run with another process count or batch per update (warn, with an explicit resume,
+        for a process count changed while the batch per update is kept: only the data order differs)."""
+        recorded = record.get("shape")
+        if not isinstance(recorded, dict) or self.shape is None or recorded == self.shape:
+            return
+        both = f"the run in {str(self.folder)!r} was trained with {_describe_shape(recorded)}, this one has " + (
+            _describe_shape(self.shape)
+        )
+        same_update = (recorded.get("per_update"), recorded.get("unit")) == (
+            self.shape["per_update"],
+            self.shape["unit"],
+        )
+        if same_update and resume_asked:
+            logger.warning(f"Resuming with another process count: {both}; the data order differs from then on.")
+            return
+        ways = [f"launch it with {recorded.get('world_size')} process(es) and the recorded batch settings"]
+        if same_update:
+            ways.append("accept the new data order with `--resume_from_checkpoint last`")
+        elif recorded.get("unit") == self.shape["unit"]:
+            per_update, world_size = int(recorded.get("per_update") or 0), self.shape["world_size"]
+            accumulation, rest = divmod(per_update, self.shape["per_process"] * world_size)
+            keep = []
+            if accumulation and not rest:
+                keep.append(f"`--gradient_accumulation_steps {accumulation}`")
+            per_process, rest = divmod(per_update, self.shape["gradient_accumulation_steps"] * world_size)
+            if per_process and not rest:
+                flag = "--max_tokens" if self.shape["unit"] == "tokens" else "--per_device_train_batch_size"
+                keep.append(f"`{flag} {per_process}`")
+            if keep:
+                ways.append(
+                    f"keep {per_update} {self.shape['unit']} per update with {' or '.join(keep)} and "
+                    "`--resume_from_checkpoint last` (the data order differs from then on)"
+                )
+        ways.append("start afresh with `--overwrite_output_dir true` or another output_dir")
+        raise RunFolderError(f"Cannot continue: {both}. To continue it, {'; or '.join(ways)}.")
+
+    def start(
+        self,
+        resume_from_checkpoint: str | bool | None,
+        overwrite_output_dir: bool,
+        inputs: Iterable[str | Path | None] = (),
+    ) -> str | bool | None:
         """Apply the module's rule; returns what to resume from (`"last"` when continuing an interrupted run of the
-        same recipe), or raises `RunFolderError` naming the folder and the ways out. Writes the run record."""
+        same recipe), or raises `RunFolderError` naming the folder and the ways out. Writes the run record. `inputs`
+        are the paths the recipe reads (tokenizer, saved model, corpus files): never removed."""
         resume_asked = resume_from_checkpoint not in (None, False, "")
         if overwrite_output_dir and resume_asked:
             raise ValueError(
                 "`overwrite_output_dir` and `resume_from_checkpoint` contradict each other: clear the folder and "
                 "start afresh, or continue the run in it; give only one."
             )
-        earlier = self.earlier_outputs()
         record = self.record()
+        earlier = self.earlier_outputs(record)
         only_record = [path.name for path in earlier] == [RUN_RECORD]
         if only_record and record and record.get("command") == self.command and not record.get("finished"):
             # a run that stopped before it saved anything (a refused setting, a failure while preparing): nothing
@@ -228,17 +556,14 @@ class RunFolder:
             logger.warning(f"{self.folder} holds only the record of a run that saved nothing: starting afresh.")
             earlier = []
         if overwrite_output_dir:
+            kept: list[str] = []
             if earlier and self.main_process:
-                logger.warning(f"overwrite_output_dir: removing {[path.name for path in earlier]} from {self.folder}.")
-                for path in earlier:
-                    if path.is_dir() and not path.is_symlink():
-                        shutil.rmtree(path)
-                    else:
-                        path.unlink()
-            self._write_record(finished=False)
+                read = [Path(item).resolve() for item in inputs if item]
+                kept = self._overwrite(earlier, record, read)
+            self._write_record(finished=False, written=kept)
             return None
         if not earlier:
-            self._write_record(finished=False)
+            self._write_record(finished=False, written=[])
             return resume_from_checkpoint
         ways_out = (
             "continue it with `--resume_from_checkpoint last`, remove what runs of hf-deep-nmt wrote there with "
@@ -253,6 +578,8 @@ class RunFolder:
         if resume_asked:
             if differences:
                 logger.warning(f"Resuming in {self.folder} with a changed recipe: {'; '.join(differences)}.")
+            if record is not None:
+                self._check_shape(record, resume_asked=True)
             self._write_record(finished=False)
             return resume_from_checkpoint
         if differences == [] and record.get("finished"):
@@ -263,7 +590,9 @@ class RunFolder:
                 "output_dir."
             )
         if differences == []:
+            self._check_shape(record, resume_asked=False)
             logger.warning(f"{self.folder} holds an interrupted run of this recipe: continuing it.")
+            self._write_record(finished=False)
             return "last"
         what = (
             f"a run of another recipe ({'; '.join(differences[:6])}{' ...' if len(differences) > 6 else ''})"

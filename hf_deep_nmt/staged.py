@@ -26,7 +26,8 @@ from transformers.utils import logging
 from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
 from hf_deep_nmt.callbacks import last_complete_checkpoint, nonfinite_steps_skipped
 from hf_deep_nmt.growing import grow_encoder
-from hf_deep_nmt.run_folder import RunFolder, run_recipe
+from hf_deep_nmt.preemption import raise_if_preempted
+from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.training import (
@@ -37,6 +38,7 @@ from hf_deep_nmt.training import (
     evaluate_and_export,
     make_trainer,
     prepare,
+    recipe_inputs,
 )
 
 logger = logging.get_logger(__name__)
@@ -66,7 +68,8 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
     """Train every stage (skipping finished ones, resuming an interrupted one), then evaluate and export."""
     arguments = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
     check_explicit_run(argv, "train-staged")
-    with RunFolder(arguments[3].output_dir, "train-staged", run_recipe(*arguments)) as folder:
+    shape = run_shape(arguments[3])
+    with RunFolder(arguments[3].output_dir, "train-staged", run_recipe(*arguments), shape) as folder:
         summary = _run_staged(*arguments, folder)
         folder.finish()
     return summary
@@ -81,7 +84,9 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
         )
     check_before_work(model_args, data_args, export_args, training_args)
     # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
-    folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
+    folder.start(
+        training_args.resume_from_checkpoint, training_args.overwrite_output_dir, recipe_inputs(model_args, data_args)
+    )
     root = Path(training_args.output_dir)
     prepared = prepare(model_args, data_args, training_args, tokenizer_dir=root / "tokenizer")
     completed_steps, previous, trainer, summary = 0, None, None, {"stages": []}
@@ -112,7 +117,9 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
         checkpoint = last_complete_checkpoint(stage_dir)
         if checkpoint:
             logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
+        claim_outputs(root, stage_dir)
         result = trainer.train(resume_from_checkpoint=checkpoint)
+        raise_if_preempted(trainer)  # before stage.json: a preempted stage is not finished
         done = {"stage": number, "encoder_layers": depth, "steps": result.global_step, "schedule_start": start_step}
         done["nonfinite_steps_skipped"] = nonfinite_steps_skipped(trainer)
         if trainer.is_world_process_zero():

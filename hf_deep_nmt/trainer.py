@@ -13,14 +13,17 @@ from transformers.trainer_utils import seed_worker
 
 from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
 from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
+from hf_deep_nmt.preemption import PreemptionCallback
+from hf_deep_nmt.run_folder import RunOutputsCallback
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
 
 
 class DeepNMTTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget training batches (`args.max_tokens`, one share per process), the fairseq
     inverse-sqrt / Noam schedules (`args.lr_schedule`) and a `NonFiniteGuard` (skips non-finite steps, stops after
-    `args.max_consecutive_nonfinite_steps` in a row; one passed in `callbacks` is used instead). Everything else is
-    the library's."""
+    `args.max_consecutive_nonfinite_steps` in a row; one passed in `callbacks` is used instead), a
+    `PreemptionCallback` (SIGTERM / SIGUSR1: save a checkpoint and stop) and a `RunOutputsCallback` (each checkpoint
+    listed in the run record before it is written). Everything else is the library's."""
 
     def __init__(self, *args, callbacks=None, **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -33,6 +36,10 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         if not any(isinstance(callback, NonFiniteGuard) for callback in callbacks):
             limit = getattr(training_args, "max_consecutive_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS)
             callbacks.insert(0, NonFiniteGuard(limit))
+        # in this order: a preemption asks for a save at a step end, and the checkpoint is listed before it is written
+        for kind in (PreemptionCallback, RunOutputsCallback):
+            if not any(isinstance(callback, kind) for callback in callbacks):
+                callbacks.append(kind())
         super().__init__(*args, callbacks=callbacks, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

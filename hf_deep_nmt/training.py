@@ -15,6 +15,7 @@ multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollator
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ from hf_deep_nmt.arguments import (
 )
 from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped, resolve_resume_checkpoint
-from hf_deep_nmt.curves import plot_training_curves
+from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
@@ -58,7 +59,8 @@ from hf_deep_nmt.input_checks import (
     check_tokenizer_matches,
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
-from hf_deep_nmt.run_folder import RunFolder, run_recipe
+from hf_deep_nmt.preemption import raise_if_preempted
+from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.translate import translate
@@ -70,7 +72,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Train, evaluate (sacreBLEU), translate a few sentences and export a Hub-ready folder. Returns the summary."""
     arguments = parse_arguments(argv)
     check_explicit_run(argv, "train")
-    with RunFolder(arguments[3].output_dir, "train", run_recipe(*arguments)) as folder:
+    shape = run_shape(arguments[3])
+    with RunFolder(arguments[3].output_dir, "train", run_recipe(*arguments), shape) as folder:
         summary = _run(*arguments, folder)
         folder.finish()
     return summary
@@ -84,7 +87,9 @@ def _run(
     folder: RunFolder,
 ) -> dict[str, Any]:
     check_before_work(model_args, data_args, export_args, training_args)
-    resume = folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir)
+    resume = folder.start(
+        training_args.resume_from_checkpoint, training_args.overwrite_output_dir, recipe_inputs(model_args, data_args)
+    )
     prepared = prepare(model_args, data_args, training_args)
     model = build_model(model_args, prepared.tokenizer)
     configure_generation(model, prepared.tokenizer, data_args, export_args)
@@ -94,6 +99,7 @@ def _run(
     if checkpoint:
         logger.warning(f"Resuming from {checkpoint}.")
     train_result = trainer.train(resume_from_checkpoint=checkpoint)
+    raise_if_preempted(trainer)  # stopped by SIGTERM / SIGUSR1 after a checkpoint: nothing to evaluate yet
     summary: dict[str, Any] = {
         "train_loss": round(train_result.training_loss, 4),
         "train_seconds": round(time.perf_counter() - started, 1),
@@ -105,6 +111,13 @@ def _run(
 
 
 # ---- the steps, in the order a run takes them -----------------------------------------------------------------------
+
+
+def recipe_inputs(model_args: ModelArguments, data_args: DataArguments) -> list[str]:
+    """The local paths a recipe reads (tokenizer, saved model, corpus files): `overwrite_output_dir` never removes
+    them, even where a run of ours wrote them."""
+    named = [model_args.saved_tokenizer(), model_args.model_name_or_path, *data_args.corpus_files()]
+    return [path for path in named if path]
 
 
 def check_before_work(
@@ -191,12 +204,19 @@ def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None =
         return tokenizer
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
         return AutoTokenizer.from_pretrained(tokenizer_dir)
+    if tokenizer_dir is not None and os.path.lexists(tokenizer_dir):
+        if not tokenizer_dir.is_dir() or any(tokenizer_dir.iterdir()):
+            raise FileExistsError(
+                f"{str(tokenizer_dir)!r}, where this run saves the tokenizer it trains, already holds files but no "
+                "tokenizer.json; move them away, or name a tokenizer with `tokenizer_name_or_path`."
+            )
     tokenizer = train_joint_tokenizer(
         zip(raw["train"][SOURCE], raw["train"][TARGET]),
         vocab_size=model_args.tokenizer_vocab_size,
         model=model_args.tokenizer_model,
     )
     if tokenizer_dir is not None:
+        claim_outputs(tokenizer_dir.parent, tokenizer_dir)
         tokenizer.save_pretrained(tokenizer_dir)
     return tokenizer
 
@@ -357,7 +377,9 @@ def evaluate_and_export(
         return summary
     if prepared.eval_dataset is not None:
         summary.update(score_validation(trainer.model, prepared, export_args, training_args))
+    output_dir = Path(training_args.output_dir)
     if export_args.plot_curves:
+        claim_outputs(output_dir, output_dir / CURVES_FILE)
         curves = plot_training_curves(trainer.state.log_history, Path(training_args.output_dir))
         if curves is not None:
             summary["training_curves"] = str(curves)
@@ -379,9 +401,12 @@ def evaluate_and_export(
             protected=check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files()),
         )
         summary["export_dir"] = export_args.export_dir
-    output_dir = Path(training_args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    claim_outputs(output_dir, output_dir / "results.json")
+    # written beside and renamed into place: a run stopped meanwhile (a signal) leaves no half-written results
+    partial = output_dir / "results.json.partial"
+    partial.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
+    partial.replace(output_dir / "results.json")
     return summary
 
 

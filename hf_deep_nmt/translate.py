@@ -407,10 +407,22 @@ def _same_file(first: Path, second: Path) -> bool:
         return first.resolve() == second.resolve()
 
 
+def _stdin_is(path: Path) -> bool:
+    """Whether stdin is the regular file `path` (`< path` on the command line): compared by device and inode, so that
+    any name of the file counts."""
+    try:
+        stdin = os.fstat(sys.stdin.fileno())
+        output = os.stat(path)
+    except (OSError, AttributeError, ValueError):  # no stdin, a text stream put in its place, no such file
+        return False
+    return stat.S_ISREG(stdin.st_mode) and (stdin.st_dev, stdin.st_ino) == (output.st_dev, output.st_ino)
+
+
 def check_output_path(target: str | Path, source: str | Path = "-", overwrite: bool = False) -> None:
     """Refuse an output path before any work: the input file itself (by any name: symbolic or hard link, relative
-    path; even with `overwrite`), an existing file unless `overwrite`, a folder, a missing or unwritable folder.
-    Devices and FIFOs (`/dev/null`) hold nothing that could be lost and are accepted."""
+    path; the file stdin is read from when the input is `-`; even with `overwrite`), an existing file unless
+    `overwrite`, a folder, a missing or unwritable folder. Devices and FIFOs (`/dev/null`) hold nothing that could be
+    lost and are accepted."""
     if str(target) == "-":
         return
     path = Path(target)
@@ -418,6 +430,11 @@ def check_output_path(target: str | Path, source: str | Path = "-", overwrite: b
         raise ValueError(
             f"output {target} is the input file {source}: the translations would replace the text being translated; "
             "write them to another file."
+        )
+    if str(source) == "-" and _stdin_is(path):
+        raise ValueError(
+            f"output {target} is the file stdin is read from (`< {target}`): the translations would replace the text "
+            "being translated; write them to another file."
         )
     if path.is_dir():
         raise IsADirectoryError(f"output {target} is a folder; name a file (e.g. {path / 'translations.txt'}).")

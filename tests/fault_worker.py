@@ -4,7 +4,9 @@ lands where it is meant to:
 
 - FAULT_STEP_DELAY: seconds to sleep after every optimizer step (so a kill after checkpoint N lands before N + 1);
 - FAULT_HANG_AT_STEP / FAULT_MARKER: while writing the checkpoint of that step, after its weights, optimizer and
-  scheduler files but before its RNG and trainer state, create the marker file and hang (the test kills it there).
+  scheduler files but before its RNG and trainer state, create the marker file and hang (the test kills it there);
+- FAULT_STEP_FILE: after every optimizer step, write the step number into this file (so that a signal can be sent
+  once training is under way).
 """
 
 import os
@@ -21,10 +23,13 @@ from hf_deep_nmt import cli
 STEP_DELAY = float(os.environ.get("FAULT_STEP_DELAY", "0"))
 HANG_AT_STEP = int(os.environ.get("FAULT_HANG_AT_STEP", "0"))
 MARKER = os.environ.get("FAULT_MARKER")
+STEP_FILE = os.environ.get("FAULT_STEP_FILE")
 
 
 class SlowSteps(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
+        if STEP_FILE:
+            Path(STEP_FILE).write_text(str(state.global_step))
         time.sleep(STEP_DELAY)
 
 

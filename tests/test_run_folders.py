@@ -213,6 +213,143 @@ def test_overwrite_output_dir_removes_only_what_our_runs_wrote(corpus, old_run):
     assert json.loads((old_run / "results.json").read_text())["train_steps"] == 2
 
 
+def test_the_run_record_lists_what_the_run_wrote_and_its_shape(finished_run):
+    record = json.loads((finished_run / RUN_RECORD).read_text())
+    assert record["written"] == [f"checkpoint-{step}" for step in range(1, STEPS + 1)] + ["results.json"]
+    # one process, 8 sentences a device, no accumulation
+    assert record["shape"] == {
+        "world_size": 1,
+        "per_process": 8,
+        "gradient_accumulation_steps": 1,
+        "unit": "sentences",
+        "per_update": 8,
+    }
+
+
+def interrupted(folder: Path, **shape) -> None:
+    """Make `folder` look like a run killed before its end, trained with `shape` changed in its record."""
+    (folder / "results.json").unlink()
+    record = json.loads((folder / RUN_RECORD).read_text())
+    (folder / RUN_RECORD).write_text(json.dumps({**record, "finished": False, "shape": {**record["shape"], **shape}}))
+
+
+def test_a_run_continued_with_another_process_count_or_update_size_is_refused(corpus, old_run, monkeypatch, capsys):
+    interrupted(old_run, world_size=2, per_update=16)
+    before = tree(old_run)
+    fail_on_training(monkeypatch)
+    assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
+    error = capsys.readouterr().err
+    assert "was trained with 2 process(es), 16 sentences per update (8 x 1 accumulation x 2)" in error
+    assert "this one has 1 process(es), 8 sentences per update (8 x 1 accumulation x 1)" in error
+    assert "launch it with 2 process(es)" in error
+    assert (
+        "keep 16 sentences per update with `--gradient_accumulation_steps 2` or `--per_device_train_batch_size 16`"
+        in error
+    )
+    assert main(["train", *recipe_arguments(corpus, old_run, "--resume_from_checkpoint", "last")]) == 2
+    assert "Cannot continue" in capsys.readouterr().err
+    assert tree(old_run) == before
+
+
+def test_another_process_count_with_the_same_update_size_needs_an_explicit_resume(tmp_path, caplog):
+    folder = tmp_path / "run"
+    (folder / "checkpoint-1").mkdir(parents=True)
+    recorded = {"world_size": 2, "per_process": 4, "gradient_accumulation_steps": 1, "unit": "tokens", "per_update": 8}
+    now = {**recorded, "world_size": 1, "per_process": 8}
+    (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "recipe": {}, "shape": recorded}))
+    with pytest.raises(RunFolderError, match=r"accept the new data order with `--resume_from_checkpoint last`"):
+        with RunFolder(folder, "train", {}, now) as again:
+            again.start(None, False)
+    with caplog.at_level(logging.WARNING), RunFolder(folder, "train", {}, now) as resumed:
+        assert resumed.start("last", False) == "last"
+    assert "Resuming with another process count" in caplog.text
+    assert json.loads((folder / RUN_RECORD).read_text())["shape"] == now
+
+
+def test_two_processes_after_one_are_refused_naming_the_settings_that_keep_the_tokens_per_update(tmp_path):
+    folder = tmp_path / "run"
+    (folder / "checkpoint-5").mkdir(parents=True)
+    one = {"world_size": 1, "per_process": 4096, "gradient_accumulation_steps": 2, "unit": "tokens"}
+    one["per_update"] = 4096 * 2 * 1
+    two = {**one, "world_size": 2, "per_update": 16384}  # the same recipe under a launcher of 2 processes
+    (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "recipe": {}, "shape": one}))
+    message = (
+        r"trained with 1 process\(es\), 8192 tokens per update \(4096 x 2 accumulation x 1\), this one has 2 "
+        r"process\(es\), 16384 tokens per update \(4096 x 2 accumulation x 2\)\. To continue it, launch it with 1 "
+        r"process\(es\) .*; or keep 8192 tokens per update with `--gradient_accumulation_steps 1` or "
+        r"`--max_tokens 2048` and `--resume_from_checkpoint last`"
+    )
+    for resume in (None, "last"):
+        with pytest.raises(RunFolderError, match=message), RunFolder(folder, "train", {}, two) as again:
+            again.start(resume, False)
+    assert json.loads((folder / RUN_RECORD).read_text())["shape"] == one
+
+
+def test_overwrite_keeps_the_tokenizer_the_recipe_reads_from_the_output_dir(corpus, old_run, caplog):
+    shutil.copytree(corpus / "tokenizer", old_run / "tokenizer")
+    kept = tree(old_run / "tokenizer")
+    arguments = recipe_arguments(corpus, old_run, "--max_steps", "1", "--overwrite_output_dir", "true")
+    arguments[arguments.index("--tokenizer_name_or_path") + 1] = str(old_run / "tokenizer")
+    run(arguments)  # not listed as ours: neither removed nor counted as an earlier output
+    assert tree(old_run / "tokenizer") == kept
+    assert sorted(path.name for path in old_run.glob("checkpoint-*")) == ["checkpoint-1"]
+    record = json.loads((old_run / RUN_RECORD).read_text())
+    (old_run / RUN_RECORD).write_text(json.dumps({**record, "written": [*record["written"], "tokenizer"]}))
+    with caplog.at_level(logging.WARNING):
+        run(arguments)  # listed (as a train-staged run writes it), but the recipe reads it
+    assert tree(old_run / "tokenizer") == kept
+    assert f"keeping '{old_run / 'tokenizer'}': the recipe reads" in caplog.text
+    assert json.loads((old_run / RUN_RECORD).read_text())["written"] == ["checkpoint-1", "results.json", "tokenizer"]
+
+
+def test_overwrite_refuses_a_folder_no_record_lists_and_removes_nothing(corpus, old_run, monkeypatch, capsys):
+    record = json.loads((old_run / RUN_RECORD).read_text())
+    del record["written"]  # as an older version wrote it
+    (old_run / RUN_RECORD).write_text(json.dumps(record))
+    before = tree(old_run)
+    fail_on_training(monkeypatch)
+    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite_output_dir", "true")]) == 2
+    error = capsys.readouterr().err
+    names = [f"checkpoint-{step}" for step in range(1, STEPS + 1)] + ["results.json"]
+    assert f"holds {names}, which may not be removed: no record lists them as written" in error
+    assert "Nothing was removed" in error and "choose another output_dir" in error
+    assert tree(old_run) == before
+    (old_run / RUN_RECORD).unlink()  # no record at all: the same
+    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite_output_dir", "true")]) == 2
+    assert "Nothing was removed" in capsys.readouterr().err
+    assert sorted(tree(old_run)) == sorted(name for name in before if name != RUN_RECORD)
+
+
+def test_train_staged_never_saves_its_tokenizer_into_a_folder_of_other_files(tmp_path):
+    from hf_deep_nmt.arguments import ModelArguments
+    from hf_deep_nmt.training import load_tokenizer
+
+    (tmp_path / "tokenizer").mkdir()
+    (tmp_path / "tokenizer" / "notes.txt").write_text("mine")
+    raw = {"train": {"source": ["hola mundo"] * 4, "target": ["hello world"] * 4}}
+    message = rf"'{tmp_path}/tokenizer', where this run saves the tokenizer it trains, already holds files but no"
+    with pytest.raises(FileExistsError, match=message):
+        load_tokenizer(ModelArguments(model_type="deep_nmt"), raw, tmp_path / "tokenizer")
+    assert [path.name for path in (tmp_path / "tokenizer").iterdir()] == ["notes.txt"]
+
+
+def test_translate_refuses_an_output_that_is_the_file_read_on_stdin(tmp_path, monkeypatch, capsys):
+    source = tmp_path / "source.txt"
+    source.write_text("hola\n")
+    os.link(source, tmp_path / "other-name.txt")
+    for output in (source, tmp_path / "other-name.txt"):
+        with source.open() as stdin:
+            monkeypatch.setattr(sys, "stdin", stdin)
+            arguments = ["translate", "--model", str(tmp_path / "no-model"), "--output", str(output), "--overwrite"]
+            assert main(arguments) == 2
+        assert f"output {output} is the file stdin is read from" in capsys.readouterr().err
+    assert source.read_text() == "hola\n"
+    with (tmp_path / "other.txt").open("w+") as stdin:  # another file on stdin: the output is not refused for it
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert main(["translate", "--model", str(tmp_path / "no-model"), "--output", str(source), "--overwrite"]) == 2
+    assert "stdin is read from" not in capsys.readouterr().err
+
+
 def test_train_staged_refuses_a_folder_of_another_recipe(corpus, tmp_path, monkeypatch):
     output_dir = tmp_path / "staged"
     arguments = [*recipe_arguments(corpus, output_dir), "--stage_depths", "1", "2", "--stage_max_steps", "2"]

@@ -1,0 +1,149 @@
+"""Folder safety in one place: nothing a user saved is lost or silently overwritten.
+
+An export, an average, a conversion or a CTranslate2 folder is written beside its final place and swapped in
+(`write_marked_folder`), with a marker listing every file written (`WRITTEN_MARKER`); an existing folder is replaced
+only when asked and only when the marker lists everything in it (`check_export_folder`). Run folders of `train` /
+`train-staged` keep the same kind of list in their run record (`hf_deep_nmt.run_folder`), and `overwrite_output_dir`
+removes only what it lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+# Written last into every folder an export or an average writes, listing the files written; only a folder whose every
+# file it lists may be replaced (hidden, so never uploaded).
+WRITTEN_MARKER = ".hf-deep-nmt-written.json"
+EXPORT_FLAG = "`overwrite=True`, or `--overwrite_export true` on the command line"
+
+
+def user_file_modes() -> tuple[int, int]:
+    """(file mode, folder mode) a file / folder created by the user now would get: 0o666 / 0o777 less the umask."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return 0o666 & ~mask, 0o777 & ~mask
+
+
+def folder_entries(folder: Path) -> list[str]:
+    """Every file, link and folder under `folder` as a relative POSIX path (links are not followed)."""
+    entries = []
+    for root, folders, files in os.walk(folder):
+        base = Path(root).relative_to(folder)
+        entries += [(base / name).as_posix() for name in [*folders, *files]]
+    return sorted(entries)
+
+
+def files_not_written_by_us(folder: str | Path) -> list[str]:
+    """Entries of `folder` that no export or average of this package wrote there (per its `WRITTEN_MARKER`); every
+    entry when there is no readable marker."""
+    folder = Path(folder)
+    entries = [entry for entry in folder_entries(folder) if entry != WRITTEN_MARKER]
+    try:
+        written = set(json.loads((folder / WRITTEN_MARKER).read_text(encoding="utf-8"))["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return entries
+    parents = {parent.as_posix() for name in written for parent in Path(name).parents if parent != Path(".")}
+    return [entry for entry in entries if entry not in written | parents]
+
+
+def nearest_existing_parent(path: Path) -> Path:
+    path = path.absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_writable_location(folder: str | Path, what: str) -> None:
+    """`PermissionError` naming `what` when `folder` (or the folder it would be created in) cannot be written."""
+    existing = nearest_existing_parent(Path(folder))
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{what} {str(folder)!r} cannot be created: {str(existing)!r} is a file.")
+    writable = os.access(existing, os.W_OK | os.X_OK)
+    if writable:  # access() says yes to root even on read-only mounts: try it
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".hf-deep-nmt-probe.", dir=existing))
+        except OSError:
+            writable = False
+    if not writable:
+        raise PermissionError(
+            f"{what} {str(folder)!r} cannot be written: {str(existing)!r} is not writable by this user; choose "
+            "another folder."
+        )
+
+
+def check_export_folder(
+    folder: str | Path,
+    overwrite: bool = False,
+    *,
+    flag: str = EXPORT_FLAG,
+    protected: dict[str, str | Path] | None = None,
+) -> None:
+    """Refuse, before any work, a folder an export (or an average) must not write to.
+
+    `FileExistsError` when `folder` exists and is not empty, unless `overwrite` (`flag` names how to ask for it); even
+    then when it holds anything an earlier export or average of this package did not write (corpus files,
+    checkpoints, unknown files). `ValueError` when it is one of the `protected` folders (description -> path, e.g. the
+    Trainer output folder, the corpus folder, the inputs of the command); `PermissionError` when it cannot be written.
+    """
+    folder = Path(folder)
+    for description, path in (protected or {}).items():
+        if folder.resolve() == Path(path).resolve():
+            raise ValueError(f"{str(folder)!r} is {description}; write the result to a folder of its own.")
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{str(folder)!r} is a file, not a folder; choose a folder for the result.")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            raise FileExistsError(
+                f"Export folder {str(folder)!r} exists and is not empty; choose another folder, or ask to replace it "
+                f"({flag})."
+            )
+        unknown = files_not_written_by_us(folder)
+        if unknown:
+            raise FileExistsError(
+                f"{str(folder)!r} holds files that no export or average of hf-deep-nmt wrote ({unknown[:5]}"
+                f"{' ...' if len(unknown) > 5 else ''}), so it is never replaced, not even when asked; choose another "
+                "folder, or move those files away first."
+            )
+    check_writable_location(folder, "Export folder")
+
+
+def write_marked_folder(
+    folder: str | Path,
+    write,
+    *,
+    overwrite: bool = False,
+    flag: str = EXPORT_FLAG,
+    protected: dict[str, str | Path] | None = None,
+) -> Path:
+    """Call `write(staging_folder)`, list what it wrote in `WRITTEN_MARKER`, give every file the user's normal mode
+    (umask) and swap the folder into `folder`: a failure never leaves a half-written or half-deleted folder, and an
+    earlier result is replaced only after `check_export_folder` allowed it (checked again just before the swap)."""
+    folder = Path(folder)
+    check_export_folder(folder, overwrite, flag=flag, protected=protected)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", dir=folder.parent))
+    try:
+        write(staging)
+        written = folder_entries(staging)
+        marker = {"written_by": "hf-deep-nmt", "files": [name for name in written if (staging / name).is_file()]}
+        (staging / WRITTEN_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        file_mode, folder_mode = user_file_modes()
+        for name in [*written, WRITTEN_MARKER]:
+            (staging / name).chmod(folder_mode if (staging / name).is_dir() else file_mode)
+        staging.chmod(folder_mode)
+        if folder.exists():
+            check_export_folder(folder, overwrite, flag=flag, protected=protected)
+            retired = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
+            folder.rename(retired / folder.name)
+            staging.rename(folder)
+            shutil.rmtree(retired)
+        else:
+            staging.rename(folder)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    return folder
