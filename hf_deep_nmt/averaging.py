@@ -2,7 +2,8 @@
 (or of a given list) written as an ordinary, loadable model folder.
 
 No library offers this for Trainer checkpoints (fairseq's `average_checkpoints.py` does it for fairseq files); the
-file handling is `safetensors`, checkpoint discovery that of `hf_deep_nmt.callbacks`, the rest is written here.
+file handling is `safetensors`, checkpoint discovery and checksums those of `hf_deep_nmt.checkpoints`, the rest is
+written here.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.utils import logging
 
-from hf_deep_nmt.callbacks import (
+from hf_deep_nmt.checkpoints import (
     RNG_STATE_PATTERN,
     TRAINER_STATE_FILE,
     TRAINING_STATE_FILES,
     checkpoint_problem,
     numbered_checkpoints,
     safetensors_problem,
+    verify_checkpoint,
 )
 from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
 
@@ -36,7 +38,7 @@ AVERAGE_FLAG = "`--overwrite` on the command line, `overwrite=True` in Python"
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """Complete `checkpoint-<step>` folders of a Trainer output folder, oldest step first; incomplete or damaged ones
-    are left out with a warning (the rule of `hf_deep_nmt.callbacks.checkpoint_problem`, where a checkpoint saved
+    are left out with a warning (the rule of `hf_deep_nmt.checkpoints.checkpoint_problem`, where a checkpoint saved
     with `save_only_model` counts as complete)."""
     if not Path(output_dir).is_dir():
         raise FileNotFoundError(f"Training output folder not found: {output_dir}")
@@ -115,7 +117,8 @@ def average_checkpoints(
     model folder (weights, config, generation config, and the tokenizer files of the newest input that has them). An
     existing non-empty `save_to` is refused unless `overwrite`, and even then unless every file in it was written by
     an earlier export or average; `save_to` may not be one of the inputs or the Trainer output folder holding them.
-    Incomplete or damaged checkpoints are refused (named) or, when found through `output_dir`, skipped.
+    Incomplete or damaged checkpoints are refused (named) or, when found through `output_dir`, skipped; a checkpoint
+    whose files differ from the checksums its run recorded is refused, naming it and the file.
     """
     if (checkpoints is None) == (output_dir is None):
         raise ValueError("Give either `checkpoints` (a list of folders) or `output_dir` with `last`.")
@@ -129,6 +132,8 @@ def average_checkpoints(
         if problem is not None:
             error = FileNotFoundError if problem.startswith("No ") else ValueError
             raise error(f"{problem}; it cannot be averaged.")
+    for path in paths:
+        verify_checkpoint(path)  # the files its run recorded, if it recorded any
     protected: dict[str, str | Path] = {}
     for path in paths:
         protected[f"one of the averaged checkpoints ({str(path)!r})"] = path

@@ -24,7 +24,8 @@ from transformers import AutoModelForSeq2SeqLM
 from transformers.utils import logging
 
 from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
-from hf_deep_nmt.callbacks import last_complete_checkpoint, nonfinite_steps_skipped
+from hf_deep_nmt.callbacks import nonfinite_steps_skipped
+from hf_deep_nmt.checkpoints import last_complete_checkpoint
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.run_folder import RunFolder, run_recipe
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step

@@ -1,5 +1,5 @@
 """`DeepNMTTrainer`: `Seq2SeqTrainer` with the token-budget batches and learning-rate schedules of the papers, and the
-guard that skips non-finite steps."""
+guard that skips non-finite steps, and the record of checkpoint checksums."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from transformers.trainer_utils import seed_worker
 
 from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
 from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
+from hf_deep_nmt.checkpoints import ChecksumRecorder
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
 
 
 class DeepNMTTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget training batches (`args.max_tokens`, one share per process), the fairseq
     inverse-sqrt / Noam schedules (`args.lr_schedule`) and a `NonFiniteGuard` (skips non-finite steps, stops after
-    `args.max_consecutive_nonfinite_steps` in a row; one passed in `callbacks` is used instead). Everything else is
+    `args.max_consecutive_nonfinite_steps` in a row; one passed in `callbacks` is used instead) and a
+    `ChecksumRecorder` (the SHA-256 of each checkpoint's files, checked on resume and averaging). Everything else is
     the library's."""
 
     def __init__(self, *args, callbacks=None, **kwargs):
@@ -33,6 +35,8 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         if not any(isinstance(callback, NonFiniteGuard) for callback in callbacks):
             limit = getattr(training_args, "max_consecutive_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS)
             callbacks.insert(0, NonFiniteGuard(limit))
+        if not any(isinstance(callback, ChecksumRecorder) for callback in callbacks):
+            callbacks.append(ChecksumRecorder())
         super().__init__(*args, callbacks=callbacks, **kwargs)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):

@@ -46,7 +46,8 @@ from hf_deep_nmt.arguments import (
     parse_arguments,
 )
 from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
-from hf_deep_nmt.callbacks import nonfinite_steps_skipped, resolve_resume_checkpoint
+from hf_deep_nmt.callbacks import nonfinite_steps_skipped
+from hf_deep_nmt.checkpoints import resolve_resume_checkpoint
 from hf_deep_nmt.curves import plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
