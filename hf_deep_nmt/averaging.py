@@ -8,6 +8,7 @@ written here.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,6 +28,13 @@ from hf_deep_nmt.checkpoints import (
     verify_checkpoint,
 )
 from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
+from hf_deep_nmt.input_checks import (
+    TOKENIZER_FINGERPRINT_KEY,
+    check_memory,
+    folder_tokenizer_fingerprint,
+    record_tokenizer_fingerprint,
+    saved_parameters,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -103,6 +111,40 @@ def average_state_dicts(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[
     return averaged
 
 
+def finite_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of `folder`; `ValueError` naming the checkpoint and its tensors holding NaN or infinite values
+    (an average with them would be NaN too)."""
+    state = load_file(folder / WEIGHTS_NAME)
+    bad = [name for name, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise ValueError(
+            f"Checkpoint {str(folder)!r} holds NaN or infinite weights ({', '.join(bad[:5])}"
+            f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}); leave it out of the average."
+        )
+    return state
+
+
+def check_same_tokenizer(paths: Sequence[Path]) -> None:
+    """`ValueError` naming two inputs whose tokenizers differ (their `tokenizer.json` essentials, or a fingerprint a
+    config records): their embedding rows mean different tokens, and their mean means nothing."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        fingerprints = {folder_tokenizer_fingerprint(path)}
+        config_file = path / "config.json"
+        if config_file.is_file():
+            recorded = json.loads(config_file.read_text(encoding="utf-8")).get(TOKENIZER_FINGERPRINT_KEY)
+            fingerprints.add(recorded if isinstance(recorded, str) else None)
+        for fingerprint in fingerprints - {None}:
+            seen.setdefault(fingerprint, path)
+        if len(seen) > 1:
+            first, second = list(seen.values())[:2]
+            where = f"{str(first)!r} and {str(second)!r}" if first != second else f"{str(first)!r} (its config)"
+            raise ValueError(
+                f"The checkpoints were trained with different tokenizers ({where} differ): the same embedding row is "
+                "another token in each, so their average means nothing. Average checkpoints of one run."
+            )
+
+
 def average_checkpoints(
     checkpoints: Sequence[str | Path] | None = None,
     *,
@@ -134,6 +176,14 @@ def average_checkpoints(
             raise error(f"{problem}; it cannot be averaged.")
     for path in paths:
         verify_checkpoint(path)  # the files its run recorded, if it recorded any
+    check_same_tokenizer(paths)
+    _, size = saved_parameters(paths[-1])
+    # every input in memory at once, the float64 sums, the result and the model it is loaded into
+    check_memory(
+        len(paths) * size + 4 * size,
+        f"Averaging {len(paths)} checkpoints of {size:,} bytes each",
+        "average fewer checkpoints at a time, or on a machine with more memory",
+    )
     protected: dict[str, str | Path] = {}
     for path in paths:
         protected[f"one of the averaged checkpoints ({str(path)!r})"] = path
@@ -141,11 +191,14 @@ def average_checkpoints(
             protected[f"the Trainer output folder holding the checkpoint {str(path)!r}"] = path.parent
     if save_to is not None:
         check_export_folder(save_to, overwrite, flag=AVERAGE_FLAG, protected=protected)
-    averaged = average_state_dicts([load_file(path / WEIGHTS_NAME) for path in paths])
+    averaged = average_state_dicts([finite_weights(path) for path in paths])
     model = AutoModelForSeq2SeqLM.from_pretrained(paths[-1])
     missing, unexpected = model.load_state_dict(averaged, strict=False)
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    if unexpected or set(missing) - tied:
+    # a weight tied to a loaded one (the shared embeddings of each stack) shares its storage: not missing
+    state = model.state_dict()
+    loaded = {state[key].data_ptr() for key in averaged if key in state}
+    missing = [key for key in missing if state[key].data_ptr() not in loaded]
+    if unexpected or missing:
         raise ValueError(f"Averaged weights do not fit the model: missing {missing}, unexpected {unexpected}.")
     logger.warning(f"Averaged {len(paths)} checkpoints: {[path.name for path in paths]}.")
     if save_to is not None:
@@ -153,6 +206,9 @@ def average_checkpoints(
 
         def write(staging: Path) -> None:
             settle_output_cap(model.generation_config)
+            fingerprint = folder_tokenizer_fingerprint(with_tokenizer[0]) if with_tokenizer else None
+            if fingerprint is not None:
+                record_tokenizer_fingerprint(model.config, fingerprint)
             model.save_pretrained(staging)
             for name in TOKENIZER_FILES if with_tokenizer else ():
                 if (with_tokenizer[0] / name).is_file():

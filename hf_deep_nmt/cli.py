@@ -436,6 +436,7 @@ def _grow(argv: list[str]) -> int:
 
     from hf_deep_nmt.growing import grow_encoder
     from hf_deep_nmt.hub import check_export_folder, write_marked_folder
+    from hf_deep_nmt.input_checks import record_tokenizer_fingerprint
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
     check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
@@ -451,6 +452,7 @@ def _grow(argv: list[str]) -> int:
     )
 
     def write(staging: Path) -> None:
+        record_tokenizer_fingerprint(grown.config, tokenizer)
         grown.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
 

@@ -15,6 +15,7 @@ from typing import Any
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_deep_nmt.input_checks import record_tokenizer_fingerprint
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 CITATION_MARKER = "<!-- citation -->"
@@ -363,6 +364,7 @@ def export_hub_folder(
         model.config.use_cache = True
         model.generation_config.use_cache = True
         settle_output_cap(model.generation_config)
+        record_tokenizer_fingerprint(model.config, tokenizer)  # checked wherever the two meet again
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         card = render_model_card(model, repo_id or f"your-name/{folder.name}", **card_kwargs)

@@ -1,7 +1,9 @@
 """Checks of what a user hands in at the public entry points beyond the recipe's own values (those are in
 `hf_deep_nmt.arguments`), each failing with an error that names the bad value and what would be valid: unknown model
-overrides, local paths that do not exist, a tokenizer that does not match the model, output and export folders that
-would overwrite each other or cannot be written."""
+overrides, local paths that do not exist, a tokenizer that does not match the model (its ids, or its fingerprint),
+output and export folders that would overwrite each other or cannot be written; and sizes and weights: a config
+claiming more than its weights, a model or a decoding beyond the memory (checked before anything is allocated), NaN,
+infinite or missing weights (after loading)."""
 
 from __future__ import annotations
 
@@ -82,9 +84,19 @@ def check_saved_model_folder(value: str, what: str, need_tokenizer: bool) -> Pat
 
 
 def check_tokenizer_matches(model, tokenizer) -> None:
-    """`ValueError` when the tokenizer can produce ids the model has no embedding for, or when the two disagree on
-    the padding / end-of-sentence ids (decoding would then stop or mask at the wrong token)."""
+    """`ValueError` when the tokenizer is not the one the model was exported with (the config's
+    `tokenizer_fingerprint`, when it has one), can produce ids the model has no embedding for, or disagrees with the
+    model on the padding / end-of-sentence ids (decoding would then stop or mask at the wrong token)."""
     config = model.config
+    recorded = getattr(config, TOKENIZER_FINGERPRINT_KEY, None)
+    if isinstance(recorded, str):
+        actual = tokenizer_fingerprint(tokenizer)
+        if actual != recorded:
+            raise ValueError(
+                f"The tokenizer is not the one this model was exported with (its fingerprint is {actual[:16]}..., "
+                f"the model's config records {recorded[:16]}...): the same text would become other ids. Use the "
+                "tokenizer saved with the model."
+            )
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
         raise ValueError(
@@ -259,9 +271,9 @@ def check_memory(needed: int, what: str, way_out: str, device: str | torch.devic
 
 def check_saved_model_size(folder: str | Path, device: str | torch.device = "cpu") -> None:
     """Before a saved model is built: its config's parameters (`estimate_parameters`) must be no more than the
-    safetensors headers of the folder hold (a config.json that does not belong to the weights, e.g. a wider
-    `d_model`, would otherwise allocate its model before the shapes are compared), and the model must fit the memory
-    of `device` (float32: 4 bytes a parameter). Reads `config.json` and the headers only."""
+    safetensors headers of the folder hold, give or take 10% (a config.json that does not belong to the weights, e.g.
+    a wider `d_model`, would otherwise allocate its model before the shapes are compared), and the model must fit the
+    memory of `device` (float32: 4 bytes a parameter). Reads `config.json` and the headers only."""
     import json
 
     folder = Path(folder)
@@ -280,7 +292,8 @@ def check_saved_model_size(folder: str | Path, device: str | torch.device = "cpu
         return
     estimate = estimate_parameters(config)
     saved = saved_parameters(folder)
-    if saved is not None and estimate > saved[0]:
+    # a margin for weights left out of the file (those are named after loading, `check_missing_weights`)
+    if saved is not None and estimate > 1.1 * saved[0]:
         sizes = ", ".join(
             f"{name}={getattr(config, name)}"
             for name in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "vocab_size")
@@ -346,3 +359,82 @@ def check_missing_weights(model, loading_info: dict, source: str) -> None:
             f"The weights of {source!r} lack {shown}: they would be initialised at random. The weight file does not "
             "belong to this config, or was damaged; restore the folder as it was saved."
         )
+
+
+def install_load_warning(model_class: type) -> None:
+    """Make `model_class.from_pretrained` (and its subclasses') warn about NaN or infinite weights in what it loaded
+    (`warn_nonfinite_weights`), once per class; the commands refuse such a model instead (`check_finite_weights`)."""
+    import functools
+
+    if model_class.__dict__.get("_hf_deep_nmt_warns_nonfinite"):
+        return
+    inherited = model_class.from_pretrained.__func__
+
+    @functools.wraps(inherited)
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = inherited(cls, *args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        warn_nonfinite_weights(model, str(source))
+        return loaded
+
+    model_class.from_pretrained = classmethod(from_pretrained)
+    model_class._hf_deep_nmt_warns_nonfinite = True
+
+
+# ---- tokenizer fingerprints -----------------------------------------------------------------------------------------
+
+TOKENIZER_FINGERPRINT_KEY = "tokenizer_fingerprint"
+# what a tokenizer.json holds that decides which ids a text becomes (not its padding or truncation settings)
+_TOKENIZER_ESSENTIALS = ("model", "normalizer", "pre_tokenizer", "added_tokens")
+
+
+def tokenizer_json_fingerprint(data: dict) -> str:
+    """SHA-256 (hex) of the essentials of a parsed `tokenizer.json`: vocabulary and merges, normalizer,
+    pre-tokenizer, added tokens."""
+    import hashlib
+    import json
+
+    essentials = {key: data.get(key) for key in _TOKENIZER_ESSENTIALS}
+    return hashlib.sha256(json.dumps(essentials, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """The fingerprint of a loaded tokenizer: that of its `tokenizer.json` (`tokenizer_json_fingerprint`) for a fast
+    tokenizer, else the SHA-256 of its vocabulary (tokens and ids, sorted)."""
+    import hashlib
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return tokenizer_json_fingerprint(json.loads(backend.to_str()))
+    vocabulary = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocabulary, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def folder_tokenizer_fingerprint(folder: str | Path) -> str | None:
+    """The fingerprint of the `tokenizer.json` in `folder` (the file is read, no tokenizer built); None without one."""
+    import json
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        return tokenizer_json_fingerprint(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"{str(path)!r} cannot be read ({error}); restore the tokenizer saved with the model."
+        ) from None
+
+
+def record_tokenizer_fingerprint(config, tokenizer) -> bool:
+    """Store the fingerprint of `tokenizer` (a tokenizer, or a fingerprint already computed) in `config`
+    (`tokenizer_fingerprint`), for `check_tokenizer_matches`, when the config class admits the key (a config class
+    that does not would warn about an unknown key on every load). Returns whether it was stored."""
+    from hf_deep_nmt.modeling.configuration_deep_nmt import unknown_config_keys
+
+    if unknown_config_keys(type(config), [TOKENIZER_FINGERPRINT_KEY]):
+        return False
+    fingerprint = tokenizer if isinstance(tokenizer, str) else tokenizer_fingerprint(tokenizer)
+    setattr(config, TOKENIZER_FINGERPRINT_KEY, fingerprint)
+    return True

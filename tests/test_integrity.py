@@ -1,5 +1,7 @@
 """What resume, averaging and loading read is what was written: checkpoint checksums recorded when a checkpoint
-completes and checked before a resume or an average reads it (an edited step, swapped weights, one flipped byte)."""
+completes and checked before a resume or an average reads it (an edited step, swapped weights, one flipped byte);
+NaN weights and missing weight matrices refused by the commands (warned about by `from_pretrained`); a tokenizer that
+is not the model's refused by its fingerprint."""
 
 import json
 import shutil
@@ -7,7 +9,8 @@ import shutil
 import pytest
 import torch
 from datasets import Dataset
-from transformers import Seq2SeqTrainingArguments, default_data_collator
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments, default_data_collator
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
 from hf_deep_nmt.averaging import average_checkpoints
@@ -20,6 +23,13 @@ from hf_deep_nmt.checkpoints import (
     record_checkpoint,
     resolve_resume_checkpoint,
     verify_checkpoint,
+)
+from hf_deep_nmt.cli import main
+from hf_deep_nmt.input_checks import (
+    check_tokenizer_matches,
+    folder_tokenizer_fingerprint,
+    record_tokenizer_fingerprint,
+    tokenizer_fingerprint,
 )
 from hf_deep_nmt.trainer import DeepNMTTrainer
 
@@ -149,3 +159,137 @@ def test_the_record_drops_checkpoints_the_rotation_removed(run):
     record_checkpoint(run / "checkpoint-4")
     assert sorted(json.loads((run / CHECKSUMS_FILE).read_text())["checkpoints"]) == ["checkpoint-4"]
     assert not list(run.glob(f".{CHECKSUMS_FILE}*"))  # no temporary file left behind
+
+
+# ---- weights and tokenizers at load -------------------------------------------------------------------------------
+
+
+def error_line(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def model_copy(tiny_export, tmp_path):
+    """A copy of the exported tiny model folder, and a one-line input file."""
+    folder = shutil.copytree(tiny_export[0], tmp_path / "model")
+    (tmp_path / "input.txt").write_text("el sol sale\n")
+    return folder
+
+
+def rewrite_weights(folder, change) -> None:
+    weights = load_file(folder / "model.safetensors")
+    change(weights)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_nan_weights_are_refused_by_the_commands_and_warned_about_by_from_pretrained(model_copy, capsys, caplog):
+    name = "model.decoder.layers.0.fc1.weight"
+    rewrite_weights(model_copy, lambda weights: weights[name].view(-1).__setitem__(3, float("nan")))
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert f"hold NaN or infinite values ({name})" in line and "Use an earlier checkpoint" in line
+    assert not (model_copy.parent / "grown").exists()
+    assert main(["grow", str(model_copy), str(model_copy.parent / "grown"), "--layers", "1"]) == 2
+    assert name in error_line(capsys)
+    assert not (model_copy.parent / "grown").exists()
+    with pytest.raises(ValueError, match=rf"Checkpoint '.*model' holds NaN or infinite weights \({name}\)"):
+        average_checkpoints([model_copy], save_to=model_copy.parent / "averaged")
+    caplog.clear()
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_copy)  # the API loads it, with a warning naming the tensor
+    assert torch.isnan(model.get_parameter(name)).any()
+    assert f"hold NaN or infinite values ({name})" in caplog.text
+
+
+def test_a_finite_model_loads_without_a_warning(tiny_export, caplog):
+    AutoModelForSeq2SeqLM.from_pretrained(tiny_export[0])
+    assert "NaN" not in caplog.text
+
+
+def test_a_missing_weight_matrix_is_refused_by_name(model_copy, capsys):
+    name = "model.encoder.layers.1.fc2.weight"
+    rewrite_weights(model_copy, lambda weights: weights.pop(name))
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert f"lack {name}: they would be initialised at random" in line
+
+
+def test_the_tokenizer_fingerprint_is_that_of_its_file_and_ignores_padding_settings(tiny_export, tmp_path):
+    _, _, tokenizer = tiny_export
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    assert folder_tokenizer_fingerprint(tiny_export[0]) == fingerprint
+    data = json.loads((tiny_export[0] / "tokenizer.json").read_text())
+    data["padding"] = {"strategy": "BatchLongest", "pad_id": 1}
+    data["truncation"] = {"max_length": 7}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    assert folder_tokenizer_fingerprint(tmp_path) == fingerprint
+    data["model"]["vocab"] = {**data["model"]["vocab"]}
+    first = next(iter(data["model"]["vocab"]))
+    data["model"]["vocab"][first + "x"] = data["model"]["vocab"].pop(first)  # one token renamed
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    assert folder_tokenizer_fingerprint(tmp_path) != fingerprint
+    assert folder_tokenizer_fingerprint(tmp_path / "none") is None
+
+
+@pytest.fixture
+def other_tokenizer(tiny_export, tmp_path):
+    """The model's tokenizer with the ids of two tokens swapped (as another run's tokenizer of the same size may
+    number them): the vocabulary-size and special-id checks alone accept it."""
+    folder = tmp_path / "other-tokenizer"
+    tiny_export[2].save_pretrained(folder)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["a"], vocab["e"] = vocab["e"], vocab["a"]
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    other = AutoTokenizer.from_pretrained(folder)
+    assert len(other) == len(tiny_export[2]) and other("sale")["input_ids"] != tiny_export[2]("sale")["input_ids"]
+    assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tiny_export[2])
+    return other
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused_by_its_fingerprint(
+    tiny_export, other_tokenizer, model_copy, capsys
+):
+    _, model, tokenizer = tiny_export
+    config = model.config
+    try:
+        config.tokenizer_fingerprint = tokenizer_fingerprint(tokenizer)
+        check_tokenizer_matches(model, tokenizer)
+        with pytest.raises(ValueError, match=r"not the one this model was exported with .* Use the tokenizer saved"):
+            check_tokenizer_matches(model, other_tokenizer)
+    finally:
+        del config.tokenizer_fingerprint
+    # another run's tokenizer copied into an exported folder whose config records the fingerprint
+    values = json.loads((model_copy / "config.json").read_text())
+    values["tokenizer_fingerprint"] = tokenizer_fingerprint(tokenizer)
+    (model_copy / "config.json").write_text(json.dumps(values))
+    other_tokenizer.save_pretrained(model_copy)
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    assert "is not the one this model was exported with" in error_line(capsys)
+
+
+def test_the_fingerprint_is_stored_only_where_the_config_admits_it(tiny_export, monkeypatch):
+    _, model, tokenizer = tiny_export
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    stored = record_tokenizer_fingerprint(config, tokenizer)
+    assert stored == (getattr(config, "tokenizer_fingerprint", None) == tokenizer_fingerprint(tokenizer))
+    monkeypatch.setattr("hf_deep_nmt.modeling.configuration_deep_nmt.unknown_config_keys", lambda *args: {})
+    assert record_tokenizer_fingerprint(config, tokenizer)
+    assert config.tokenizer_fingerprint == tokenizer_fingerprint(tokenizer)
+
+
+def test_averaging_checkpoints_of_different_tokenizers_is_refused(model_copy, other_tokenizer, tmp_path):
+    second = shutil.copytree(model_copy, tmp_path / "second")
+    other_tokenizer.save_pretrained(second)
+    with pytest.raises(ValueError, match=r"different tokenizers \('.*model' and '.*second' differ\)"):
+        average_checkpoints([model_copy, second], save_to=tmp_path / "averaged")
+    assert not (tmp_path / "averaged").exists()
+    shutil.copyfile(model_copy / "tokenizer.json", second / "tokenizer.json")
+    averaged = average_checkpoints([model_copy, second], save_to=tmp_path / "averaged")
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path / "averaged").get_vocab()
+        == AutoTokenizer.from_pretrained(model_copy).get_vocab()
+    )
+    assert averaged.config.d_model == 16
