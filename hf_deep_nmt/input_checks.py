@@ -273,7 +273,8 @@ def check_saved_model_size(folder: str | Path, device: str | torch.device = "cpu
     """Before a saved model is built: its config's parameters (`estimate_parameters`) must be no more than the
     safetensors headers of the folder hold, give or take 10% (a config.json that does not belong to the weights, e.g.
     a wider `d_model`, would otherwise allocate its model before the shapes are compared), and the model must fit the
-    memory of `device` (float32: 4 bytes a parameter). Reads `config.json` and the headers only."""
+    memory of the CPU, where it is loaded, and of `device` (float32: 4 bytes a parameter). Reads `config.json` and the
+    headers only."""
     import json
 
     folder = Path(folder)
@@ -303,12 +304,14 @@ def check_saved_model_size(folder: str | Path, device: str | torch.device = "cpu
             f"({', '.join(path.name for path in saved_weight_files(folder))}) hold {saved[0]:,}: the config does not "
             "belong to these weights. Restore the config.json saved with them."
         )
-    check_memory(
-        4 * max(estimate, saved[0] if saved else 0),
-        f"The model of {str(folder)!r} ({estimate:,} parameters or more, float32)",
-        "use a machine or device with more memory",
-        device,
-    )
+    # loaded into the CPU's memory first, then moved to `device`
+    for place in dict.fromkeys(["cpu", str(device)]):
+        check_memory(
+            4 * max(estimate, saved[0] if saved else 0),
+            f"The model of {str(folder)!r} ({estimate:,} parameters or more, float32)",
+            "use a machine or device with more memory",
+            place,
+        )
 
 
 def nonfinite_parameters(model) -> list[str]:

@@ -25,7 +25,7 @@ from transformers.utils import logging
 
 from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
-from hf_deep_nmt.checkpoints import last_complete_checkpoint
+from hf_deep_nmt.checkpoints import last_complete_checkpoint, verify_checkpoint
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.run_folder import RunFolder, run_recipe
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
@@ -112,6 +112,7 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
         )
         checkpoint = last_complete_checkpoint(stage_dir)
         if checkpoint:
+            verify_checkpoint(checkpoint)  # its files are those the stage recorded
             logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
         result = trainer.train(resume_from_checkpoint=checkpoint)
         done = {"stage": number, "encoder_layers": depth, "steps": result.global_step, "schedule_start": start_step}

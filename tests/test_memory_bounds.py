@@ -147,3 +147,17 @@ def test_a_position_table_beyond_memory_is_refused_with_its_size(tiny_export, tm
     check_max_positions(model.config, 1026)  # the default fits
     with pytest.raises(ValueError, match=r"`max_positions` must be a positive integer, got 0"):
         check_max_positions(model.config, 0)
+
+
+def test_a_model_beyond_the_memory_is_refused_before_it_is_built(tiny_export, monkeypatch, capsys, tmp_path):
+    folder = tiny_export[0]
+    elements, _ = saved_parameters(folder)
+    monkeypatch.setattr("hf_deep_nmt.input_checks.available_memory", lambda device="cpu": 4 * elements - 1)
+    monkeypatch.setattr("transformers.AutoModelForSeq2SeqLM.from_pretrained", lambda *a, **k: pytest.fail("built"))
+    with pytest.raises(InsufficientMemoryError, match=rf"\({4 * elements:,} bytes\), but only .* available on cpu"):
+        check_saved_model_size(folder)
+    from hf_deep_nmt.cli import main
+
+    (tmp_path / "source.txt").write_text("hola mundo\n")
+    assert main(["translate", "--model", str(folder), "--input", str(tmp_path / "source.txt"), "--no-progress"]) == 2
+    assert "parameters or more, float32) needs about" in capsys.readouterr().err
