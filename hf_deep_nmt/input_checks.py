@@ -269,6 +269,37 @@ def check_memory(needed: int, what: str, way_out: str, device: str | torch.devic
         )
 
 
+def training_memory(config, batch_tokens: int) -> int:
+    """Bytes a training step of a model with `config` holds at least, in float32, for batches of `batch_tokens`
+    (padded) source and as many target tokens: weights, gradients and the two Adam moments (4 copies of
+    `estimate_parameters`), and the activations each layer keeps for the backward pass (per token, about 8 vectors of
+    `d_model` and 2 of the FFN width in an encoder layer, 12 and 2 in a decoder layer). A lower bound, for refusing a
+    run that cannot fit before anything is built."""
+    d = int(config.d_model)
+    encoder = int(config.encoder_layers) * (8 * d + 2 * int(config.encoder_ffn_dim))
+    decoder = int(config.decoder_layers) * (12 * d + 2 * int(config.decoder_ffn_dim))
+    return 4 * (4 * estimate_parameters(config) + batch_tokens * (encoder + decoder))
+
+
+def check_training_size(config, batch_tokens: int, device: str | torch.device = "cpu") -> None:
+    """`InsufficientMemoryError` stating the estimate (`training_memory`) when a training step cannot fit `device`,
+    or the model cannot even be built in the CPU's memory, before the model is built (10^6 layers would otherwise be
+    built for minutes, and then fail)."""
+    sizes = ", ".join(f"{name}={getattr(config, name)}" for name in ("d_model", "encoder_layers", "decoder_layers"))
+    check_memory(
+        4 * estimate_parameters(config),
+        f"Building the model ({estimate_parameters(config):,} parameters or more: {sizes})",
+        "make the model smaller (`model_overrides`)",
+    )
+    check_memory(
+        training_memory(config, batch_tokens),
+        f"Training the model ({sizes}) on batches of {batch_tokens} tokens (weights, gradients, Adam moments and "
+        "activations)",
+        "make the model or the batches smaller (`model_overrides`, `max_tokens` or `per_device_train_batch_size`)",
+        device,
+    )
+
+
 def check_saved_model_size(folder: str | Path, device: str | torch.device = "cpu") -> None:
     """Before a saved model is built: its config's parameters (`estimate_parameters`) must be no more than the
     safetensors headers of the folder hold, give or take 10% (a config.json that does not belong to the weights, e.g.

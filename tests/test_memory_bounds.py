@@ -161,3 +161,34 @@ def test_a_model_beyond_the_memory_is_refused_before_it_is_built(tiny_export, mo
     (tmp_path / "source.txt").write_text("hola mundo\n")
     assert main(["translate", "--model", str(folder), "--input", str(tmp_path / "source.txt"), "--no-progress"]) == 2
     assert "parameters or more, float32) needs about" in capsys.readouterr().err
+
+
+def test_a_recipe_of_a_million_layers_is_refused_before_anything_is_built(tmp_path):
+    overrides = {"d_model": 16, "encoder_layers": 10**6, "decoder_layers": 1, "encoder_ffn_dim": 24}
+    overrides.update(decoder_ffn_dim=24, encoder_attention_heads=2, decoder_attention_heads=2)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"model_type": "deep_nmt", "model_overrides": overrides}))
+    output = tmp_path / "out"
+    result = run_limited("train", str(recipe), "--output_dir", str(output), "--use_cpu", "true", "--report_to", "none")
+    assert result.returncode == 2, result.stderr
+    assert "d_model=16, encoder_layers=1000000, decoder_layers=1" in result.stderr
+    assert "needs about" in result.stderr and "`model_overrides`" in result.stderr
+    assert not output.exists()  # refused before the run folder, the data or the model
+
+
+def test_the_training_memory_estimate_by_hand():
+    """d 4, FFN 8, one layer each, 488 parameters (see above), 10 tokens a batch: 4 * 488 for weights, gradients and
+    moments, activations 10 * ((8 * 4 + 2 * 8) + (12 * 4 + 2 * 8)) = 1120; 4 bytes each."""
+    from hf_deep_nmt.input_checks import training_memory
+
+    config = DeepNMTConfig(
+        vocab_size=10,
+        d_model=4,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=8,
+        decoder_ffn_dim=8,
+    )
+    assert training_memory(config, 10) == 4 * (4 * 488 + 1120)
