@@ -346,13 +346,14 @@ def check_saved_model_size(folder: str | Path, device: str | torch.device = "cpu
 
 
 def nonfinite_parameters(model) -> list[str]:
-    """Names of the parameters and buffers of `model` holding a NaN or an infinite value."""
+    """Names of the parameters and buffers of `model` holding a NaN or an infinite value (tensors without data, on
+    the meta device, are skipped)."""
     import itertools
 
     return [
         name
         for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers())
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all())
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all())
     ]
 
 
