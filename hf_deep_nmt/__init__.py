@@ -3,12 +3,14 @@
 Importing the package registers every config with `AutoConfig`, its translation model with `AutoModelForSeq2SeqLM`
 and its encoder-decoder without the output layer with `AutoModel`, and marks them for auto-class saving, so that
 `save_pretrained` writes `auto_map` and the modeling files (Hub remote code). With `peft` installed, it also registers
-the models' default LoRA target modules (`hf_deep_nmt.adapters`).
+the models' default LoRA target modules (`hf_deep_nmt.adapters`), and makes their `from_pretrained` warn about NaN or
+infinite weights (`hf_deep_nmt.input_checks.install_load_warning`).
 """
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from hf_deep_nmt.adapters import register_lora_defaults
+from hf_deep_nmt.input_checks import install_load_warning
 from hf_deep_nmt.modeling import modeling_deep_nmt
 from hf_deep_nmt.modeling.configuration_deep_nmt import (
     DeepNMTConfig,
@@ -73,6 +75,7 @@ def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
 def _register() -> None:
     for method in list(METHODS.values()):
         register_method(method)
+    install_load_warning(DeepNMTPreTrainedModel)  # `from_pretrained` warns about NaN or infinite weights
 
 
 _register()

@@ -2,11 +2,13 @@
 (or of a given list) written as an ordinary, loadable model folder.
 
 No library offers this for Trainer checkpoints (fairseq's `average_checkpoints.py` does it for fairseq files); the
-file handling is `safetensors`, checkpoint discovery that of `hf_deep_nmt.callbacks`, the rest is written here.
+file handling is `safetensors`, checkpoint discovery and checksums those of `hf_deep_nmt.checkpoints`, the rest is
+written here.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,15 +18,23 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.utils import logging
 
-from hf_deep_nmt.callbacks import (
+from hf_deep_nmt.checkpoints import (
     RNG_STATE_PATTERN,
     TRAINER_STATE_FILE,
     TRAINING_STATE_FILES,
     checkpoint_problem,
     numbered_checkpoints,
     safetensors_problem,
+    verify_checkpoint,
 )
 from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
+from hf_deep_nmt.input_checks import (
+    TOKENIZER_FINGERPRINT_KEY,
+    check_memory,
+    folder_tokenizer_fingerprint,
+    record_tokenizer_fingerprint,
+    saved_parameters,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -36,7 +46,7 @@ AVERAGE_FLAG = "`--overwrite` on the command line, `overwrite=True` in Python"
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """Complete `checkpoint-<step>` folders of a Trainer output folder, oldest step first; incomplete or damaged ones
-    are left out with a warning (the rule of `hf_deep_nmt.callbacks.checkpoint_problem`, where a checkpoint saved
+    are left out with a warning (the rule of `hf_deep_nmt.checkpoints.checkpoint_problem`, where a checkpoint saved
     with `save_only_model` counts as complete)."""
     if not Path(output_dir).is_dir():
         raise FileNotFoundError(f"Training output folder not found: {output_dir}")
@@ -101,6 +111,40 @@ def average_state_dicts(state_dicts: Sequence[dict[str, torch.Tensor]]) -> dict[
     return averaged
 
 
+def finite_weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The weights of `folder`; `ValueError` naming the checkpoint and its tensors holding NaN or infinite values
+    (an average with them would be NaN too)."""
+    state = load_file(folder / WEIGHTS_NAME)
+    bad = [name for name, tensor in state.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
+    if bad:
+        raise ValueError(
+            f"Checkpoint {str(folder)!r} holds NaN or infinite weights ({', '.join(bad[:5])}"
+            f"{f' and {len(bad) - 5} more' if len(bad) > 5 else ''}); leave it out of the average."
+        )
+    return state
+
+
+def check_same_tokenizer(paths: Sequence[Path]) -> None:
+    """`ValueError` naming two inputs whose tokenizers differ (their `tokenizer.json` essentials, or a fingerprint a
+    config records): their embedding rows mean different tokens, and their mean means nothing."""
+    seen: dict[str, Path] = {}
+    for path in paths:
+        fingerprints = {folder_tokenizer_fingerprint(path)}
+        config_file = path / "config.json"
+        if config_file.is_file():
+            recorded = json.loads(config_file.read_text(encoding="utf-8")).get(TOKENIZER_FINGERPRINT_KEY)
+            fingerprints.add(recorded if isinstance(recorded, str) else None)
+        for fingerprint in fingerprints - {None}:
+            seen.setdefault(fingerprint, path)
+        if len(seen) > 1:
+            first, second = list(seen.values())[:2]
+            where = f"{str(first)!r} and {str(second)!r}" if first != second else f"{str(first)!r} (its config)"
+            raise ValueError(
+                f"The checkpoints were trained with different tokenizers ({where} differ): the same embedding row is "
+                "another token in each, so their average means nothing. Average checkpoints of one run."
+            )
+
+
 def average_checkpoints(
     checkpoints: Sequence[str | Path] | None = None,
     *,
@@ -115,7 +159,8 @@ def average_checkpoints(
     model folder (weights, config, generation config, and the tokenizer files of the newest input that has them). An
     existing non-empty `save_to` is refused unless `overwrite`, and even then unless every file in it was written by
     an earlier export or average; `save_to` may not be one of the inputs or the Trainer output folder holding them.
-    Incomplete or damaged checkpoints are refused (named) or, when found through `output_dir`, skipped.
+    Incomplete or damaged checkpoints are refused (named) or, when found through `output_dir`, skipped; a checkpoint
+    whose files differ from the checksums its run recorded is refused, naming it and the file.
     """
     if (checkpoints is None) == (output_dir is None):
         raise ValueError("Give either `checkpoints` (a list of folders) or `output_dir` with `last`.")
@@ -129,6 +174,16 @@ def average_checkpoints(
         if problem is not None:
             error = FileNotFoundError if problem.startswith("No ") else ValueError
             raise error(f"{problem}; it cannot be averaged.")
+    for path in paths:
+        verify_checkpoint(path)  # the files its run recorded, if it recorded any
+    check_same_tokenizer(paths)
+    _, size = saved_parameters(paths[-1])
+    # every input in memory at once, the float64 sums, the result and the model it is loaded into
+    check_memory(
+        len(paths) * size + 4 * size,
+        f"Averaging {len(paths)} checkpoints of {size:,} bytes each",
+        "average fewer checkpoints at a time, or on a machine with more memory",
+    )
     protected: dict[str, str | Path] = {}
     for path in paths:
         protected[f"one of the averaged checkpoints ({str(path)!r})"] = path
@@ -136,11 +191,14 @@ def average_checkpoints(
             protected[f"the Trainer output folder holding the checkpoint {str(path)!r}"] = path.parent
     if save_to is not None:
         check_export_folder(save_to, overwrite, flag=AVERAGE_FLAG, protected=protected)
-    averaged = average_state_dicts([load_file(path / WEIGHTS_NAME) for path in paths])
+    averaged = average_state_dicts([finite_weights(path) for path in paths])
     model = AutoModelForSeq2SeqLM.from_pretrained(paths[-1])
     missing, unexpected = model.load_state_dict(averaged, strict=False)
-    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
-    if unexpected or set(missing) - tied:
+    # a weight tied to a loaded one (the shared embeddings of each stack) shares its storage: not missing
+    state = model.state_dict()
+    loaded = {state[key].data_ptr() for key in averaged if key in state}
+    missing = [key for key in missing if state[key].data_ptr() not in loaded]
+    if unexpected or missing:
         raise ValueError(f"Averaged weights do not fit the model: missing {missing}, unexpected {unexpected}.")
     logger.warning(f"Averaged {len(paths)} checkpoints: {[path.name for path in paths]}.")
     if save_to is not None:
@@ -148,6 +206,9 @@ def average_checkpoints(
 
         def write(staging: Path) -> None:
             settle_output_cap(model.generation_config)
+            fingerprint = folder_tokenizer_fingerprint(with_tokenizer[0]) if with_tokenizer else None
+            if fingerprint is not None:
+                record_tokenizer_fingerprint(model.config, fingerprint)
             model.save_pretrained(staging)
             for name in TOKENIZER_FILES if with_tokenizer else ():
                 if (with_tokenizer[0] / name).is_file():

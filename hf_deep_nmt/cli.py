@@ -136,13 +136,10 @@ def _check_model_source(model: str) -> None:
 
 
 def _load(model_name: str, device: str):
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
+    from hf_deep_nmt.translate import load_model
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_name)
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_name)
+        return load_model(model_name, device)
     except OSError as error:
         if isinstance(error, PermissionError) or Path(model_name).expanduser().exists():
             raise
@@ -151,7 +148,6 @@ def _load(model_name: str, device: str):
             f"Model {model_name!r} is not a local folder (no such folder: {Path(model_name).absolute()}) and could "
             f"not be loaded as a Hub repository: {reason}"
         ) from error
-    return model.to(device), tokenizer
 
 
 def _translate(argv: list[str]) -> int:
@@ -370,6 +366,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
 
     from hf_deep_nmt.ctranslate2_export import (
         check_ctranslate2_support,
+        check_max_positions,
         export_ctranslate2,
         quantization_choices,
         require_ctranslate2,
@@ -385,7 +382,9 @@ def _export_ctranslate2(argv: list[str]) -> int:
     _check_model_source(args.model)
     import hf_deep_nmt  # noqa: F401  (registers the configs with AutoConfig)
 
-    check_ctranslate2_support(AutoConfig.from_pretrained(args.model))
+    config = AutoConfig.from_pretrained(args.model)
+    check_ctranslate2_support(config)
+    check_max_positions(config, args.max_positions)
     model, tokenizer = _load(args.model, "cpu")
     export_ctranslate2(
         model,
@@ -437,6 +436,7 @@ def _grow(argv: list[str]) -> int:
 
     from hf_deep_nmt.folders import check_export_folder, write_marked_folder
     from hf_deep_nmt.growing import grow_encoder
+    from hf_deep_nmt.input_checks import record_tokenizer_fingerprint
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
     check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
@@ -452,6 +452,7 @@ def _grow(argv: list[str]) -> int:
     )
 
     def write(staging: Path) -> None:
+        record_tokenizer_fingerprint(grown.config, tokenizer)
         grown.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
 

@@ -133,6 +133,7 @@ SETTINGS: dict[str, SettingCheck | None] = {
             "ds_init_mode",
             # how the model was made
             "converted_from",
+            "tokenizer_fingerprint",
             "growth",
             # settings of a feature refused through another setting (the layer histories, the AAN, MSC)
             "layer_aggregation",
@@ -191,6 +192,21 @@ def check_ctranslate2_support(config) -> None:
         )
 
 
+def check_max_positions(config, max_positions: int) -> None:
+    """`ValueError` for a `max_positions` that is not a positive integer, `InsufficientMemoryError` stating the
+    estimate when its position table cannot be built here: `max_positions x d_model` float32 values, held about four
+    times over while it is computed, copied into the specification and written. Checked before the model is loaded."""
+    from hf_deep_nmt.input_checks import check_memory
+
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
+        raise ValueError(f"`max_positions` must be a positive integer, got {max_positions!r}.")
+    check_memory(
+        4 * 4 * max_positions * int(config.d_model),
+        f"The position table of --max-positions {max_positions} (x d_model {config.d_model}, float32)",
+        f"lower --max-positions (`max_positions`; {DEFAULT_MAX_POSITIONS} covers what `translate` allows)",
+    )
+
+
 def _vocabulary(tokenizer: PreTrainedTokenizerBase, size: int) -> list[str]:
     """Token `i` of the tokenizer for every id `i < size`; ids the tokenizer does not have (embedding rows it never
     produces) get placeholder names no tokenizer token has."""
@@ -222,8 +238,7 @@ def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenize
     config = model.config
     check_ctranslate2_support(config)
     check_tokenizer_matches(model, tokenizer)
-    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
-        raise ValueError(f"`max_positions` must be a positive integer, got {max_positions!r}.")
+    check_max_positions(config, max_positions)
     activation = getattr(common_spec.Activation, ACTIVATIONS[config.activation_function])
     spec = transformer_spec.TransformerSpec.from_config(
         (config.encoder_layers, config.decoder_layers),
@@ -319,7 +334,9 @@ def export_ctranslate2(
     Refuses, before any work, a model CTranslate2 cannot express (`ValueError` naming each feature), a `quantization`
     CTranslate2 does not know, and a `folder` that is not empty unless `overwrite`, even then when it holds files
     that no export of this package wrote (see `hub.check_export_folder`). The folder is written beside its place and
-    swapped in at the end. `max_positions` rows of the position table bound the source and decoding lengths."""
+    swapped in at the end. `max_positions` rows of the position table bound the source and decoding lengths; a table
+    that cannot fit the memory here is refused with its estimate before anything is built (`check_max_positions`)."""
+    check_max_positions(model.config, max_positions)
     ctranslate2 = require_ctranslate2()
     check_ctranslate2_support(model.config)
     if quantization is not None and quantization not in quantization_choices():

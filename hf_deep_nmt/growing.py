@@ -77,7 +77,7 @@ GROWABLE: dict[str, SettingCheck | None] = {
             *("init_scheme", "ds_init_alpha", "ds_init_mode", "dropout", "attention_dropout", "activation_dropout"),
             *("encoder_l2_lambda", "msc_context", "msc_context_sides", "msc_fusion", "decoder_layer_types"),
             *("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "use_cache"),
-            *("sdpa_avoid_cudnn", "converted_from", "growth"),
+            *("sdpa_avoid_cudnn", "converted_from", "growth", "tokenizer_fingerprint"),
         ),
         None,
     ),

@@ -23,6 +23,7 @@ from hf_deep_nmt.folders import (  # noqa: F401  (the folder-safety functions, i
     user_file_modes,
     write_marked_folder,
 )
+from hf_deep_nmt.input_checks import record_tokenizer_fingerprint
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 CITATION_MARKER = "<!-- citation -->"
@@ -39,7 +40,16 @@ CARD_SIZES = (
 )
 # Not architecture: how a model was made or is run, and transformers' own bookkeeping.
 NOT_ARCHITECTURE = frozenset(
-    ("converted_from", "growth", "use_cache", "dropout", "attention_dropout", "activation_dropout", "sdpa_avoid_cudnn")
+    (
+        "converted_from",
+        "growth",
+        "tokenizer_fingerprint",
+        "use_cache",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+        "sdpa_avoid_cudnn",
+    )
 )
 
 
@@ -257,6 +267,7 @@ def export_hub_folder(
         model.config.use_cache = True
         model.generation_config.use_cache = True
         settle_output_cap(model.generation_config)
+        record_tokenizer_fingerprint(model.config, tokenizer)  # checked wherever the two meet again
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         card = render_model_card(model, repo_id or f"your-name/{folder.name}", **card_kwargs)

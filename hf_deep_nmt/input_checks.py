@@ -1,12 +1,17 @@
 """Checks of what a user hands in at the public entry points beyond the recipe's own values (those are in
 `hf_deep_nmt.arguments`), each failing with an error that names the bad value and what would be valid: unknown model
-overrides, local paths that do not exist, a tokenizer that does not match the model, output and export folders that
-would overwrite each other or cannot be written."""
+overrides, local paths that do not exist, a tokenizer that does not match the model (its ids, or its fingerprint),
+output and export folders that would overwrite each other or cannot be written; and sizes and weights: a config
+claiming more than its weights, a model or a decoding beyond the memory (checked before anything is allocated), NaN,
+infinite or missing weights (after loading)."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 
@@ -79,9 +84,19 @@ def check_saved_model_folder(value: str, what: str, need_tokenizer: bool) -> Pat
 
 
 def check_tokenizer_matches(model, tokenizer) -> None:
-    """`ValueError` when the tokenizer can produce ids the model has no embedding for, or when the two disagree on
-    the padding / end-of-sentence ids (decoding would then stop or mask at the wrong token)."""
+    """`ValueError` when the tokenizer is not the one the model was exported with (the config's
+    `tokenizer_fingerprint`, when it has one), can produce ids the model has no embedding for, or disagrees with the
+    model on the padding / end-of-sentence ids (decoding would then stop or mask at the wrong token)."""
     config = model.config
+    recorded = getattr(config, TOKENIZER_FINGERPRINT_KEY, None)
+    if isinstance(recorded, str):
+        actual = tokenizer_fingerprint(tokenizer)
+        if actual != recorded:
+            raise ValueError(
+                f"The tokenizer is not the one this model was exported with (its fingerprint is {actual[:16]}..., "
+                f"the model's config records {recorded[:16]}...): the same text would become other ids. Use the "
+                "tokenizer saved with the model."
+            )
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and len(tokenizer) > vocab:
         raise ValueError(
@@ -119,3 +134,342 @@ def check_run_folders(output_dir: str, export_dir: str | None, corpus_files: lis
 
     check_writable_location(output_dir, "output_dir")
     return protected
+
+
+# ---- sizes and weights: checked before anything is allocated, and after loading -------------------------------------
+
+GIB = 1 << 30
+_SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2}
+_SAFETENSORS_DTYPE_BYTES.update({"I16": 2, "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1})
+
+
+def describe_bytes(size: float) -> str:
+    """`1.5 GiB`, `12.0 MiB`: a size for a message."""
+    for unit, scale in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", 1 << 20)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size / 1024:.1f} KiB"
+
+
+def estimate_parameters(config) -> int:
+    """A lower bound of the parameters of a model of this package with `config`, from its sizes alone (nothing is
+    built): embeddings, output layer, attention and feed-forward matrices with their biases, LayerNorms. What it
+    leaves out (DLCL weights, MSC contexts, relative keys, the AAN's gates) only adds to the real count."""
+    d = int(config.d_model)
+    vocab = int(config.vocab_size)
+    decoder_vocab = int(getattr(config, "decoder_vocab_size", None) or vocab)
+    total = vocab * d + (4 * d if getattr(config, "pre_norm", True) else 0)  # pre-norm: each stack's last LayerNorm
+    if not getattr(config, "share_embeddings", True):
+        total += decoder_vocab * d
+    if not getattr(config, "tie_word_embeddings", True):
+        total += decoder_vocab * d
+    attention = 4 * d * d + 4 * d
+    encoder_ffn, decoder_ffn = int(config.encoder_ffn_dim), int(config.decoder_ffn_dim)
+    encoder_layer = attention + 2 * d * encoder_ffn + encoder_ffn + d + 4 * d
+    # MAtt merges the self-attention into the cross-attention's matrices, the AAN replaces it: counted for multi-head
+    multi_head = getattr(config, "decoder_self_attention", "multi_head") == "multi_head"
+    self_attention = attention + 2 * d if multi_head else 0  # with its LayerNorm
+    decoder_layer = self_attention + attention + 2 * d * decoder_ffn + decoder_ffn + d + 4 * d
+    return total + int(config.encoder_layers) * encoder_layer + int(config.decoder_layers) * decoder_layer
+
+
+def safetensors_header(path: str | Path) -> dict:
+    """The JSON header of the safetensors file `path` (tensor names to dtype, shape, offsets); only the header is
+    read. `ValueError` naming the file when it is not a safetensors file."""
+    import json
+    import struct
+
+    path = Path(path)
+    with path.open("rb") as handle:
+        prefix = handle.read(8)
+        size = path.stat().st_size
+        header_size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else size
+        if header_size > size - 8:
+            raise ValueError(f"{str(path)!r} is not a whole safetensors file (its header is cut off); save it again.")
+        try:
+            header = json.loads(handle.read(header_size))
+        except ValueError:
+            header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"{str(path)!r} has an unreadable safetensors header; save the model again.")
+    header.pop("__metadata__", None)
+    return header
+
+
+def saved_weight_files(folder: str | Path) -> list[Path]:
+    """The safetensors files of a saved model folder (one, or the shards its index names)."""
+    import json
+
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+        return [folder / shard for shard in shards]
+    return []
+
+
+def saved_parameters(folder: str | Path) -> tuple[int, int] | None:
+    """(elements, bytes) of the tensors a saved model folder holds, from the safetensors headers alone; None when the
+    folder has no safetensors weights."""
+    files = saved_weight_files(folder)
+    if not files:
+        return None
+    elements = size = 0
+    for path in files:
+        for entry in safetensors_header(path).values():
+            count = math.prod(entry.get("shape", []))
+            elements += count
+            size += count * _SAFETENSORS_DTYPE_BYTES.get(entry.get("dtype"), 4)
+    return elements, size
+
+
+def available_memory(device: str | torch.device = "cpu") -> int | None:
+    """Bytes this process can still allocate on `device`: on a GPU what the driver reports free (plus what torch's
+    cache holds unused); on the CPU the kernel's MemAvailable, lowered to what the address-space limit of this process
+    (`ulimit -v`, RLIMIT_AS) leaves. None when it cannot be told."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    if device.type != "cpu":
+        return None
+    limits = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+    except OSError:
+        pass
+    try:
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            used = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+            limits.append(max(soft - used, 0))
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(limits) if limits else None
+
+
+class InsufficientMemoryError(ValueError):
+    """What was asked needs more memory than the machine has: refused, with the estimate, before any allocation."""
+
+
+def check_memory(needed: int, what: str, way_out: str, device: str | torch.device = "cpu") -> None:
+    """`InsufficientMemoryError` stating `what` needs about `needed` bytes when `device` has less available (see
+    `available_memory`), before anything is allocated; `way_out` says what to change."""
+    available = available_memory(device)
+    if available is not None and needed > available:
+        raise InsufficientMemoryError(
+            f"{what} needs about {describe_bytes(needed)} ({needed:,} bytes), but only {describe_bytes(available)} "
+            f"is available on {device}; {way_out}."
+        )
+
+
+def training_memory(config, batch_tokens: int) -> int:
+    """Bytes a training step of a model with `config` holds at least, in float32, for batches of `batch_tokens`
+    (padded) source and as many target tokens: weights, gradients and the two Adam moments (4 copies of
+    `estimate_parameters`), and the activations each layer keeps for the backward pass (per token, about 8 vectors of
+    `d_model` and 2 of the FFN width in an encoder layer, 12 and 2 in a decoder layer). A lower bound, for refusing a
+    run that cannot fit before anything is built."""
+    d = int(config.d_model)
+    encoder = int(config.encoder_layers) * (8 * d + 2 * int(config.encoder_ffn_dim))
+    decoder = int(config.decoder_layers) * (12 * d + 2 * int(config.decoder_ffn_dim))
+    return 4 * (4 * estimate_parameters(config) + batch_tokens * (encoder + decoder))
+
+
+def check_training_size(config, batch_tokens: int, device: str | torch.device = "cpu") -> None:
+    """`InsufficientMemoryError` stating the estimate (`training_memory`) when a training step cannot fit `device`,
+    or the model cannot even be built in the CPU's memory, before the model is built (10^6 layers would otherwise be
+    built for minutes, and then fail)."""
+    sizes = ", ".join(f"{name}={getattr(config, name)}" for name in ("d_model", "encoder_layers", "decoder_layers"))
+    check_memory(
+        4 * estimate_parameters(config),
+        f"Building the model ({estimate_parameters(config):,} parameters or more: {sizes})",
+        "make the model smaller (`model_overrides`)",
+    )
+    check_memory(
+        training_memory(config, batch_tokens),
+        f"Training the model ({sizes}) on batches of {batch_tokens} tokens (weights, gradients, Adam moments and "
+        "activations)",
+        "make the model or the batches smaller (`model_overrides`, `max_tokens` or `per_device_train_batch_size`)",
+        device,
+    )
+
+
+def check_saved_model_size(folder: str | Path, device: str | torch.device = "cpu") -> None:
+    """Before a saved model is built: its config's parameters (`estimate_parameters`) must be no more than the
+    safetensors headers of the folder hold, give or take 10% (a config.json that does not belong to the weights, e.g.
+    a wider `d_model`, would otherwise allocate its model before the shapes are compared), and the model must fit the
+    memory of the CPU, where it is loaded, and of `device` (float32: 4 bytes a parameter). Reads `config.json` and the
+    headers only."""
+    import json
+
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    try:
+        values = json.loads(config_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # `from_pretrained` reports an unreadable config itself
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.for_model(**values) if "model_type" in values else None
+    except (ValueError, KeyError, TypeError):
+        return  # an invalid config is refused by the config's own checks when loaded
+    if config is None or not hasattr(config, "encoder_ffn_dim"):
+        return
+    estimate = estimate_parameters(config)
+    saved = saved_parameters(folder)
+    # a margin for weights left out of the file (those are named after loading, `check_missing_weights`)
+    if saved is not None and estimate > 1.1 * saved[0]:
+        sizes = ", ".join(
+            f"{name}={getattr(config, name)}"
+            for name in ("d_model", "encoder_layers", "decoder_layers", "encoder_ffn_dim", "vocab_size")
+        )
+        raise ValueError(
+            f"{str(config_file)!r} describes a model of at least {estimate:,} parameters ({sizes}), but its weights "
+            f"({', '.join(path.name for path in saved_weight_files(folder))}) hold {saved[0]:,}: the config does not "
+            "belong to these weights. Restore the config.json saved with them."
+        )
+    # loaded into the CPU's memory first, then moved to `device`
+    for place in dict.fromkeys(["cpu", str(device)]):
+        check_memory(
+            4 * max(estimate, saved[0] if saved else 0),
+            f"The model of {str(folder)!r} ({estimate:,} parameters or more, float32)",
+            "use a machine or device with more memory",
+            place,
+        )
+
+
+def nonfinite_parameters(model) -> list[str]:
+    """Names of the parameters and buffers of `model` holding a NaN or an infinite value (tensors without data, on
+    the meta device, are skipped)."""
+    import itertools
+
+    return [
+        name
+        for name, tensor in itertools.chain(model.named_parameters(), model.named_buffers())
+        if tensor.is_floating_point() and tensor.device.type != "meta" and not bool(torch.isfinite(tensor).all())
+    ]
+
+
+def check_finite_weights(model, source: str) -> None:
+    """`ValueError` naming the weights of `model` (loaded from `source`) that hold NaN or infinite values: such a model
+    translates every sentence into nothing."""
+    bad = nonfinite_parameters(model)
+    if bad:
+        shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ValueError(
+            f"The weights of {source!r} hold NaN or infinite values ({shown}); the model cannot translate. Use an "
+            "earlier checkpoint (training stops before a non-finite step reaches the weights)."
+        )
+
+
+def warn_nonfinite_weights(model, source: str) -> None:
+    """A warning naming the non-finite weights of a model just loaded (what `from_pretrained` of this package's
+    models does: the API warns where the commands refuse)."""
+    from transformers.utils import logging
+
+    bad = nonfinite_parameters(model)
+    if bad:
+        logging.get_logger("hf_deep_nmt").warning(
+            f"The weights of {source!r} hold NaN or infinite values ({', '.join(bad[:5])}"
+            + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            + "): its outputs will be NaN or empty."
+        )
+
+
+def check_missing_weights(model, loading_info: dict, source: str) -> None:
+    """`ValueError` naming the weights `from_pretrained` did not find in `source` and so initialised at random (tied
+    copies of loaded weights are not missing)."""
+    tied = set(getattr(model, "all_tied_weights_keys", {}) or {})
+    missing = sorted(set(loading_info.get("missing_keys", ())) - tied)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ValueError(
+            f"The weights of {source!r} lack {shown}: they would be initialised at random. The weight file does not "
+            "belong to this config, or was damaged; restore the folder as it was saved."
+        )
+
+
+def install_load_warning(model_class: type) -> None:
+    """Make `model_class.from_pretrained` (and its subclasses') warn about NaN or infinite weights in what it loaded
+    (`warn_nonfinite_weights`), once per class; the commands refuse such a model instead (`check_finite_weights`)."""
+    import functools
+
+    if model_class.__dict__.get("_hf_deep_nmt_warns_nonfinite"):
+        return
+    inherited = model_class.from_pretrained.__func__
+
+    @functools.wraps(inherited)
+    def from_pretrained(cls, *args, **kwargs):
+        loaded = inherited(cls, *args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded
+        source = args[0] if args else kwargs.get("pretrained_model_name_or_path")
+        warn_nonfinite_weights(model, str(source))
+        return loaded
+
+    model_class.from_pretrained = classmethod(from_pretrained)
+    model_class._hf_deep_nmt_warns_nonfinite = True
+
+
+# ---- tokenizer fingerprints -----------------------------------------------------------------------------------------
+
+TOKENIZER_FINGERPRINT_KEY = "tokenizer_fingerprint"
+# what a tokenizer.json holds that decides which ids a text becomes (not its padding or truncation settings)
+_TOKENIZER_ESSENTIALS = ("model", "normalizer", "pre_tokenizer", "added_tokens")
+
+
+def tokenizer_json_fingerprint(data: dict) -> str:
+    """SHA-256 (hex) of the essentials of a parsed `tokenizer.json`: vocabulary and merges, normalizer,
+    pre-tokenizer, added tokens."""
+    import hashlib
+    import json
+
+    essentials = {key: data.get(key) for key in _TOKENIZER_ESSENTIALS}
+    return hashlib.sha256(json.dumps(essentials, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """The fingerprint of a loaded tokenizer: that of its `tokenizer.json` (`tokenizer_json_fingerprint`) for a fast
+    tokenizer, else the SHA-256 of its vocabulary (tokens and ids, sorted)."""
+    import hashlib
+    import json
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        return tokenizer_json_fingerprint(json.loads(backend.to_str()))
+    vocabulary = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocabulary, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def folder_tokenizer_fingerprint(folder: str | Path) -> str | None:
+    """The fingerprint of the `tokenizer.json` in `folder` (the file is read, no tokenizer built); None without one."""
+    import json
+
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        return None
+    try:
+        return tokenizer_json_fingerprint(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"{str(path)!r} cannot be read ({error}); restore the tokenizer saved with the model."
+        ) from None
+
+
+def record_tokenizer_fingerprint(config, tokenizer) -> bool:
+    """Store the fingerprint of `tokenizer` (a tokenizer, or a fingerprint already computed) in `config`
+    (`tokenizer_fingerprint`), for `check_tokenizer_matches`, when the config class admits the key (a config class
+    that does not would warn about an unknown key on every load). Returns whether it was stored."""
+    from hf_deep_nmt.modeling.configuration_deep_nmt import unknown_config_keys
+
+    if unknown_config_keys(type(config), [TOKENIZER_FINGERPRINT_KEY]):
+        return False
+    fingerprint = tokenizer if isinstance(tokenizer, str) else tokenizer_fingerprint(tokenizer)
+    setattr(config, TOKENIZER_FINGERPRINT_KEY, fingerprint)
+    return True

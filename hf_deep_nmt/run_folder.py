@@ -45,6 +45,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from hf_deep_nmt.callbacks import numbered_checkpoints
+from hf_deep_nmt.checkpoints import CHECKSUMS_FILE
 from hf_deep_nmt.preemption import PreemptionSignals
 
 logger = logging.get_logger(__name__)
@@ -217,7 +218,8 @@ class RunOutputsCallback(TrainerCallback):
         checkpoint = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         for root in (Path(args.output_dir), Path(args.output_dir).parent):
             if (root / RUN_RECORD).is_file():
-                claim_outputs(root, checkpoint)
+                # the checkpoint, and the checksum record `ChecksumRecorder` keeps beside it
+                claim_outputs(root, checkpoint, Path(args.output_dir) / CHECKSUMS_FILE)
                 return
 
     def on_step_end(self, args, state, control, **kwargs):

@@ -24,7 +24,8 @@ from transformers import AutoModelForSeq2SeqLM
 from transformers.utils import logging
 
 from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
-from hf_deep_nmt.callbacks import last_complete_checkpoint, nonfinite_steps_skipped
+from hf_deep_nmt.callbacks import nonfinite_steps_skipped
+from hf_deep_nmt.checkpoints import last_complete_checkpoint, verify_checkpoint
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
@@ -116,6 +117,7 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
         )
         checkpoint = last_complete_checkpoint(stage_dir)
         if checkpoint:
+            verify_checkpoint(checkpoint)  # its files are those the stage recorded
             logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
         claim_outputs(root, stage_dir)
         result = trainer.train(resume_from_checkpoint=checkpoint)

@@ -1,5 +1,5 @@
 """`DeepNMTTrainer`: `Seq2SeqTrainer` with the token-budget batches and learning-rate schedules of the papers, and the
-guard that skips non-finite steps."""
+guard that skips non-finite steps, and the record of checkpoint checksums."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from transformers.trainer_utils import seed_worker
 
 from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
 from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
+from hf_deep_nmt.checkpoints import ChecksumRecorder
 from hf_deep_nmt.preemption import PreemptionCallback
 from hf_deep_nmt.run_folder import RunOutputsCallback
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
@@ -22,8 +23,9 @@ class DeepNMTTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget training batches (`args.max_tokens`, one share per process), the fairseq
     inverse-sqrt / Noam schedules (`args.lr_schedule`) and a `NonFiniteGuard` (skips non-finite steps, stops after
     `args.max_consecutive_nonfinite_steps` in a row; one passed in `callbacks` is used instead), a
-    `PreemptionCallback` (SIGTERM / SIGUSR1: save a checkpoint and stop) and a `RunOutputsCallback` (each checkpoint
-    listed in the run record before it is written). Everything else is the library's."""
+    `PreemptionCallback` (SIGTERM / SIGUSR1: save a checkpoint and stop), a `RunOutputsCallback` (each checkpoint
+    listed in the run record before it is written) and a `ChecksumRecorder` (the SHA-256 of each checkpoint's files,
+    checked on resume and averaging). Everything else is the library's."""
 
     def __init__(self, *args, callbacks=None, **kwargs):
         training_args = kwargs.get("args", args[1] if len(args) > 1 else None)
@@ -36,8 +38,9 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         if not any(isinstance(callback, NonFiniteGuard) for callback in callbacks):
             limit = getattr(training_args, "max_consecutive_nonfinite_steps", DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS)
             callbacks.insert(0, NonFiniteGuard(limit))
-        # in this order: a preemption asks for a save at a step end, and the checkpoint is listed before it is written
-        for kind in (PreemptionCallback, RunOutputsCallback):
+        # in this order: a preemption asks for a save at a step end, the checkpoint is listed before it is written,
+        # and its files are hashed once the Trainer wrote them
+        for kind in (PreemptionCallback, RunOutputsCallback, ChecksumRecorder):
             if not any(isinstance(callback, kind) for callback in callbacks):
                 callbacks.append(kind())
         super().__init__(*args, callbacks=callbacks, **kwargs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,8 @@ from hf_deep_nmt.arguments import (
     parse_arguments,
 )
 from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
-from hf_deep_nmt.callbacks import nonfinite_steps_skipped, resolve_resume_checkpoint
+from hf_deep_nmt.callbacks import nonfinite_steps_skipped
+from hf_deep_nmt.checkpoints import resolve_resume_checkpoint
 from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
@@ -57,6 +59,7 @@ from hf_deep_nmt.input_checks import (
     check_run_folders,
     check_saved_model_folder,
     check_tokenizer_matches,
+    check_training_size,
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.preemption import raise_if_preempted
@@ -129,14 +132,40 @@ def check_before_work(
     """Everything that would otherwise fail only after data and tokenizer are prepared or after training: the preset
     and its overrides (`check_model_arguments`), or the saved model to start from and the recipe's agreement with it
     (`check_saved_model`, which reads its config), the settings (`check_arguments`), then the folders
-    (`check_run_folders`, the export folder). Loads no weights and no data, and changes nothing."""
+    (`check_run_folders`, the export folder), and that the model and a training step fit the memory
+    (`check_training_size`). Loads no weights and no data, and changes nothing."""
     check_model_arguments(model_args)
-    if model_args.model_name_or_path:
-        check_saved_model(model_args)
+    config = check_saved_model(model_args) if model_args.model_name_or_path else _sizes_of_preset(model_args)
     check_arguments(data_args, export_args, training_args)
     protected = check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files())
     if export_args.export_dir:
         check_export_folder(export_args.export_dir, export_args.overwrite_export, protected=protected)
+    if hasattr(config, "encoder_ffn_dim"):  # the model and a training step must fit the machine
+        from torch.cuda import is_available as cuda_available
+
+        lengths = max(data_args.max_source_length, data_args.max_target_length)
+        tokens = training_args.max_tokens or training_args.per_device_train_batch_size * lengths
+        device = "cpu" if training_args.use_cpu or not cuda_available() else "cuda"
+        check_training_size(config, tokens, device)
+
+
+def _sizes_of_preset(model_args: ModelArguments):
+    """The preset's config with the overrides (already checked by `check_model_arguments`), built without its
+    warnings (the run's own config says them once), for the size check: the vocabulary is the tokenizer's, known
+    only once it is prepared, so the smaller of the config's and `tokenizer_vocab_size` stands in for it."""
+    config_class = PRESETS[model_args.model_type]
+    overrides = model_args.model_overrides
+    vocab = overrides.get("vocab_size") or getattr(config_class, "vocab_size", None)
+    if vocab and model_args.tokenizer_vocab_size:
+        overrides = {**overrides, "vocab_size": min(vocab, model_args.tokenizer_vocab_size)}
+    config_logger = sys.modules[config_class.__module__].logger
+    quiet, config_logger.disabled = config_logger.disabled, True
+    try:
+        return config_class(**overrides)
+    except ValueError:
+        return None  # a vocabulary the overrides' token ids do not fit: the run's own config names the problem
+    finally:
+        config_logger.disabled = quiet
 
 
 @dataclass

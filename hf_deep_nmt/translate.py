@@ -24,7 +24,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, 
 from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
-from hf_deep_nmt.input_checks import check_tokenizer_matches
+from hf_deep_nmt.input_checks import check_memory, check_tokenizer_matches
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 # The positions are sinusoidal (no table, so no `max_position_embeddings`): these caps are what bounds the work.
@@ -85,6 +85,55 @@ def _output_length(tokens: torch.Tensor, eos_token_id: int) -> int:
     """Tokens up to and including the first `</s>` (all of them when there is none)."""
     positions = (tokens == eos_token_id).nonzero()
     return int(positions[0, 0]) + 1 if len(positions) else int(tokens.shape[0])
+
+
+def load_model(model_name: str, device: str | torch.device = "cpu"):
+    """(model on `device`, tokenizer) of a saved model folder or Hub id, as the commands load it: before anything is
+    built, the config must not describe more parameters than the weights hold, and the model must fit `device`'s
+    memory (`check_saved_model_size`); after loading, a weight the file lacks (initialised at random) and NaN or
+    infinite weights are refused, naming them, as is a tokenizer that is not the model's (`check_tokenizer_matches`).
+    """
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
+    from hf_deep_nmt.input_checks import check_finite_weights, check_missing_weights, check_saved_model_size
+
+    folder = Path(str(model_name)).expanduser()
+    if folder.is_dir():
+        check_saved_model_size(folder, device)
+    tokenizer = AutoTokenizer.from_pretrained(model_name)
+    model, info = AutoModelForSeq2SeqLM.from_pretrained(model_name, output_loading_info=True)
+    check_missing_weights(model, info, str(model_name))
+    check_finite_weights(model, str(model_name))
+    check_tokenizer_matches(model, tokenizer)
+    return model.to(device), tokenizer
+
+
+def decoding_memory(config, rows: int, source_tokens: int, output_tokens: int) -> int:
+    """Bytes that beam search holds at its peak for `rows` hypotheses (sentences x beams) of `source_tokens` source
+    and `output_tokens` output tokens, in float32: the decoder's self-attention keys and values and the cached
+    cross-attention ones, the expanded encoder output, and three copies of the scores over the target vocabulary
+    (logits, log-probabilities, processed scores). An estimate for refusing a decoding that cannot fit; the
+    activations of one step are small beside these."""
+    d = int(config.d_model)
+    layers = int(config.decoder_layers)
+    vocab = int(getattr(config, "decoder_vocab_size", None) or config.vocab_size)
+    cache = 2 * layers * rows * (source_tokens + output_tokens) * d
+    return 4 * (cache + rows * source_tokens * d + 3 * rows * vocab)
+
+
+def check_decoding_memory(model: PreTrainedModel, sentences: int, num_beams: int, source: int, output: int) -> None:
+    """`InsufficientMemoryError` stating the estimate (`decoding_memory`) when a batch of `sentences` decoded with
+    `num_beams` beams cannot fit the memory of the model's device, before it is tried."""
+    device = next(model.parameters()).device
+    needed = decoding_memory(model.config, sentences * num_beams, source, output)
+    check_memory(
+        needed,
+        f"Beam search over a batch of {sentences} sentence(s) x {num_beams} beam(s) = {sentences * num_beams} "
+        f"hypotheses, up to {source} source and {output} output tokens",
+        "lower --num-beams (`num_beams`), --batch-size or --max-tokens",
+        device,
+    )
 
 
 def check_translation_options(
@@ -166,9 +215,11 @@ def iter_translations(
     the translations that now follow, without a gap, those already yielded.
 
     The options are checked, every sentence is tokenized and an overlong one refused (`ValueError` naming its line)
-    when this function is called, before anything is translated. Batches are formed within windows of `buffer_size`
-    consecutive sentences (`None`: one window), sorted by length inside a window and run in the order of their first
-    sentence, so a stopped run has produced a prefix of the input. See `translate` for the options.
+    when this function is called, before anything is translated, as is a decoding whose largest batch would not fit
+    the memory of the model's device (`InsufficientMemoryError` stating the estimate, `check_decoding_memory`).
+    Batches are formed within windows of `buffer_size` consecutive sentences (`None`: one window), sorted by length
+    inside a window and run in the order of their first sentence, so a stopped run has produced a prefix of the
+    input. See `translate` for the options.
     """
     _check_sentences(sentences)
     if not isinstance(compile, bool):
@@ -209,14 +260,33 @@ def iter_translations(
     )
     size = buffer_size or max(len(wanted), 1)
     windows = [wanted[start : start + size] for start in range(0, len(wanted), size)]
-    return _translated_pieces(
-        model, tokenizer, len(sentences), windows, encoded, batch_size, max_tokens, progress, decoding
-    )
+    batches = [_window_batches(window, encoded, batch_size, max_tokens) for window in windows]
+    _check_batches_fit(model, batches, encoded, num_beams, max_length_a, max_length_b, max_output_tokens)
+    return _translated_pieces(model, tokenizer, len(sentences), batches, encoded, progress, decoding)
 
 
-def _translated_pieces(
-    model, tokenizer, count, windows, encoded, batch_size, max_tokens, progress, decoding
-) -> Iterator[list[str]]:
+def _window_batches(window: list[int], encoded, batch_size: int, max_tokens: int | None) -> list[list[int]]:
+    """The batches (sentence indices) of one window, in the order they are run."""
+    lengths = [len(encoded[index]) for index in window]
+    # No token budget: `batch_size` sentences a batch. A sentence longer than the budget goes on its own.
+    budget = max(max_tokens or batch_size * max(lengths), max(lengths))
+    groups = sorted(token_batches(lengths, budget, max_sentences=batch_size), key=min)
+    return [[window[position] for position in group] for group in groups]
+
+
+def _check_batches_fit(model, batches, encoded, num_beams, max_length_a, max_length_b, max_output_tokens) -> None:
+    """Refuse, before the first batch, a decoding whose largest batch cannot fit (`check_decoding_memory`)."""
+    largest = None
+    for batch in (batch for window in batches for batch in window):
+        source = max(len(encoded[index]) for index in batch)
+        output = min(int(max_length_a * source + max_length_b), max_output_tokens) + 2  # the start token and `</s>`
+        needed = decoding_memory(model.config, len(batch) * num_beams, source, output)
+        largest = max(largest or (needed, len(batch), source, output), (needed, len(batch), source, output))
+    if largest is not None:
+        check_decoding_memory(model, largest[1], num_beams, largest[2], largest[3])
+
+
+def _translated_pieces(model, tokenizer, count, batches, encoded, progress, decoding) -> Iterator[list[str]]:
     model.eval()
     device = next(model.parameters()).device
     outputs: dict[int, str] = {index: "" for index in range(count) if index not in encoded}
@@ -232,12 +302,8 @@ def _translated_pieces(
 
     with tqdm(total=count, desc="Translating", unit="sent", disable=not progress, file=sys.stderr) as bar:
         bar.update(len(outputs))
-        for window in windows:
-            lengths = [len(encoded[index]) for index in window]
-            # No token budget: `batch_size` sentences a batch. A sentence longer than the budget goes on its own.
-            budget = max(max_tokens or batch_size * max(lengths), max(lengths))
-            for group in sorted(token_batches(lengths, budget, max_sentences=batch_size), key=min):
-                indices = [window[position] for position in group]
+        for window in batches:
+            for indices in window:
                 texts = _translate_batch(model, tokenizer, [encoded[index] for index in indices], device, **decoding)
                 outputs.update(zip(indices, texts))
                 bar.update(len(indices))

@@ -47,7 +47,14 @@ SINUSOID_FREQUENCIES = ("fairseq", "marian")
 # Settings new in 0.2.0 (not yet released) that 0.1.0 did not have: `to_dict` (and so `config.json`) holds them only
 # when they differ from their defaults, so a model that does not use them gets no key for them: as far as these
 # settings go, its config is what 0.1.0 wrote, and the 0.1.0 model code published on the Hub still loads it.
-LATER_SETTINGS = ("sinusoid_frequencies", "output_bias", "converted_from", "growth", "deepnorm")
+LATER_SETTINGS = (
+    "sinusoid_frequencies",
+    "output_bias",
+    "converted_from",
+    "growth",
+    "deepnorm",
+    "tokenizer_fingerprint",
+)
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
 # `PreTrainedConfig` itself: not unknown keys.
@@ -158,6 +165,9 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "ds_init_alpha": FieldKind("a number in (0, 1]", lambda value: _is_number(value) and 0.0 < value <= 1.0),
     "layer_norm_eps": FieldKind("a positive number", lambda value: _is_number(value) and value > 0),
     "converted_from": FieldKind("a mapping or None", lambda value: value is None or isinstance(value, dict)),
+    "tokenizer_fingerprint": FieldKind(
+        "a string (hex SHA-256) or None", lambda value: value is None or isinstance(value, str)
+    ),
     "growth": FieldKind(
         "a list of mappings or None",
         lambda value: value is None or (isinstance(value, list) and all(isinstance(step, dict) for step in value)),
@@ -614,6 +624,10 @@ class DeepNMTConfig(PreTrainedConfig):
             Where a converted model came from (`hf-deep-nmt convert-marian` sets it: the source's Hub id or folder
             name, revision, class and licence as its card states it). A record for the model card; computes nothing,
             and is kept by growing, training and exporting. Written into `config.json` only when set.
+        tokenizer_fingerprint (`str`, *optional*):
+            The SHA-256 of the tokenizer the model was trained with (its vocabulary, merges, normalizer,
+            pre-tokenizer and added tokens), recorded at export by the package; its commands refuse a tokenizer whose
+            fingerprint differs. Computes nothing. Written into `config.json` only when set.
         growth (`list[dict]`, *optional*):
             One record per `grow_encoder` call (encoder layers before and after, strategy) and per
             `with_layer_aggregation` call (the stack, its aggregation before and after): a record for the model card,
@@ -683,6 +697,7 @@ class DeepNMTConfig(PreTrainedConfig):
     deepnorm: bool = False
     converted_from: dict | None = None
     growth: list[dict] | None = None
+    tokenizer_fingerprint: str | None = None
     use_cache: bool = True
     is_encoder_decoder: bool = True
     pad_token_id: int | None = 1

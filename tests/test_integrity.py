@@ -1,0 +1,295 @@
+"""What resume, averaging and loading read is what was written: checkpoint checksums recorded when a checkpoint
+completes and checked before a resume or an average reads it (an edited step, swapped weights, one flipped byte);
+NaN weights and missing weight matrices refused by the commands (warned about by `from_pretrained`); a tokenizer that
+is not the model's refused by its fingerprint."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from datasets import Dataset
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments, default_data_collator
+
+from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+from hf_deep_nmt.averaging import average_checkpoints
+from hf_deep_nmt.checkpoints import (
+    CHECKSUMS_FILE,
+    CheckpointChecksumError,
+    checkpoint_problem,
+    file_sha256,
+    last_complete_checkpoint,
+    record_checkpoint,
+    resolve_resume_checkpoint,
+    verify_checkpoint,
+)
+from hf_deep_nmt.cli import main
+from hf_deep_nmt.input_checks import (
+    check_tokenizer_matches,
+    folder_tokenizer_fingerprint,
+    record_tokenizer_fingerprint,
+    tokenizer_fingerprint,
+)
+from hf_deep_nmt.trainer import DeepNMTTrainer
+
+
+def tiny_dataset(rows: int = 8) -> Dataset:
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, 37, (rows, 6), generator=generator)
+    return Dataset.from_dict({"input_ids": tokens.tolist(), "labels": tokens.flip(1).tolist()})
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """A 4-step run of `DeepNMTTrainer` saving at steps 2 and 4 (weights, optimizer, scheduler, RNG, state)."""
+    output = tmp_path_factory.mktemp("run") / "out"
+    config = DeepNMTConfig(
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=24,
+        vocab_size=40,
+    )
+    torch.manual_seed(0)
+    arguments = Seq2SeqTrainingArguments(
+        output_dir=str(output),
+        max_steps=4,
+        per_device_train_batch_size=4,
+        save_strategy="steps",
+        save_steps=2,
+        report_to="none",
+        disable_tqdm=True,
+        use_cpu=True,
+        seed=0,
+        remove_unused_columns=False,
+    )
+    trainer = DeepNMTTrainer(
+        model=DeepNMTForConditionalGeneration(config),
+        args=arguments,
+        train_dataset=tiny_dataset(),
+        data_collator=default_data_collator,
+    )
+    trainer.train()
+    return output
+
+
+@pytest.fixture
+def run(trained_run, tmp_path):
+    """A copy of the trained run that a test may damage."""
+    return shutil.copytree(trained_run, tmp_path / "out")
+
+
+def test_each_saved_checkpoint_records_the_sha256_of_its_files(run):
+    record = json.loads((run / CHECKSUMS_FILE).read_text())
+    assert sorted(record["checkpoints"]) == ["checkpoint-2", "checkpoint-4"]
+    files = record["checkpoints"]["checkpoint-4"]
+    for name in ("model.safetensors", "trainer_state.json", "optimizer.pt", "scheduler.pt"):
+        assert files[name] == file_sha256(run / "checkpoint-4" / name)
+    assert files == {path.name: file_sha256(path) for path in (run / "checkpoint-4").iterdir()}
+    assert resolve_resume_checkpoint("last", run) == str(run / "checkpoint-4")
+
+
+def test_an_edited_trainer_state_step_is_refused_on_resume_and_averaging(run):
+    """A step of 4 edited to 1000 (the JSON stays valid, the checkpoint looks complete) no longer matches."""
+    state_file = run / "checkpoint-4" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    assert state["global_step"] == 4
+    state["global_step"] = 1000
+    state_file.write_text(json.dumps(state))
+    assert checkpoint_problem(run / "checkpoint-4") is None  # structurally whole: only the checksum catches it
+    with pytest.raises(CheckpointChecksumError, match=r"checkpoint-4'.*trainer_state\.json is not the file its run"):
+        resolve_resume_checkpoint("last", run)
+    with pytest.raises(CheckpointChecksumError, match=r"checkpoint-4'.*trainer_state\.json"):
+        resolve_resume_checkpoint(str(run / "checkpoint-4"), run)
+    with pytest.raises(CheckpointChecksumError, match=r"checkpoint-4'.*trainer_state\.json"):
+        average_checkpoints(output_dir=run, last=2)
+    assert resolve_resume_checkpoint(str(run / "checkpoint-2"), run) == str(run / "checkpoint-2")
+
+
+def test_weights_swapped_from_an_older_checkpoint_are_refused(run):
+    shutil.copyfile(run / "checkpoint-2" / "model.safetensors", run / "checkpoint-4" / "model.safetensors")
+    with pytest.raises(CheckpointChecksumError, match=r"checkpoint-4'.*model\.safetensors is not the file its run"):
+        resolve_resume_checkpoint(True, run)
+    with pytest.raises(CheckpointChecksumError, match=r"checkpoint-4'.*model\.safetensors"):
+        average_checkpoints([run / "checkpoint-2", run / "checkpoint-4"], save_to=run.parent / "averaged")
+    assert not (run.parent / "averaged").exists()
+
+
+def test_one_flipped_byte_in_the_weights_is_refused(run):
+    weights = run / "checkpoint-4" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-5] ^= 0x01  # inside the last tensor's data: the header and the size stay right
+    weights.write_bytes(bytes(data))
+    assert checkpoint_problem(run / "checkpoint-4") is None
+    with pytest.raises(CheckpointChecksumError, match=r"checkpoint-4'.*model\.safetensors"):
+        verify_checkpoint(run / "checkpoint-4")
+
+
+def test_a_recorded_file_that_is_gone_is_named(run):
+    (run / "checkpoint-4" / "scheduler.pt").unlink()
+    with pytest.raises(CheckpointChecksumError, match=r"checkpoint-4' has lost scheduler\.pt"):
+        verify_checkpoint(run / "checkpoint-4")
+
+
+def test_an_unrecorded_checkpoint_of_a_recording_run_counts_as_unfinished(run, caplog):
+    """A run stopped between the Trainer writing checkpoint-6 and recording it: resume goes back to checkpoint-4."""
+    shutil.copytree(run / "checkpoint-4", run / "checkpoint-6")
+    assert "has no checksums in" in checkpoint_problem(run / "checkpoint-6")
+    assert last_complete_checkpoint(run) == str(run / "checkpoint-4")
+    assert "checkpoint-6" in caplog.text
+    record_checkpoint(run / "checkpoint-6")  # recording it completes it
+    assert last_complete_checkpoint(run) == str(run / "checkpoint-6")
+
+
+def test_folders_without_a_record_are_used_unchecked_and_a_broken_record_is_named(run):
+    (run / CHECKSUMS_FILE).unlink()  # a run of an earlier version
+    (run / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    assert resolve_resume_checkpoint("last", run) == str(run / "checkpoint-4")
+    (run / CHECKSUMS_FILE).write_text('{"checkpoints": ')
+    with pytest.raises(CheckpointChecksumError, match=rf"{CHECKSUMS_FILE}' cannot be read.*move it aside"):
+        verify_checkpoint(run / "checkpoint-4")
+
+
+def test_the_record_drops_checkpoints_the_rotation_removed(run):
+    shutil.rmtree(run / "checkpoint-2")
+    record_checkpoint(run / "checkpoint-4")
+    assert sorted(json.loads((run / CHECKSUMS_FILE).read_text())["checkpoints"]) == ["checkpoint-4"]
+    assert not list(run.glob(f".{CHECKSUMS_FILE}*"))  # no temporary file left behind
+
+
+# ---- weights and tokenizers at load -------------------------------------------------------------------------------
+
+
+def error_line(capsys) -> str:
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def model_copy(tiny_export, tmp_path):
+    """A copy of the exported tiny model folder, and a one-line input file."""
+    folder = shutil.copytree(tiny_export[0], tmp_path / "model")
+    (tmp_path / "input.txt").write_text("el sol sale\n")
+    return folder
+
+
+def rewrite_weights(folder, change) -> None:
+    weights = load_file(folder / "model.safetensors")
+    change(weights)
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_nan_weights_are_refused_by_the_commands_and_warned_about_by_from_pretrained(model_copy, capsys, caplog):
+    name = "model.decoder.layers.0.fc1.weight"
+    rewrite_weights(model_copy, lambda weights: weights[name].view(-1).__setitem__(3, float("nan")))
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert f"hold NaN or infinite values ({name})" in line and "Use an earlier checkpoint" in line
+    assert not (model_copy.parent / "grown").exists()
+    assert main(["grow", str(model_copy), str(model_copy.parent / "grown"), "--layers", "1"]) == 2
+    assert name in error_line(capsys)
+    assert not (model_copy.parent / "grown").exists()
+    with pytest.raises(ValueError, match=rf"Checkpoint '.*model' holds NaN or infinite weights \({name}\)"):
+        average_checkpoints([model_copy], save_to=model_copy.parent / "averaged")
+    caplog.clear()
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_copy)  # the API loads it, with a warning naming the tensor
+    assert torch.isnan(model.get_parameter(name)).any()
+    assert f"hold NaN or infinite values ({name})" in caplog.text
+
+
+def test_a_finite_model_loads_without_a_warning(tiny_export, caplog):
+    AutoModelForSeq2SeqLM.from_pretrained(tiny_export[0])
+    assert "NaN" not in caplog.text
+
+
+def test_a_missing_weight_matrix_is_refused_by_name(model_copy, capsys):
+    name = "model.encoder.layers.1.fc2.weight"
+    rewrite_weights(model_copy, lambda weights: weights.pop(name))
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    line = error_line(capsys)
+    assert f"lack {name}: they would be initialised at random" in line
+
+
+def test_the_tokenizer_fingerprint_is_that_of_its_file_and_ignores_padding_settings(tiny_export, tmp_path):
+    _, _, tokenizer = tiny_export
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    assert folder_tokenizer_fingerprint(tiny_export[0]) == fingerprint
+    data = json.loads((tiny_export[0] / "tokenizer.json").read_text())
+    data["padding"] = {"strategy": "BatchLongest", "pad_id": 1}
+    data["truncation"] = {"max_length": 7}
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    assert folder_tokenizer_fingerprint(tmp_path) == fingerprint
+    data["model"]["vocab"] = {**data["model"]["vocab"]}
+    first = next(iter(data["model"]["vocab"]))
+    data["model"]["vocab"][first + "x"] = data["model"]["vocab"].pop(first)  # one token renamed
+    (tmp_path / "tokenizer.json").write_text(json.dumps(data))
+    assert folder_tokenizer_fingerprint(tmp_path) != fingerprint
+    assert folder_tokenizer_fingerprint(tmp_path / "none") is None
+
+
+@pytest.fixture
+def other_tokenizer(tiny_export, tmp_path):
+    """The model's tokenizer with the ids of two tokens swapped (as another run's tokenizer of the same size may
+    number them): the vocabulary-size and special-id checks alone accept it."""
+    folder = tmp_path / "other-tokenizer"
+    tiny_export[2].save_pretrained(folder)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    vocab = data["model"]["vocab"]
+    vocab["a"], vocab["e"] = vocab["e"], vocab["a"]
+    (folder / "tokenizer.json").write_text(json.dumps(data))
+    other = AutoTokenizer.from_pretrained(folder)
+    assert len(other) == len(tiny_export[2]) and other("sale")["input_ids"] != tiny_export[2]("sale")["input_ids"]
+    assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tiny_export[2])
+    return other
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused_by_its_fingerprint(
+    tiny_export, other_tokenizer, model_copy, capsys
+):
+    _, model, tokenizer = tiny_export
+    config = model.config
+    try:
+        config.tokenizer_fingerprint = tokenizer_fingerprint(tokenizer)
+        check_tokenizer_matches(model, tokenizer)
+        with pytest.raises(ValueError, match=r"not the one this model was exported with .* Use the tokenizer saved"):
+            check_tokenizer_matches(model, other_tokenizer)
+    finally:
+        del config.tokenizer_fingerprint
+    # another run's tokenizer copied into an exported folder whose config records the fingerprint
+    values = json.loads((model_copy / "config.json").read_text())
+    values["tokenizer_fingerprint"] = tokenizer_fingerprint(tokenizer)
+    (model_copy / "config.json").write_text(json.dumps(values))
+    other_tokenizer.save_pretrained(model_copy)
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    assert "is not the one this model was exported with" in error_line(capsys)
+
+
+def test_the_fingerprint_is_stored_only_where_the_config_admits_it(tiny_export, monkeypatch):
+    _, model, tokenizer = tiny_export
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    stored = record_tokenizer_fingerprint(config, tokenizer)
+    assert stored == (getattr(config, "tokenizer_fingerprint", None) == tokenizer_fingerprint(tokenizer))
+    monkeypatch.setattr("hf_deep_nmt.modeling.configuration_deep_nmt.unknown_config_keys", lambda *args: {})
+    assert record_tokenizer_fingerprint(config, tokenizer)
+    assert config.tokenizer_fingerprint == tokenizer_fingerprint(tokenizer)
+
+
+def test_averaging_checkpoints_of_different_tokenizers_is_refused(model_copy, other_tokenizer, tmp_path):
+    second = shutil.copytree(model_copy, tmp_path / "second")
+    other_tokenizer.save_pretrained(second)
+    with pytest.raises(ValueError, match=r"different tokenizers \('.*model' and '.*second' differ\)"):
+        average_checkpoints([model_copy, second], save_to=tmp_path / "averaged")
+    assert not (tmp_path / "averaged").exists()
+    shutil.copyfile(model_copy / "tokenizer.json", second / "tokenizer.json")
+    averaged = average_checkpoints([model_copy, second], save_to=tmp_path / "averaged")
+    assert (
+        AutoTokenizer.from_pretrained(tmp_path / "averaged").get_vocab()
+        == AutoTokenizer.from_pretrained(model_copy).get_vocab()
+    )
+    assert averaged.config.d_model == 16
