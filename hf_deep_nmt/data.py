@@ -5,7 +5,9 @@ Malformed input stops with the file and line at fault; nothing is dropped silent
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -25,12 +27,61 @@ def sample_corpus_dir() -> Path:
     return Path(str(resources.files("hf_deep_nmt") / "sample_data"))
 
 
+def check_corpus_file(path: Path) -> None:
+    """`FileNotFoundError` / `IsADirectoryError` / `ValueError` naming `path` when it is not a regular file that can be
+    read: missing, a symbolic link to nothing or a loop of links, a folder, a FIFO or device, unreadable."""
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"Parallel text file not found: {path} (check the path in the recipe).")
+    try:
+        path.stat()
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise ValueError(
+                f"Parallel text file {path} is a loop of symbolic links (it leads back to itself); point the link "
+                "at the corpus file."
+            ) from None
+        if error.errno == errno.ENOENT:
+            raise FileNotFoundError(
+                f"Parallel text file {path} is a symbolic link to {os.readlink(path)!r}, which does not exist; point "
+                "the link at the corpus file, or name the file itself."
+            ) from None
+        raise
+    if path.is_dir():
+        raise IsADirectoryError(
+            f"Parallel text file {path} is a folder, not a file; name a .tsv or .jsonl file in it, or a two-file "
+            "prefix."
+        )
+    if not path.is_file():
+        raise ValueError(
+            f"Parallel text file {path} is not a regular file (a FIFO, socket or device); save its text to a "
+            f"file first (`cat {path} > corpus{path.suffix}`) and name that file."
+        )
+    if not os.access(path, os.R_OK):
+        raise PermissionError(f"Parallel text file {path} cannot be read by this user (permission denied).")
+
+
+UTF16_MARKS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def _looks_utf16(raw: bytes) -> bool:
+    """A UTF-16 byte-order mark, or ASCII text with a NUL after (or before) each letter."""
+    if raw.startswith(UTF16_MARKS):
+        return True
+    pairs = raw[: len(raw) // 2 * 2]
+    even, odd = set(pairs[0::2]), set(pairs[1::2])
+    return len(pairs) >= 4 and ({0} in (even, odd)) and even != odd
+
+
 def _lines(path: Path):
     """(line number, text) of a UTF-8 file; a byte-order mark at its start is dropped, a NUL byte is an error."""
-    if not path.is_file():
-        raise FileNotFoundError(f"Parallel text file not found: {path}")
+    check_corpus_file(path)
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
+            if number == 1 and _looks_utf16(raw):
+                raise ValueError(
+                    f"{path} is UTF-16 text, not UTF-8; convert it first, keeping every character: "
+                    f"`iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`."
+                )
             if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
                 raw = raw[3:]
             if NUL in raw:
@@ -41,7 +92,11 @@ def _lines(path: Path):
             try:
                 yield number, raw.decode("utf-8").rstrip("\r\n")
             except UnicodeDecodeError as error:
-                raise ValueError(f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start}).") from None
+                raise ValueError(
+                    f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line, "
+                    f"0x{raw[error.start]:02x}); find the file's encoding (`file -i {path}`) and convert it "
+                    f"(`iconv -f ENCODING -t UTF-8`)."
+                ) from None
 
 
 def _content_lines(path: Path):
@@ -70,7 +125,14 @@ def read_tsv(path: str | Path) -> dict[str, list[str]]:
     for number, line in _content_lines(path):
         fields = line.split("\t")
         if len(fields) != 2:
-            raise ValueError(f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)}.")
+            way_out = (
+                "no tab: separate source and target with one tab, or name a two-file corpus by its prefix"
+                if len(fields) == 1
+                else "a tab inside a sentence: replace it with a space"
+            )
+            raise ValueError(
+                f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)} ({way_out})."
+            )
         _check_pair(path, number, *fields)
         pairs[SOURCE].append(fields[0])
         pairs[TARGET].append(fields[1])
@@ -92,7 +154,13 @@ def read_jsonl(path: str | Path, source_key: str, target_key: str) -> dict[str, 
             or not isinstance(record.get(source_key), str)
             or not isinstance(record.get(target_key), str)
         ):
-            raise ValueError(f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}.")
+            found = sorted(record) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+            raise ValueError(
+                f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}, got {found}; each line "
+                f"must be an object like {{{source_key!r}: ..., {target_key!r}: ...}} or "
+                f"{{'translation': {{{source_key!r}: ..., {target_key!r}: ...}}}} (`source_lang` / `target_lang` "
+                "name the keys)."
+            )
         _check_pair(path, number, record[source_key], record[target_key])
         pairs[SOURCE].append(record[source_key])
         pairs[TARGET].append(record[target_key])
@@ -195,7 +263,11 @@ def load_parallel_dataset(
         pairs = read_parallel_file(path, source_lang, target_lang)
         if not pairs[SOURCE]:
             raise ValueError(f"`{name}` {str(path)!r} holds no sentence pairs; give a corpus with at least one.")
-        _warn_on_header(path, pairs, source_lang, target_lang)
+        if _warn_on_header(path, pairs, source_lang, target_lang) and len(pairs[SOURCE]) == 1:
+            raise ValueError(
+                f"`{name}` {str(path)!r} holds only a header line ({pairs[SOURCE][0]!r} / {pairs[TARGET][0]!r}) and "
+                "no sentence pairs; give a corpus with at least one (a header line is not needed)."
+            )
         splits[split] = datasets.Dataset.from_dict(pairs)
     return datasets.DatasetDict(splits)
 
@@ -203,14 +275,17 @@ def load_parallel_dataset(
 HEADER_WORDS = {"source", "target", "src", "tgt", "source_text", "target_text", "input", "output"}
 
 
-def _warn_on_header(path, pairs: dict[str, list[str]], source_lang: str, target_lang: str) -> None:
+def _warn_on_header(path, pairs: dict[str, list[str]], source_lang: str, target_lang: str) -> bool:
+    """Whether the first pair looks like a header (column names); warned about when the file holds more."""
     first = (pairs[SOURCE][0].strip().lower(), pairs[TARGET][0].strip().lower())
     names = HEADER_WORDS | {source_lang.lower(), target_lang.lower()}
-    if first[0] in names and first[1] in names:
+    header = first[0] in names and first[1] in names
+    if header and len(pairs[SOURCE]) > 1:
         logger.warning(
             f"{path}:1 looks like a header ({pairs[SOURCE][0]!r} / {pairs[TARGET][0]!r}) but is read as a sentence "
             "pair; remove it if it is not one."
         )
+    return header
 
 
 def _load_named_dataset(dataset_name: str, dataset_config: str | None) -> datasets.DatasetDict:

@@ -90,6 +90,12 @@ def check_export_folder(
     Trainer output folder, the corpus folder, the inputs of the command); `PermissionError` when it cannot be written.
     """
     folder = Path(folder)
+    here = Path.cwd().resolve()
+    if folder.resolve() == here or folder.resolve() in here.parents:
+        raise ValueError(
+            f"{str(folder)!r} is the current folder ({here}) or a folder above it: the result replaces its folder as "
+            f"a whole; name a new folder for it (e.g. {str(folder / 'export')!r})."
+        )
     for description, path in (protected or {}).items():
         if folder.resolve() == Path(path).resolve():
             raise ValueError(f"{str(folder)!r} is {description}; write the result to a folder of its own.")

@@ -52,7 +52,7 @@ from hf_deep_nmt.callbacks import nonfinite_steps_skipped
 from hf_deep_nmt.checkpoints import resolve_resume_checkpoint
 from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
-from hf_deep_nmt.evaluation import corpus_scores, make_compute_metrics
+from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.input_checks import (
     check_local_path,
@@ -66,7 +66,7 @@ from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.trainer import DeepNMTTrainer
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.translate import MAX_SOURCE_TOKENS, translate
 
 logger = logging.get_logger(__name__)
 
@@ -212,6 +212,12 @@ def prepare(
             f"No training pair is within `max_source_length={data_args.max_source_length}` / "
             f"`max_target_length={data_args.max_target_length}` tokens ({len(raw['train'])} pairs read); raise them."
         )
+    if "validation" in raw:  # the final evaluation translates each source in full: checked before step 1
+        validation_file = data_args.corpus_paths()[1]
+        where = f"`validation_file` {validation_file!r}" if validation_file else f"{data_args.dataset_name!r}"
+        if not validation_file:
+            where += f" split {data_args.dataset_validation_split!r}, counting rows as lines from 1,"
+        check_source_lengths(raw["validation"][SOURCE], tokenizer, MAX_SOURCE_TOKENS, where)
     references = raw["validation"][TARGET] if "validation" in raw else []
     eval_dataset = None
     if "validation" in raw:

@@ -10,6 +10,7 @@ translations streamed to the output in input order as they are produced, no file
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import stat
@@ -428,13 +429,19 @@ def split_lines(text: str) -> list[str]:
 def decode_lines(data: bytes, name: str) -> list[str]:
     """`split_lines` of UTF-8 `data` (a leading byte-order mark dropped); `ValueError` naming `name`, the line and
     the byte offset of the first byte that is not UTF-8."""
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        raise ValueError(
+            f"{name} is UTF-16 text (it starts with a UTF-16 byte-order mark), not UTF-8; convert it first, keeping "
+            "every character: `iconv -f UTF-16 -t UTF-8`."
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         line = data.count(b"\n", 0, error.start) + 1
         raise ValueError(
             f"{name} is not valid UTF-8: byte {error.start} (line {line}) is 0x{data[error.start]:02x} "
-            f"({error.reason}); convert it to UTF-8 first (e.g. `iconv -f latin1 -t utf-8`)."
+            f"({error.reason}); find its encoding (`file -i`) and convert it to UTF-8 first "
+            "(`iconv -f ENCODING -t UTF-8`)."
         ) from None
     return split_lines(text.removeprefix("\ufeff"))
 
@@ -451,6 +458,14 @@ def read_lines(source: str | Path = "-") -> list[str]:
     if not os.path.lexists(path):
         raise FileNotFoundError(f"input file not found: {source}")
     if not path.exists():
+        try:
+            path.stat()
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise ValueError(
+                    f"input {source} is a loop of symbolic links (it leads back to itself); point the link at the "
+                    "text file."
+                ) from None
         raise FileNotFoundError(f"input file not found: {source} is a symbolic link to a missing file")
     if path.is_dir():
         raise IsADirectoryError(f"input {source} is a folder, not a text file; name a file in it.")
