@@ -185,13 +185,20 @@ def safetensors_header(path: str | Path) -> dict:
         size = path.stat().st_size
         header_size = struct.unpack("<Q", prefix)[0] if len(prefix) == 8 else size
         if header_size > size - 8:
-            raise ValueError(f"{str(path)!r} is not a whole safetensors file (its header is cut off); save it again.")
+            raise ValueError(
+                f"{str(path)!r} is not a whole safetensors file (cut off, or not safetensors at all): its first 8 "
+                f"bytes announce a header of {header_size} bytes in a file of {size}; save the model again, or "
+                "restore the file from the exported folder."
+            )
         try:
             header = json.loads(handle.read(header_size))
         except ValueError:
             header = None
     if not isinstance(header, dict):
-        raise ValueError(f"{str(path)!r} has an unreadable safetensors header; save the model again.")
+        raise ValueError(
+            f"{str(path)!r} has an unreadable safetensors header (not a JSON object); save the model again, or "
+            "restore the file from the exported folder."
+        )
     header.pop("__metadata__", None)
     return header
 
@@ -473,3 +480,57 @@ def record_tokenizer_fingerprint(config, tokenizer) -> bool:
     fingerprint = tokenizer if isinstance(tokenizer, str) else tokenizer_fingerprint(tokenizer)
     setattr(config, TOKENIZER_FINGERPRINT_KEY, fingerprint)
     return True
+
+
+# Files of a saved model folder that transformers reads as JSON objects; a damaged one fails inside transformers
+# with a message that names neither the file nor the way out.
+SAVED_JSON_FILES = (
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+)
+
+
+def check_saved_json_files(folder: str | Path, what: str = "Model folder") -> None:
+    """`ValueError` naming the file, what is wrong with it and the way out when one of `SAVED_JSON_FILES` in the
+    local `folder` is not a JSON object (cut off, a list, not JSON), or its `tokenizer.json` is JSON but not a
+    tokenizer that `tokenizers` can build. A folder that does not exist (a Hub id) is left alone."""
+    import json
+
+    folder = Path(str(folder)).expanduser()
+    if not folder.is_dir():
+        return
+    way_out = "restore it from the exported folder (or save the model and tokenizer again)"
+    for name in SAVED_JSON_FILES:
+        path = folder / name
+        if not path.is_file():
+            continue
+        try:
+            value = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{what} {str(folder)!r}: {name} is not UTF-8 text ({error.reason} at byte {error.start}); {way_out}."
+            ) from None
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{what} {str(folder)!r}: {name} is not valid JSON ({error.msg}: line {error.lineno} column "
+                f"{error.colno} of {path.stat().st_size} bytes; cut off, or edited by hand?); {way_out}."
+            ) from None
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"{what} {str(folder)!r}: {name} holds a JSON {type(value).__name__}, not the object of settings it "
+                f"should; {way_out}."
+            )
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(str(path))
+        except Exception as error:  # tokenizers raises its own exception type, with serde's message
+            raise ValueError(
+                f"{what} {str(folder)!r}: tokenizer.json is JSON but not a tokenizer ({' '.join(str(error).split())})"
+                f"; {way_out}."
+            ) from None

@@ -89,14 +89,18 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
         training_args.resume_from_checkpoint, training_args.overwrite_output_dir, recipe_inputs(model_args, data_args)
     )
     root = Path(training_args.output_dir)
+    finished = {  # read before anything is trained: a damaged record stops the run before step 1
+        number: finished_stage(root / f"stage-{number}-{depth}-layers", number, depth)
+        for number, depth in enumerate(stages.stage_depths, start=1)
+    }
     prepared = prepare(model_args, data_args, training_args, tokenizer_dir=root / "tokenizer")
     completed_steps, previous, trainer, summary = 0, None, None, {"stages": []}
     started = time.perf_counter()
     for number, depth in enumerate(stages.stage_depths, start=1):
         stage_dir = root / f"stage-{number}-{depth}-layers"
         record = stage_dir / "stage.json"
-        if record.is_file():  # finished in an earlier run
-            done = json.loads(record.read_text())
+        if finished[number] is not None:  # finished in an earlier run
+            done = finished[number]
             completed_steps += done["steps"]
             previous = stage_dir / "model"
             summary["stages"].append(done)
@@ -143,3 +147,44 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
     # the SDT paper averages the newest checkpoints of the last stage; the same step `train` takes on its run
     average_last_checkpoints(trainer, stage_dir, export_args.average_checkpoints, summary)
     return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)
+
+
+def finished_stage(stage_dir: Path, number: int, depth: int) -> dict[str, Any] | None:
+    """The record (`stage.json`) of a stage an earlier run finished, None for a stage still to train. `ValueError`
+    naming the stage folder, what is wrong and the way out when the record is damaged, is another stage's, or its
+    final model (`model/`, which the next stage grows from) is missing or damaged."""
+    from hf_deep_nmt.input_checks import check_saved_json_files, safetensors_header, saved_weight_files
+
+    record = stage_dir / "stage.json"
+    if not record.is_file():
+        return None
+    way_out = f"delete the folder {str(stage_dir)!r} to train stage {number} again (the other stages are kept)"
+    try:
+        done = json.loads(record.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ValueError(f"Stage {number}: {str(record)!r} is not valid JSON ({error}); {way_out}.") from None
+    steps = done.get("steps") if isinstance(done, dict) else None
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise ValueError(
+            f"Stage {number}: {str(record)!r} holds no step count (`steps`: {steps!r}, expected an integer >= 0); "
+            f"{way_out}."
+        )
+    if done.get("encoder_layers") != depth:
+        raise ValueError(
+            f"Stage {number}: {str(record)!r} records {done.get('encoder_layers')!r} encoder layers but the recipe's "
+            f"stage {number} has {depth}; {way_out}."
+        )
+    model = stage_dir / "model"
+    weights = saved_weight_files(model)
+    if not (model / "config.json").is_file() or not weights or not all(path.is_file() for path in weights):
+        raise ValueError(
+            f"Stage {number}: {str(record)!r} says the stage is finished but its final model {str(model)!r} is "
+            f"missing or incomplete (no config.json or weights); {way_out}."
+        )
+    try:
+        check_saved_json_files(model, f"Stage {number}'s final model")
+        for path in weights:
+            safetensors_header(path)
+    except ValueError as error:
+        raise ValueError(f"{error} Or {way_out}.") from None
+    return done

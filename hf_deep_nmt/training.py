@@ -57,6 +57,7 @@ from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.input_checks import (
     check_local_path,
     check_run_folders,
+    check_saved_json_files,
     check_saved_model_folder,
     check_tokenizer_matches,
     check_training_size,
@@ -234,10 +235,12 @@ def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None =
     saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
         check_local_path(saved_tokenizer, "Tokenizer folder")
+        check_saved_json_files(saved_tokenizer, "Tokenizer folder")
         tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
         check_tokenizer_vocabulary(model_args, tokenizer)
         return tokenizer
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
+        check_saved_json_files(tokenizer_dir, "The tokenizer an earlier run trained,")
         return AutoTokenizer.from_pretrained(tokenizer_dir)
     if tokenizer_dir is not None and os.path.lexists(tokenizer_dir):
         if not tokenizer_dir.is_dir() or any(tokenizer_dir.iterdir()):
@@ -280,6 +283,9 @@ def check_saved_model(model_args: ModelArguments):
     path = model_args.model_name_or_path
     what = "`model_name_or_path`"
     check_saved_model_folder(path, what, need_tokenizer=not model_args.tokenizer_name_or_path)
+    check_saved_json_files(path, what)
+    if model_args.tokenizer_name_or_path:
+        check_saved_json_files(model_args.tokenizer_name_or_path, "`tokenizer_name_or_path`")
     config = AutoConfig.from_pretrained(path)
     if type(config) not in MODEL_CLASSES:
         hint = " (convert it first with `hf-deep-nmt convert-marian`)" if config.model_type == "marian" else ""

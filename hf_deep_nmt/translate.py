@@ -97,10 +97,16 @@ def load_model(model_name: str, device: str | torch.device = "cpu"):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
-    from hf_deep_nmt.input_checks import check_finite_weights, check_missing_weights, check_saved_model_size
+    from hf_deep_nmt.input_checks import (
+        check_finite_weights,
+        check_missing_weights,
+        check_saved_json_files,
+        check_saved_model_size,
+    )
 
     folder = Path(str(model_name)).expanduser()
     if folder.is_dir():
+        check_saved_json_files(folder)
         check_saved_model_size(folder, device)
     tokenizer = AutoTokenizer.from_pretrained(model_name)
     model, info = AutoModelForSeq2SeqLM.from_pretrained(model_name, output_loading_info=True)

@@ -3,6 +3,7 @@ the value at fault and the way out, and comes before step 1."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -190,3 +191,128 @@ def test_the_current_folder_or_one_above_it_is_refused_as_an_export_folder(tmp_p
     with pytest.raises(ValueError, match=r"is the current folder .* or a folder above it.*name a new folder"):
         check_export_folder(name)
     check_export_folder("export")  # a new folder inside is fine
+
+
+# ---- damaged files of a saved model folder ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def saved_model(tmp_path_factory, tiny_config, tokenizer):
+    from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+    from hf_deep_nmt.hub import export_hub_folder
+
+    model = DlclForConditionalGeneration(tiny_config(DlclConfig, vocab_size=len(tokenizer)))
+    return export_hub_folder(model, tokenizer, tmp_path_factory.mktemp("saved") / "model", repo_id="org/tiny")
+
+
+def damaged_copy(saved_model: Path, tmp_path: Path, name: str, data: bytes) -> Path:
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(saved_model, folder)
+    (folder / name).write_bytes(data)
+    return folder
+
+
+DAMAGED = [
+    ("tokenizer.json", b'{"version": "1.0", "trunc', r"tokenizer\.json is not valid JSON \(Unterminated string"),
+    ("tokenizer.json", b'{"a": 1}', r"tokenizer\.json is JSON but not a tokenizer \("),
+    ("tokenizer.json", b"[1, 2]", r"tokenizer\.json holds a JSON list, not the object"),
+    ("config.json", b"[1, 2]", r"config\.json holds a JSON list, not the object"),
+    ("config.json", b'{"model_type": ', r"config\.json is not valid JSON \(Expecting value: line 1 column 16 of 15"),
+    ("tokenizer_config.json", b"{", r"tokenizer_config\.json is not valid JSON"),
+    ("generation_config.json", b"\xff\xfe{}", r"generation_config\.json is not UTF-8 text"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "pattern"), DAMAGED, ids=[f"{n}:{d[:8]!r}" for n, d, _ in DAMAGED])
+def test_a_damaged_json_file_of_a_model_folder_is_named_with_the_way_out(
+    saved_model, tmp_path, capsys, name, data, pattern
+):
+    from hf_deep_nmt.cli import main
+
+    folder = damaged_copy(saved_model, tmp_path, name, data)
+    source = tmp_path / "in.es"
+    source.write_text("hola\n", encoding="utf-8")
+    assert main(["translate", "--model", str(folder), "--input", str(source), "--output", str(tmp_path / "o")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "unexpected" not in error, error
+    assert re.search(rf"Model folder '{folder}': {pattern}", error), error
+    assert "restore it from the exported folder" in error
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(("data", "announced"), [(b"", 0), (b"not safetensors" * 4, 0x6566617320746F6E)])
+def test_a_weights_file_that_is_not_safetensors_says_what_its_header_announces(saved_model, tmp_path, data, announced):
+    from hf_deep_nmt.input_checks import safetensors_header
+
+    folder = damaged_copy(saved_model, tmp_path, "model.safetensors", data)
+    size = len(data)
+    announced = announced or size
+    with pytest.raises(ValueError) as caught:
+        safetensors_header(folder / "model.safetensors")
+    message = str(caught.value)
+    assert f"'{folder / 'model.safetensors'}' is not a whole safetensors file" in message
+    assert f"header of {announced} bytes in a file of {size}" in message and "restore the file" in message
+
+
+def test_a_damaged_tokenizer_given_to_a_training_run_is_named_before_training(saved_model, tmp_path):
+    folder = damaged_copy(saved_model, tmp_path, "tokenizer.json", b"[]")
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"tokenizer_name_or_path": str(folder), "output_dir": str(tmp_path / "out")}))
+    model_args, data_args, _, training_args = parse_arguments([str(recipe)])
+    with pytest.raises(ValueError, match=rf"Tokenizer folder '{folder}': tokenizer\.json holds a JSON list"):
+        prepare(model_args, data_args, training_args)
+
+
+# ---- staged runs: a finished stage's record and model, read before any stage trains -------------------------------
+
+
+def stage_folder(tmp_path: Path, saved_model: Path, record: bytes | None) -> Path:
+    import shutil
+
+    stage = tmp_path / "run" / "stage-2-4-layers"
+    stage.mkdir(parents=True)
+    shutil.copytree(saved_model, stage / "model")
+    if record is not None:
+        (stage / "stage.json").write_bytes(record)
+    return stage
+
+
+GOOD_RECORD = {"stage": 2, "encoder_layers": 4, "steps": 6, "schedule_start": 4}
+BAD_RECORDS = [
+    (b'{"stage": 2, "encoder', r"is not valid JSON \("),
+    (b"[2, 4, 6]", r"holds no step count \(`steps`: None, expected an integer >= 0\)"),
+    (json.dumps({**GOOD_RECORD, "steps": "6"}).encode(), r"holds no step count \(`steps`: '6'"),
+    (
+        json.dumps({**GOOD_RECORD, "encoder_layers": 6}).encode(),
+        r"records 6 encoder layers but the recipe's stage 2 has 4",
+    ),
+]
+
+
+@pytest.mark.parametrize(("record", "pattern"), BAD_RECORDS, ids=["cut", "list", "steps", "depth"])
+def test_a_damaged_stage_record_names_the_stage_folder_and_the_way_out(saved_model, tmp_path, record, pattern):
+    from hf_deep_nmt.staged import finished_stage
+
+    stage = stage_folder(tmp_path, saved_model, record)
+    with pytest.raises(ValueError, match=rf"^Stage 2: '{stage / 'stage.json'}' {pattern}") as caught:
+        finished_stage(stage, 2, 4)
+    assert f"delete the folder '{stage}' to train stage 2 again (the other stages are kept)" in str(caught.value)
+
+
+def test_a_finished_stage_without_a_whole_model_is_named_before_training(saved_model, tmp_path):
+    from hf_deep_nmt.staged import finished_stage
+
+    stage = stage_folder(tmp_path, saved_model, json.dumps(GOOD_RECORD).encode())
+    assert finished_stage(stage, 2, 4) == GOOD_RECORD
+    assert finished_stage(tmp_path / "run" / "stage-3-6-layers", 3, 6) is None  # not trained yet
+    weights = stage / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:64])
+    with pytest.raises(
+        ValueError, match=rf"'{weights}' is not a whole safetensors file.* Or delete the folder '{stage}'"
+    ):
+        finished_stage(stage, 2, 4)
+    weights.unlink()
+    with pytest.raises(ValueError, match=rf"final model '{stage / 'model'}' is missing or incomplete"):
+        finished_stage(stage, 2, 4)
