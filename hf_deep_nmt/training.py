@@ -15,6 +15,7 @@ multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollator
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -138,6 +139,7 @@ def check_before_work(
     check_model_arguments(model_args)
     config = check_saved_model(model_args) if model_args.model_name_or_path else _sizes_of_preset(model_args)
     check_arguments(data_args, export_args, training_args)
+    check_checkpoints_to_average(export_args, training_args)
     protected = check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files())
     if export_args.export_dir:
         check_export_folder(export_args.export_dir, export_args.overwrite_export, protected=protected)
@@ -148,6 +150,24 @@ def check_before_work(
         tokens = training_args.max_tokens or training_args.per_device_train_batch_size * lengths
         device = "cpu" if training_args.use_cpu or not cuda_available() else "cuda"
         check_training_size(config, tokens, device)
+
+
+def check_checkpoints_to_average(export_args: EvalExportArguments, training_args: DeepNMTTrainingArguments) -> None:
+    """`ValueError` when a run of `max_steps` steps saving every `save_steps` writes fewer checkpoints than
+    `average_checkpoints` averages at its end (the Trainer saves at each multiple of `save_steps` and at the last
+    step). Runs counted in epochs are left to the end, where `last_checkpoints` names what exists."""
+    count, steps, every = export_args.average_checkpoints, training_args.max_steps, training_args.save_steps
+    if not count or steps is None or steps < 1 or training_args.save_strategy != "steps" or not every or every <= 0:
+        return
+    every = math.ceil(steps * every) if every < 1 else int(every)
+    saved = [*range(every, steps + 1, every)]
+    saved += [steps] if steps not in saved else []
+    if len(saved) < count:
+        raise ValueError(
+            f"`average_checkpoints={count}` averages the last {count} checkpoints, but `max_steps={steps}` with "
+            f"`save_steps={training_args.save_steps}` writes {len(saved)} (at steps {saved}); lower `save_steps` "
+            "or `average_checkpoints`, or raise `max_steps`."
+        )
 
 
 def _sizes_of_preset(model_args: ModelArguments):

@@ -316,3 +316,35 @@ def test_a_finished_stage_without_a_whole_model_is_named_before_training(saved_m
     weights.unlink()
     with pytest.raises(ValueError, match=rf"final model '{stage / 'model'}' is missing or incomplete"):
         finished_stage(stage, 2, 4)
+
+
+# ---- averaging more checkpoints than the run writes ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("max_steps", "save_steps", "count", "written"),
+    [(4, 3, 3, "[3, 4]"), (4, 0.5, 3, "[2, 4]"), (10, 5, 3, "[5, 10]"), (1, 1, 2, "[1]")],
+)
+def test_averaging_more_checkpoints_than_the_run_writes_is_refused_before_step_1(
+    tmp_path, max_steps, save_steps, count, written
+):
+    from hf_deep_nmt.training import check_before_work
+
+    recipe = tmp_path / "recipe.json"
+    settings = {"model_type": "deep_nmt", "max_steps": max_steps, "save_strategy": "steps", "save_steps": save_steps}
+    recipe.write_text(json.dumps({**settings, "average_checkpoints": count, "output_dir": str(tmp_path / "out")}))
+    arguments = parse_arguments([str(recipe)])
+    pattern = rf"`average_checkpoints={count}` averages .* `max_steps={max_steps}` with `save_steps=.*` writes "
+    with pytest.raises(ValueError, match=pattern + re.escape(f"{written.count(',') + 1} (at steps {written})")):
+        check_before_work(*arguments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_averaging_as_many_checkpoints_as_the_run_writes_is_allowed(tmp_path):
+    from hf_deep_nmt.training import check_checkpoints_to_average
+
+    recipe = tmp_path / "recipe.json"
+    settings = {"max_steps": 7, "save_strategy": "steps", "save_steps": 3, "average_checkpoints": 3}
+    recipe.write_text(json.dumps({**settings, "output_dir": str(tmp_path / "out")}))
+    _, _, export_args, training_args = parse_arguments([str(recipe)])
+    check_checkpoints_to_average(export_args, training_args)  # steps 3, 6 and the last, 7
