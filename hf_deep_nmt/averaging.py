@@ -31,6 +31,7 @@ from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked
 from hf_deep_nmt.input_checks import (
     TOKENIZER_FINGERPRINT_KEY,
     check_memory,
+    check_saved_json_files,
     folder_tokenizer_fingerprint,
     record_tokenizer_fingerprint,
     saved_parameters,
@@ -63,6 +64,10 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 def input_problem(folder: Path) -> str | None:
     """Why `folder` cannot be averaged: a Trainer checkpoint must be complete, a plain model folder needs whole
     weights."""
+    if not folder.exists():
+        return f"No such checkpoint folder: {str(folder)!r} does not exist (check the path)"
+    if not folder.is_dir():
+        return f"Checkpoint {str(folder)!r} is not a folder (a file, FIFO or device); name a checkpoint-<step> folder"
     if not (folder / WEIGHTS_NAME).is_file():
         return f"No {WEIGHTS_NAME} in checkpoint folder {str(folder)!r}"
     state_files = [TRAINER_STATE_FILE, *TRAINING_STATE_FILES]
@@ -176,6 +181,7 @@ def average_checkpoints(
             raise error(f"{problem}; it cannot be averaged.")
     for path in paths:
         verify_checkpoint(path)  # the files its run recorded, if it recorded any
+        check_saved_json_files(path, "Checkpoint", "leave it out of the average, or restore the file")
     check_same_tokenizer(paths)
     _, size = saved_parameters(paths[-1])
     # every input in memory at once, the float64 sums, the result and the model it is loaded into

@@ -493,7 +493,11 @@ SAVED_JSON_FILES = (
 )
 
 
-def check_saved_json_files(folder: str | Path, what: str = "Model folder") -> None:
+def check_saved_json_files(
+    folder: str | Path,
+    what: str = "Model folder",
+    way_out: str = "restore it from the exported folder (or save the model and tokenizer again)",
+) -> None:
     """`ValueError` naming the file, what is wrong with it and the way out when one of `SAVED_JSON_FILES` in the
     local `folder` is not a JSON object (cut off, a list, not JSON), or its `tokenizer.json` is JSON but not a
     tokenizer that `tokenizers` can build. A folder that does not exist (a Hub id) is left alone."""
@@ -502,7 +506,6 @@ def check_saved_json_files(folder: str | Path, what: str = "Model folder") -> No
     folder = Path(str(folder)).expanduser()
     if not folder.is_dir():
         return
-    way_out = "restore it from the exported folder (or save the model and tokenizer again)"
     for name in SAVED_JSON_FILES:
         path = folder / name
         if not path.is_file():

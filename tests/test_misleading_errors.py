@@ -348,3 +348,34 @@ def test_averaging_as_many_checkpoints_as_the_run_writes_is_allowed(tmp_path):
     recipe.write_text(json.dumps({**settings, "output_dir": str(tmp_path / "out")}))
     _, _, export_args, training_args = parse_arguments([str(recipe)])
     check_checkpoints_to_average(export_args, training_args)  # steps 3, 6 and the last, 7
+
+
+# ---- `hf-deep-nmt average` ------------------------------------------------------------------------------------------
+
+
+def test_average_names_a_missing_path_a_file_and_a_fifo_for_what_they_are(saved_model, tmp_path, capsys, monkeypatch):
+    from hf_deep_nmt.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("x")
+    os.mkfifo(tmp_path / "fifo")
+    expected = {
+        "absent": "No such checkpoint folder: 'absent' does not exist (check the path)",
+        "afile": "Checkpoint 'afile' is not a folder (a file, FIFO or device)",
+        "fifo": "Checkpoint 'fifo' is not a folder (a file, FIFO or device)",
+    }
+    for name, message in expected.items():
+        assert main(["average", str(saved_model), name, "--save-to", "out"]) == 2
+        error = capsys.readouterr().err
+        assert message in error and "No model.safetensors" not in error, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_average_names_a_checkpoint_whose_config_is_a_list(saved_model, tmp_path, capsys):
+    from hf_deep_nmt.cli import main
+
+    folder = damaged_copy(saved_model, tmp_path, "config.json", b"[]")
+    assert main(["average", str(saved_model), str(folder), "--save-to", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert f"Checkpoint '{folder}': config.json holds a JSON list" in error and "leave it out of the average" in error
+    assert "AttributeError" not in error and not (tmp_path / "out").exists()
