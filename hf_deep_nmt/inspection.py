@@ -82,6 +82,11 @@ def inspect_model(
 def _model_and_tokenizer(model, tokenizer):
     """A model object with the tokenizer given; a saved folder / Hub id with its own tokenizer."""
     if isinstance(model, (str, Path)):
+        from hf_deep_nmt.input_checks import check_saved_json_files, safetensors_header, saved_weight_files
+
+        check_saved_json_files(model)  # damaged files named here, not deep inside transformers
+        for path in saved_weight_files(Path(str(model)).expanduser()):
+            safetensors_header(path)
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(model)
         model = AutoModelForSeq2SeqLM.from_pretrained(model)
     if tokenizer is None:

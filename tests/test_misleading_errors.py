@@ -379,3 +379,33 @@ def test_average_names_a_checkpoint_whose_config_is_a_list(saved_model, tmp_path
     error = capsys.readouterr().err
     assert f"Checkpoint '{folder}': config.json holds a JSON list" in error and "leave it out of the average" in error
     assert "AttributeError" not in error and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("command", ["grow", "inspect"])
+@pytest.mark.parametrize(("name", "data"), [("config.json", b"[1]"), ("tokenizer.json", b"[]")])
+def test_grow_and_inspect_name_a_damaged_file_of_the_model_folder(saved_model, tmp_path, capsys, command, name, data):
+    from hf_deep_nmt.cli import main
+
+    folder = damaged_copy(saved_model, tmp_path, name, data)
+    out = tmp_path / "out"
+    argv = (
+        [str(folder), str(out), "--layers", "2"]
+        if command == "grow"
+        else ["--model", str(folder), "--output-dir", str(out)]
+    )
+    assert main([command, *argv]) == 2
+    error = capsys.readouterr().err
+    assert f"Model folder '{folder}': {name} holds a JSON list, not the object of settings it should" in error, error
+    assert not out.exists()
+
+
+def test_inspect_names_a_cut_off_weights_file(saved_model, tmp_path, capsys):
+    from hf_deep_nmt.cli import main
+
+    weights = (saved_model / "model.safetensors").read_bytes()
+    folder = damaged_copy(saved_model, tmp_path, "model.safetensors", weights[:100])
+    assert main(["inspect", "--model", str(folder), "--output-dir", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert (
+        f"'{folder / 'model.safetensors'}' is not a whole safetensors file" in error and "SafetensorError" not in error
+    )
