@@ -183,21 +183,33 @@ def read_two_files(source_path: str | Path, target_path: str | Path) -> dict[str
     return {SOURCE: sources, TARGET: targets}
 
 
+def parallel_files(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> list[Path]:
+    """The files `read_parallel_file` reads for `path`, each checked (`check_corpus_file`) without reading it: cheap,
+    for checking a recipe before any work."""
+    path = Path(path)
+    if path.suffix in (".tsv", ".jsonl", ".json"):
+        files = [path]
+    else:
+        files = [Path(f"{path}.{source_lang}"), Path(f"{path}.{target_lang}")]
+        if not any(os.path.lexists(file) for file in files):
+            raise ValueError(
+                f"Cannot read parallel text from {str(path)!r}: expected a .tsv or .jsonl file, or a prefix with "
+                f"{files[0].name!r} and {files[1].name!r} beside it."
+            )
+    for file in files:
+        check_corpus_file(file)
+    return files
+
+
 def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> dict[str, list[str]]:
     """Dispatch on the file name: `.tsv`, `.jsonl`, or a prefix with `{prefix}.{source_lang}` and
     `{prefix}.{target_lang}` beside it."""
-    path = Path(path)
-    if path.suffix == ".tsv":
-        return read_tsv(path)
-    if path.suffix in (".jsonl", ".json"):
-        return read_jsonl(path, source_lang, target_lang)
-    source, target = Path(f"{path}.{source_lang}"), Path(f"{path}.{target_lang}")
-    if source.is_file() or target.is_file():
-        return read_two_files(source, target)
-    raise ValueError(
-        f"Cannot read parallel text from {str(path)!r}: expected a .tsv or .jsonl file, or a prefix with "
-        f"{source.name!r} and {target.name!r} beside it."
-    )
+    files = parallel_files(path, source_lang, target_lang)
+    if files[0].suffix == ".tsv" and len(files) == 1:
+        return read_tsv(files[0])
+    if len(files) == 1:
+        return read_jsonl(files[0], source_lang, target_lang)
+    return read_two_files(*files)
 
 
 def _translation_pairs(dataset: datasets.Dataset, name: str, source_lang: str, target_lang: str) -> datasets.Dataset:

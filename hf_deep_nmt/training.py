@@ -52,7 +52,14 @@ from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
 from hf_deep_nmt.checkpoints import resolve_resume_checkpoint
 from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
-from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.data import (
+    SOURCE,
+    TARGET,
+    load_parallel_dataset,
+    parallel_files,
+    sample_corpus_dir,
+    tokenize_parallel,
+)
 from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.input_checks import (
@@ -140,6 +147,10 @@ def check_before_work(
     config = check_saved_model(model_args) if model_args.model_name_or_path else _sizes_of_preset(model_args)
     check_arguments(data_args, export_args, training_args)
     check_checkpoints_to_average(export_args, training_args)
+    for corpus in data_args.corpus_files():  # each file there and readable; its text is checked when it is read
+        parallel_files(corpus, data_args.source_lang, data_args.target_lang)
+    if export_args.repo_id is not None:
+        check_repo_id(export_args.repo_id)
     protected = check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files())
     if export_args.export_dir:
         check_export_folder(export_args.export_dir, export_args.overwrite_export, protected=protected)
@@ -168,6 +179,20 @@ def check_checkpoints_to_average(export_args: EvalExportArguments, training_args
             f"`save_steps={training_args.save_steps}` writes {len(saved)} (at steps {saved}); lower `save_steps` "
             "or `average_checkpoints`, or raise `max_steps`."
         )
+
+
+def check_repo_id(repo_id: str) -> None:
+    """`ValueError` naming `repo_id` when it is not a Hub repository id: the export's model card names it, and
+    `hf-deep-nmt push` would refuse it after the run."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        reason = " ".join(str(error).split())
+        raise ValueError(
+            f"`repo_id` {repo_id!r} is not a Hub repository id ({reason}); write it as 'your-name/model-name'."
+        ) from None
 
 
 def _sizes_of_preset(model_args: ModelArguments):

@@ -409,3 +409,36 @@ def test_inspect_names_a_cut_off_weights_file(saved_model, tmp_path, capsys):
     assert (
         f"'{folder / 'model.safetensors'}' is not a whole safetensors file" in error and "SafetensorError" not in error
     )
+
+
+# ---- a recipe's corpus files and repo_id, checked with the settings -------------------------------------------------
+
+
+def recipe_arguments(tmp_path: Path, **settings):
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text(json.dumps({"model_type": "deep_nmt", "output_dir": str(tmp_path / "out"), **settings}))
+    return parse_arguments([str(recipe)])
+
+
+def test_a_fifo_or_a_missing_half_of_a_two_file_corpus_is_refused_with_the_settings(tmp_path):
+    from hf_deep_nmt.training import check_before_work
+
+    os.mkfifo(tmp_path / "stream.tsv")
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'stream.tsv'} is not a regular file \(a FIFO"):
+        check_before_work(*recipe_arguments(tmp_path, train_file=str(tmp_path / "stream.tsv")))
+    (tmp_path / "corpus.es").write_text("hola\n", encoding="utf-8")
+    arguments = recipe_arguments(tmp_path, train_file=str(tmp_path / "corpus"), source_lang="es", target_lang="en")
+    with pytest.raises(FileNotFoundError, match=rf"not found: {tmp_path / 'corpus.en'} \(check the path"):
+        check_before_work(*arguments)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("repo_id", ["my model", "a/b/c"])
+def test_a_repo_id_that_is_not_one_is_refused_before_training(tmp_path, repo_id):
+    from hf_deep_nmt.training import check_before_work
+
+    with pytest.raises(
+        ValueError, match=rf"`repo_id` '{repo_id}' is not a Hub repository id .* 'your-name/model-name'"
+    ):
+        check_before_work(*recipe_arguments(tmp_path, repo_id=repo_id))
+    check_before_work(*recipe_arguments(tmp_path, repo_id="your-name/model-name"))
