@@ -526,6 +526,8 @@ def check_saved_json_files(
                 f"{what} {str(folder)!r}: {name} holds a JSON {type(value).__name__}, not the object of settings it "
                 f"should; {way_out}."
             )
+        if name == "config.json" and "auto_map" not in value:
+            _check_model_type(value.get("model_type"), f"{what} {str(folder)!r}: config.json", way_out)
     path = folder / "tokenizer.json"
     if path.is_file():
         from tokenizers import Tokenizer
@@ -537,3 +539,21 @@ def check_saved_json_files(
                 f"{what} {str(folder)!r}: tokenizer.json is JSON but not a tokenizer ({' '.join(str(error).split())})"
                 f"; {way_out}."
             ) from None
+
+
+def _check_model_type(model_type, where: str, way_out: str) -> None:
+    """`ValueError` when a config's `model_type` is missing or one that neither this package nor transformers
+    registers (transformers would advise upgrading itself)."""
+    from transformers import CONFIG_MAPPING
+
+    from hf_deep_nmt import MODEL_CLASSES  # importing the package registers its model types
+
+    if isinstance(model_type, str) and model_type in CONFIG_MAPPING:
+        return
+    ours = ", ".join(sorted(config_class.model_type for config_class in MODEL_CLASSES))
+    if model_type is None:
+        raise ValueError(f"{where} has no `model_type` (this package's are {ours}); {way_out}.")
+    raise ValueError(
+        f"{where} names `model_type` {model_type!r}, which neither this package ({ours}) nor transformers knows; "
+        f"{way_out}."
+    )

@@ -442,3 +442,24 @@ def test_a_repo_id_that_is_not_one_is_refused_before_training(tmp_path, repo_id)
     ):
         check_before_work(*recipe_arguments(tmp_path, repo_id=repo_id))
     check_before_work(*recipe_arguments(tmp_path, repo_id="your-name/model-name"))
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({}, "config.json has no `model_type` (this package's are deep_nmt, deep_nmt_deepnorm,"),
+        ({"model_type": "nosuch"}, "config.json names `model_type` 'nosuch', which neither this package (deep_nmt,"),
+    ],
+)
+def test_a_config_without_a_known_model_type_is_not_told_to_upgrade_transformers(
+    saved_model, tmp_path, capsys, config, expected
+):
+    from hf_deep_nmt.cli import main
+
+    folder = damaged_copy(saved_model, tmp_path, "config.json", json.dumps(config).encode())
+    source = tmp_path / "in.es"
+    source.write_text("hola\n", encoding="utf-8")
+    assert main(["translate", "--model", str(folder), "--input", str(source), "--output", str(tmp_path / "o")]) == 2
+    error = capsys.readouterr().err
+    assert f"Model folder '{folder}': {expected}" in error and "restore it from the exported folder" in error
+    assert "pip install" not in error
