@@ -440,6 +440,14 @@ def decode_lines(data: bytes, name: str) -> list[str]:
             f"{name} is UTF-16 text (it starts with a UTF-16 byte-order mark), not UTF-8; convert it first, keeping "
             "every character: `iconv -f UTF-16 -t UTF-8`."
         )
+    if b"\0" in data:
+        at = data.index(b"\0")
+        line = data.count(b"\n", 0, at) + 1
+        raise ValueError(
+            f"{name} holds NUL bytes (the first at byte {at}, line {line}): UTF-16 text "
+            "without a byte-order mark, or not text at all; convert UTF-16 to UTF-8 first (`iconv -f UTF-16LE -t "
+            "UTF-8`, or UTF-16BE), or remove the NUL bytes (`tr -d '\\000'`)."
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -463,3 +463,13 @@ def test_a_config_without_a_known_model_type_is_not_told_to_upgrade_transformers
     error = capsys.readouterr().err
     assert f"Model folder '{folder}': {expected}" in error and "restore it from the exported folder" in error
     assert "pip install" not in error
+
+
+def test_translate_input_in_utf16_without_a_byte_order_mark_is_refused_not_translated():
+    data = "hola\nsí\n".encode("utf-16-le")
+    with pytest.raises(
+        ValueError, match=r"in\.es holds NUL bytes \(the first at byte 1, line 1\): UTF-16 text"
+    ) as caught:
+        decode_lines(data, "in.es")
+    assert "`iconv -f UTF-16LE -t UTF-8`" in str(caught.value)
+    assert decode_lines("hola\nsí\n".encode(), "in.es") == ["hola", "sí"]
