@@ -150,9 +150,22 @@ def _load(model_name: str, device: str):
         ) from error
 
 
-def _translate(argv: list[str]) -> int:
-    from hf_deep_nmt.translate import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS
+def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of `DecodingOptions` (`--batch-size` for `batch_size`, ...), with its help and its command
+    line default."""
+    from hf_deep_nmt.decoding import DecodingOptions
 
+    for flag, item, default in DecodingOptions.command_line_flags():
+        if "choices" in item.metadata:
+            kind = {"choices": item.metadata["choices"]}
+        elif item.type in (float, "float"):
+            kind = {"type": _finite}
+        else:
+            kind = {"type": _at_least(item.metadata.get("minimum", 1))}
+        parser.add_argument(flag, default=default, help=item.metadata["help"], **kind)
+
+
+def _translate(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt translate", description="Translate lines of text.")
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
@@ -160,30 +173,7 @@ def _translate(argv: list[str]) -> int:
     )
     parser.add_argument("--output", default="-", help="file for the translations, streamed (default: stdout)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
-    parser.add_argument("--num-beams", type=_at_least(1), default=None, help="default: the model's generation config")
-    parser.add_argument("--length-penalty", type=_finite, default=None, help="alpha; default: the generation config")
-    parser.add_argument("--length-penalty-form", choices=("fairseq", "gnmt"), default="fairseq")
-    parser.add_argument("--batch-size", type=_at_least(1), default=64, help="most sentences in a batch")
-    parser.add_argument("--max-tokens", type=_at_least(1), default=4096, help="most padded source tokens in a batch")
-    parser.add_argument(
-        "--max-length-a",
-        type=_finite,
-        default=1.5,
-        help=f"output cap: a * source tokens + b (0 <= a <= {MAX_LENGTH_A:g})",
-    )
-    parser.add_argument("--max-length-b", type=_at_least(0), default=10)
-    parser.add_argument(
-        "--max-output-tokens", type=_at_least(1), default=MAX_OUTPUT_TOKENS, help="absolute cap on a translation"
-    )
-    parser.add_argument(
-        "--max-source-tokens",
-        type=_at_least(1),
-        default=MAX_SOURCE_TOKENS,
-        help="a longer input line is refused before anything is translated",
-    )
-    parser.add_argument(
-        "--buffer-size", type=_at_least(1), default=1000, help="input lines sorted into batches together"
-    )
+    _add_decoding_flags(parser)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument(
@@ -193,21 +183,12 @@ def _translate(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from hf_deep_nmt.translate import check_output_path, check_translation_options, read_lines, write_translations
+    from hf_deep_nmt.decoding import DecodingOptions
+    from hf_deep_nmt.translate import check_output_path, read_lines, write_translations
 
     # Everything the user named is checked, and the input read, before the model is loaded.
-    options = dict(
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        length_penalty_form=args.length_penalty_form,
-        max_length_a=args.max_length_a,
-        max_length_b=args.max_length_b,
-        max_output_tokens=args.max_output_tokens,
-        max_source_tokens=args.max_source_tokens,
-        buffer_size=args.buffer_size,
-    )
     try:
-        check_translation_options(**options)
+        DecodingOptions.from_arguments(args)
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
@@ -225,20 +206,15 @@ def _translate(argv: list[str]) -> int:
     finally:
         if bars:
             logging.enable_progress_bar()
-    generation = model.generation_config
     write_translations(
         model,
         tokenizer,
         lines,
         args.output,
+        DecodingOptions.from_arguments(args, model.generation_config),
         overwrite=args.overwrite,
-        num_beams=args.num_beams or generation.num_beams or 1,
-        length_penalty=next(
-            value for value in (args.length_penalty, generation.length_penalty, 1.0) if value is not None
-        ),
         progress=not args.no_progress,
         compile=args.compile,
-        **options,
     )
     return 0
 

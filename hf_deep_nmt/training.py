@@ -447,7 +447,7 @@ def score_validation(
     sources, references = prepared.raw["validation"][SOURCE], prepared.references
     started = time.perf_counter()
     options = evaluation_options(export_args, training_args)
-    hypotheses = translate(model, prepared.tokenizer, sources, **options)
+    hypotheses = translate(model, prepared.tokenizer, sources, options)
     scores = corpus_scores(hypotheses, references, export_args.tokenized_bleu_options())
     result = {**scores, "eval_seconds": round(time.perf_counter() - started, 1), "eval_pairs": len(references)}
     result["examples"] = [
