@@ -101,38 +101,10 @@ def _device(text: str | None) -> str:
 
 def _check_model_source(model: str) -> None:
     """A local model folder must hold a config and tokenizer files; a name that is no local path must be a Hub
-    repository id, and in offline mode one in the local cache."""
-    from huggingface_hub import constants, try_to_load_from_cache
+    repository id, and in offline mode one in the local cache (`check_model_folder`)."""
+    from hf_deep_nmt.input_checks import check_model_folder
 
-    from hf_deep_nmt.input_checks import TOKENIZER_FILES, check_local_path
-
-    check_local_path(model, "Model folder")
-    path = Path(model).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise NotADirectoryError(
-                f"--model {model} is a file; name the model folder (the one holding config.json)."
-            )
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"Model folder {model!r} has no config.json: it is not a saved model (name the exported folder, or a "
-                "checkpoint-<step> folder)."
-            )
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise FileNotFoundError(
-                f"Model folder {model!r} has no tokenizer files (expected tokenizer.json and tokenizer_config.json, "
-                "as an export or `tokenizer.save_pretrained` writes them); copy the tokenizer saved with the model "
-                "into it."
-            )
-        return
-    where = f"no such folder: {path.absolute()}"
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model):
-        raise FileNotFoundError(f"Model {model!r} is neither a local folder ({where}) nor a Hub repository id.")
-    if constants.is_offline_mode() and not isinstance(try_to_load_from_cache(model, "config.json"), str):
-        raise FileNotFoundError(
-            f"Model {model!r} is not a local folder ({where}), and in offline mode (HF_HUB_OFFLINE is set) it is "
-            "not a Hub repository in the local cache; give the folder's path, or unset HF_HUB_OFFLINE to download."
-        )
+    check_model_folder(model, "Model folder", tokenizer=True, check_hub_id=True)
 
 
 def _load(model_name: str, device: str):
