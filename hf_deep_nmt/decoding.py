@@ -107,14 +107,15 @@ class DecodingOptions:
         return dataclasses.replace(options, **settings) if settings else options
 
     @classmethod
-    def from_recipe(cls, export_args, training_args) -> DecodingOptions:
+    def from_recipe(cls, export_args, training_args=None) -> DecodingOptions:
         """The decoding of a recipe's final evaluation: every validation line is translated (no source length limit),
-        outputs capped at `MAX_EVALUATION_OUTPUT_TOKENS`; batches of `per_device_eval_batch_size` sentences and
-        `eval_max_tokens` tokens."""
+        outputs capped at `MAX_EVALUATION_OUTPUT_TOKENS`; batches of `per_device_eval_batch_size` sentences (of
+        `training_args`; without them, the default) and `eval_max_tokens` tokens."""
         from hf_deep_nmt.arguments import MAX_EVALUATION_OUTPUT_TOKENS
 
+        batch_size = cls.batch_size if training_args is None else training_args.per_device_eval_batch_size
         return cls(
-            batch_size=training_args.per_device_eval_batch_size,
+            batch_size=batch_size,
             num_beams=export_args.num_beams,
             length_penalty=export_args.length_penalty,
             length_penalty_form=export_args.length_penalty_form,
@@ -164,6 +165,17 @@ class DecodingOptions:
         """`output_cap` of each source length in a tensor, at least 1."""
         limits = self.max_length_a * source_lengths + self.max_length_b
         return limits.long().clamp(min=1, max=self.max_output_tokens)
+
+    def generation_settings(self, max_source_length: int) -> dict:
+        """What a model's `generation_config` keeps of these options (a recipe's, for its evaluation during training
+        and its export): beams, the penalty's alpha (`generate()` applies the fairseq form; a GNMT-form alpha is kept
+        as given, the model card says which), and as `max_length` the output cap of the longest allowed source, the
+        start token + `max_length_a * max_source_length + max_length_b` tokens + `</s>`, without `max_new_tokens`
+        (beside which `Seq2SeqTrainer` evaluation would fill in transformers' default `max_length` of 20)."""
+        cap = int(self.max_length_a * max_source_length + self.max_length_b)
+        return dict(
+            num_beams=self.num_beams, length_penalty=self.length_penalty, max_length=cap + 2, max_new_tokens=None
+        )
 
     def generate_kwargs(self, longest: int) -> dict:
         """The options of `generate()` for a batch whose longest `output_limits` is `longest`: beam search without

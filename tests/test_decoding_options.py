@@ -142,6 +142,9 @@ def test_output_caps_by_hand():
     # 1.5 * 3 + 10 = 14.5 -> 14; 1.5 * 7 + 10 = 20.5 -> capped at 20
     assert options.output_limits(torch.tensor([3, 7])).tolist() == [14, 20]
     assert [options.output_cap(3), options.output_cap(7)] == [14, 20]
+    # a model's generation config: the start token, 1.5 * 8 + 20 = 32 tokens, `</s>`
+    recipe = DecodingOptions(num_beams=5, length_penalty=0.6, max_length_a=1.5, max_length_b=20)
+    assert recipe.generation_settings(8) == dict(num_beams=5, length_penalty=0.6, max_length=34, max_new_tokens=None)
     short = DecodingOptions(max_length_a=0.5, max_length_b=0)
     assert short.output_limits(torch.tensor([1, 4])).tolist() == [1, 2]  # 0.5 -> 0, raised to one token
 
