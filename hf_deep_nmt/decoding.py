@@ -3,7 +3,8 @@
 `translate` (and the file functions beside it), the final evaluation of a training run (built from the recipe by
 `DecodingOptions.from_recipe`) and `hf-deep-nmt translate` (its flags are generated from the fields, and read back by
 `DecodingOptions.from_arguments`) all take this one type. Its values are checked when it is built, naming the first
-one out of range; `generate_kwargs` turns it into the options of `generate()`.
+one out of range; `generate_kwargs` and `output_limits` turn it into the options of `generate()`, and
+`generation_settings` into what a recipe's model keeps in its `generation_config`.
 """
 
 from __future__ import annotations
