@@ -28,10 +28,10 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
 from hf_deep_nmt.data import sample_corpus_dir
+from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.growing import GROWTH_STRATEGIES
 from hf_deep_nmt.input_checks import check_config_overrides
-from hf_deep_nmt.translate import check_translation_options
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -535,7 +535,7 @@ def check_arguments(
             )
     if not problems:  # the final evaluation's decoding options, as `translate` will check them after training
         try:
-            check_translation_options(**evaluation_options(export_args, training_args))
+            evaluation_options(export_args, training_args)
         except ValueError as error:
             problems.append(str(error).rstrip("."))
     tokenizers = sacrebleu_tokenizers()
@@ -561,20 +561,10 @@ def check_arguments(
             )
 
 
-def evaluation_options(export_args, training_args) -> dict:
-    """The decoding options of the final evaluation, for `translate` / `check_translation_options`: every validation
-    line is translated (no source length limit), outputs capped at `MAX_EVALUATION_OUTPUT_TOKENS`."""
-    return dict(
-        batch_size=training_args.per_device_eval_batch_size,
-        num_beams=export_args.num_beams,
-        length_penalty=export_args.length_penalty,
-        length_penalty_form=export_args.length_penalty_form,
-        max_length_a=export_args.max_length_a,
-        max_length_b=export_args.max_length_b,
-        max_tokens=export_args.eval_max_tokens,
-        max_source_tokens=None,
-        max_output_tokens=MAX_EVALUATION_OUTPUT_TOKENS,
-    )
+def evaluation_options(export_args, training_args) -> DecodingOptions:
+    """The decoding options of the final evaluation (`DecodingOptions.from_recipe`): every validation line is
+    translated (no source length limit), outputs capped at `MAX_EVALUATION_OUTPUT_TOKENS`."""
+    return DecodingOptions.from_recipe(export_args, training_args)
 
 
 def sacrebleu_tokenizers() -> list[str]:

@@ -101,38 +101,10 @@ def _device(text: str | None) -> str:
 
 def _check_model_source(model: str) -> None:
     """A local model folder must hold a config and tokenizer files; a name that is no local path must be a Hub
-    repository id, and in offline mode one in the local cache."""
-    from huggingface_hub import constants, try_to_load_from_cache
+    repository id, and in offline mode one in the local cache (`check_model_folder`)."""
+    from hf_deep_nmt.input_checks import check_model_folder
 
-    from hf_deep_nmt.input_checks import TOKENIZER_FILES, check_local_path
-
-    check_local_path(model, "Model folder")
-    path = Path(model).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise NotADirectoryError(
-                f"--model {model} is a file; name the model folder (the one holding config.json)."
-            )
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"Model folder {model!r} has no config.json: it is not a saved model (name the exported folder, or a "
-                "checkpoint-<step> folder)."
-            )
-        if not any((path / name).is_file() for name in TOKENIZER_FILES):
-            raise FileNotFoundError(
-                f"Model folder {model!r} has no tokenizer files (expected tokenizer.json and tokenizer_config.json, "
-                "as an export or `tokenizer.save_pretrained` writes them); copy the tokenizer saved with the model "
-                "into it."
-            )
-        return
-    where = f"no such folder: {path.absolute()}"
-    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", model):
-        raise FileNotFoundError(f"Model {model!r} is neither a local folder ({where}) nor a Hub repository id.")
-    if constants.is_offline_mode() and not isinstance(try_to_load_from_cache(model, "config.json"), str):
-        raise FileNotFoundError(
-            f"Model {model!r} is not a local folder ({where}), and in offline mode (HF_HUB_OFFLINE is set) it is "
-            "not a Hub repository in the local cache; give the folder's path, or unset HF_HUB_OFFLINE to download."
-        )
+    check_model_folder(model, "Model folder", tokenizer=True, check_hub_id=True)
 
 
 def _load(model_name: str, device: str):
@@ -150,9 +122,22 @@ def _load(model_name: str, device: str):
         ) from error
 
 
-def _translate(argv: list[str]) -> int:
-    from hf_deep_nmt.translate import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS
+def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per field of `DecodingOptions` (`--batch-size` for `batch_size`, ...), with its help and its command
+    line default."""
+    from hf_deep_nmt.decoding import DecodingOptions
 
+    for flag, item, default in DecodingOptions.command_line_flags():
+        if "choices" in item.metadata:
+            kind = {"choices": item.metadata["choices"]}
+        elif item.type in (float, "float"):
+            kind = {"type": _finite}
+        else:
+            kind = {"type": _at_least(item.metadata.get("minimum", 1))}
+        parser.add_argument(flag, default=default, help=item.metadata["help"], **kind)
+
+
+def _translate(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt translate", description="Translate lines of text.")
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
@@ -160,30 +145,7 @@ def _translate(argv: list[str]) -> int:
     )
     parser.add_argument("--output", default="-", help="file for the translations, streamed (default: stdout)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
-    parser.add_argument("--num-beams", type=_at_least(1), default=None, help="default: the model's generation config")
-    parser.add_argument("--length-penalty", type=_finite, default=None, help="alpha; default: the generation config")
-    parser.add_argument("--length-penalty-form", choices=("fairseq", "gnmt"), default="fairseq")
-    parser.add_argument("--batch-size", type=_at_least(1), default=64, help="most sentences in a batch")
-    parser.add_argument("--max-tokens", type=_at_least(1), default=4096, help="most padded source tokens in a batch")
-    parser.add_argument(
-        "--max-length-a",
-        type=_finite,
-        default=1.5,
-        help=f"output cap: a * source tokens + b (0 <= a <= {MAX_LENGTH_A:g})",
-    )
-    parser.add_argument("--max-length-b", type=_at_least(0), default=10)
-    parser.add_argument(
-        "--max-output-tokens", type=_at_least(1), default=MAX_OUTPUT_TOKENS, help="absolute cap on a translation"
-    )
-    parser.add_argument(
-        "--max-source-tokens",
-        type=_at_least(1),
-        default=MAX_SOURCE_TOKENS,
-        help="a longer input line is refused before anything is translated",
-    )
-    parser.add_argument(
-        "--buffer-size", type=_at_least(1), default=1000, help="input lines sorted into batches together"
-    )
+    _add_decoding_flags(parser)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
     parser.add_argument(
@@ -193,21 +155,12 @@ def _translate(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from hf_deep_nmt.translate import check_output_path, check_translation_options, read_lines, write_translations
+    from hf_deep_nmt.decoding import DecodingOptions
+    from hf_deep_nmt.translate import check_output_path, read_lines, write_translations
 
     # Everything the user named is checked, and the input read, before the model is loaded.
-    options = dict(
-        batch_size=args.batch_size,
-        max_tokens=args.max_tokens,
-        length_penalty_form=args.length_penalty_form,
-        max_length_a=args.max_length_a,
-        max_length_b=args.max_length_b,
-        max_output_tokens=args.max_output_tokens,
-        max_source_tokens=args.max_source_tokens,
-        buffer_size=args.buffer_size,
-    )
     try:
-        check_translation_options(**options)
+        DecodingOptions.from_arguments(args)
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
@@ -225,20 +178,15 @@ def _translate(argv: list[str]) -> int:
     finally:
         if bars:
             logging.enable_progress_bar()
-    generation = model.generation_config
     write_translations(
         model,
         tokenizer,
         lines,
         args.output,
+        DecodingOptions.from_arguments(args, model.generation_config),
         overwrite=args.overwrite,
-        num_beams=args.num_beams or generation.num_beams or 1,
-        length_penalty=next(
-            value for value in (args.length_penalty, generation.length_penalty, 1.0) if value is not None
-        ),
         progress=not args.no_progress,
         compile=args.compile,
-        **options,
     )
     return 0
 

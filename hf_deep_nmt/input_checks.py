@@ -7,7 +7,9 @@ infinite or missing weights (after loading)."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +31,17 @@ def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> Non
         )
 
 
+# How a name is written when it is a local path, not a Hub repository id.
+_LOCAL_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
+
+
 def check_local_path(value: str | None, what: str) -> None:
     """`FileNotFoundError` naming `what` when `value` is written as a local path (absolute, `./`, `../`, `~`) that does
     not exist; anything else is left to `from_pretrained` as a Hub id."""
     if value is None:
         return
     text = str(value)
-    if text.startswith(("/", "./", "../", "~", ".\\", "..\\")) and not Path(text).expanduser().exists():
+    if text.startswith(_LOCAL_PREFIXES) and not Path(text).expanduser().exists():
         raise FileNotFoundError(f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id).")
 
 
@@ -56,31 +62,111 @@ def is_local_path(value: str) -> bool:
     """Whether `value` names a local path: written as one (absolute, `./`, `../`, `~`) or existing here. Anything
     else is a Hub id (`from_pretrained` also prefers an existing local folder to a repository of the same name)."""
     text = str(value)
-    return text.startswith(("/", "./", "../", "~", ".\\", "..\\")) or Path(text).expanduser().exists()
+    return text.startswith(_LOCAL_PREFIXES) or Path(text).expanduser().exists()
+
+
+_HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")
+
+
+def check_model_folder(
+    value: str | Path,
+    what: str = "Model folder",
+    *,
+    tokenizer: bool = False,
+    own_code: bool = False,
+    hub_ids: bool = True,
+    check_hub_id: bool = False,
+    config_hint: str = "name the exported folder, or a checkpoint-<step> folder",
+    tokenizer_hint: str = "copy the tokenizer saved with the model into it",
+) -> Path | None:
+    """The one check of a model folder that a command is about to load, before anything is loaded: the folder (a
+    `Path`), or None for a Hub id (left to `from_pretrained`). Each failure names `what` and `value`:
+
+    * a path that does not exist (`FileNotFoundError`): with `hub_ids`, only one written as a local path (absolute,
+      `./`, `../`, `~`); any other name is a Hub id, which must look like one and, in offline mode, be in the local
+      cache when `check_hub_id`; without, any name (`config_hint` saying what to name instead);
+    * a file (`NotADirectoryError`), a folder without `config.json` (`FileNotFoundError`, `config_hint` saying what
+      to name instead);
+    * `tokenizer`: a folder without tokenizer files (`TOKENIZER_FILES`; `tokenizer_hint` saying the way out);
+    * `own_code`: a `config.json` that is not JSON, or not of a model of this package, or a folder without the model
+      code a Hub folder carries (`ValueError`): what `upgrade-code` mends.
+
+    Marian folders are checked with neither `tokenizer` nor `own_code` (their config's model type is read by
+    `hf_deep_nmt.marian`, for Hub ids too)."""
+    text = str(value)
+    folder = Path(text).expanduser()
+    if not folder.exists():
+        if not hub_ids:
+            raise FileNotFoundError(f"{what} {text!r} does not exist ({config_hint}).")
+        if text.startswith(_LOCAL_PREFIXES):
+            raise FileNotFoundError(
+                f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id)."
+            )
+        if check_hub_id:
+            _check_hub_id(text, folder)
+        return None
+    if not folder.is_dir():
+        raise NotADirectoryError(f"{what} {text!r} is a file; name the model folder (the one holding config.json).")
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{what} {text!r} has no config.json: it is not a saved model folder ({config_hint}).")
+    if tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise FileNotFoundError(
+            f"{what} {text!r} holds no tokenizer: it has no tokenizer files (expected tokenizer.json and "
+            f"tokenizer_config.json, as an export or `tokenizer.save_pretrained` writes them); {tokenizer_hint}."
+        )
+    if own_code:
+        _check_own_code(folder, what, text)
+    return folder
+
+
+def _check_hub_id(text: str, folder: Path) -> None:
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    where = f"no such folder: {folder.absolute()}"
+    if not _HUB_ID.fullmatch(text):
+        raise FileNotFoundError(f"Model {text!r} is neither a local folder ({where}) nor a Hub repository id.")
+    if constants.is_offline_mode() and not isinstance(try_to_load_from_cache(text, "config.json"), str):
+        raise FileNotFoundError(
+            f"Model {text!r} is not a local folder ({where}), and in offline mode (HF_HUB_OFFLINE is set) it is "
+            "not a Hub repository in the local cache; give the folder's path, or unset HF_HUB_OFFLINE to download."
+        )
+
+
+def _check_own_code(folder: Path, what: str, text: str) -> None:
+    from hf_deep_nmt import MODEL_CLASSES
+    from hf_deep_nmt.upgrade_code import REQUIRED_CODE_FILES
+
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except ValueError as error:
+        raise ValueError(f"{folder / 'config.json'} is not valid JSON ({error}).") from None
+    model_types = sorted(config_class.model_type for config_class in MODEL_CLASSES)
+    if not isinstance(config, dict) or config.get("model_type") not in model_types:
+        found = config.get("model_type") if isinstance(config, dict) else None
+        raise ValueError(
+            f"{folder / 'config.json'} has model_type {found!r}, not one of hf-deep-nmt's ({', '.join(model_types)}); "
+            "name a folder this package exported."
+        )
+    missing = [name for name in REQUIRED_CODE_FILES if not (folder / name).is_file()]
+    if missing or "auto_map" not in config:
+        raise ValueError(
+            f"{what} {text!r} holds no model code ({', '.join(missing) or 'no auto_map in config.json'}): it loads "
+            "through the installed package, so there is nothing to upgrade; `export_hub_folder` writes a folder with "
+            "its code."
+        )
 
 
 def check_saved_model_folder(value: str, what: str, need_tokenizer: bool) -> Path | None:
-    """`FileNotFoundError` naming `what` and `value` when a local model folder does not exist, is not a folder, has no
-    `config.json`, or (`need_tokenizer`) no tokenizer files. Returns the folder; None for a Hub id (left to
-    `from_pretrained`)."""
-    if not is_local_path(value):
-        return None
-    folder = Path(str(value)).expanduser()
-    if not folder.exists():
-        raise FileNotFoundError(f"{what} {str(value)!r} does not exist (a local folder was given, not a Hub id).")
-    if not folder.is_dir():
-        raise FileNotFoundError(f"{what} {str(value)!r} is a file, not a saved model folder.")
-    if not (folder / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{what} {str(value)!r} has no config.json: it is not a saved model folder (save one with "
-            "`save_pretrained`, or convert a Marian model with `hf-deep-nmt convert-marian`)."
-        )
-    if need_tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise FileNotFoundError(
-            f"{what} {str(value)!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)}): save the model's "
-            "tokenizer into it (`tokenizer.save_pretrained`), or name it with `tokenizer_name_or_path`."
-        )
-    return folder
+    """`check_model_folder` as a training run checks the saved model it starts from (`need_tokenizer`: unless
+    `tokenizer_name_or_path` names another tokenizer)."""
+    return check_model_folder(
+        value,
+        what,
+        tokenizer=need_tokenizer,
+        config_hint="save one with `save_pretrained`, or convert a Marian model with `hf-deep-nmt convert-marian`",
+        tokenizer_hint="save the model's tokenizer into it (`tokenizer.save_pretrained`), or name it with "
+        "`tokenizer_name_or_path`",
+    )
 
 
 def check_tokenizer_matches(model, tokenizer) -> None:

@@ -52,18 +52,13 @@ def _load_marian(source: str | Path):
     a source that is not one."""
     from transformers import AutoConfig, MarianMTModel
 
-    from hf_deep_nmt.input_checks import check_local_path
+    from hf_deep_nmt.input_checks import check_model_folder
 
-    check_local_path(str(source), "Marian model folder")
-    path = Path(source).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise NotADirectoryError(f"{str(source)!r} is a file; name the Marian model folder (holding config.json).")
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"{str(source)!r} has no config.json: it is not a saved transformers model (name a MarianMTModel "
-                "folder or a Hub id such as Helsinki-NLP/opus-mt-en-de)."
-            )
+    check_model_folder(
+        source,
+        "Marian model folder",
+        config_hint="name a MarianMTModel folder or a Hub id such as Helsinki-NLP/opus-mt-en-de",
+    )
     config = AutoConfig.from_pretrained(source)
     if config.model_type != MARIAN_MODEL_TYPE:
         raise ValueError(

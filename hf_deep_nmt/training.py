@@ -60,6 +60,7 @@ from hf_deep_nmt.data import (
     sample_corpus_dir,
     tokenize_parallel,
 )
+from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
 from hf_deep_nmt.input_checks import (
@@ -405,12 +406,9 @@ def configure_generation(model, tokenizer, data_args: DataArguments, export_args
     `translate` allows the longest source): not `max_new_tokens`, beside which `Seq2SeqTrainer` evaluation would fill
     in transformers' default `max_length` of 20, and which would override a caller's `generate(max_length=...)`."""
     check_tokenizer_matches(model, tokenizer)
-    model.generation_config.num_beams = export_args.num_beams
-    # generate() applies the fairseq form; a GNMT-form alpha is kept as the recipe's value (the model card says which)
-    model.generation_config.length_penalty = export_args.length_penalty
-    cap = int(export_args.max_length_a * data_args.max_source_length + export_args.max_length_b)
-    model.generation_config.max_length = cap + 2
-    model.generation_config.max_new_tokens = None
+    settings = DecodingOptions.from_recipe(export_args).generation_settings(data_args.max_source_length)
+    for name, value in settings.items():  # a GNMT-form alpha is kept as the recipe's value (the card says which)
+        setattr(model.generation_config, name, value)
     logger.warning(
         f"Model {type(model).__name__}: {model.num_parameters() / 1e6:.2f}M parameters, "
         f"{model.config.encoder_layers} encoder / {model.config.decoder_layers} decoder layers."
@@ -504,7 +502,7 @@ def score_validation(
     sources, references = prepared.raw["validation"][SOURCE], prepared.references
     started = time.perf_counter()
     options = evaluation_options(export_args, training_args)
-    hypotheses = translate(model, prepared.tokenizer, sources, **options)
+    hypotheses = translate(model, prepared.tokenizer, sources, options)
     scores = corpus_scores(hypotheses, references, export_args.tokenized_bleu_options())
     result = {**scores, "eval_seconds": round(time.perf_counter() - started, 1), "eval_pairs": len(references)}
     result["examples"] = [

@@ -10,8 +10,8 @@ translations streamed to the output in input order as they are produced, no file
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
-import math
 import os
 import stat
 import sys
@@ -23,16 +23,12 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_deep_nmt.batching import token_batches
-from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
+from hf_deep_nmt.decoding import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.input_checks import check_memory, check_tokenizer_matches
-from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
-# The positions are sinusoidal (no table, so no `max_position_embeddings`): these caps are what bounds the work.
-MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is translated
-# no translation is longer, whatever `max_length_a` and `max_length_b` allow (a new model's generate() cap, too)
-MAX_OUTPUT_TOKENS = DEFAULT_MAX_OUTPUT_TOKENS
-MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
+# The caps (MAX_*) are `DecodingOptions`' (`hf_deep_nmt.decoding`) and stay importable from here.
+
 # Compiled decoding: static-cache lengths are rounded up to a multiple of this, so that batches with similar output
 # caps share one compiled decoding step (`generate()` keeps the longest cache length it has seen).
 STATIC_CACHE_BUCKET = 64
@@ -143,57 +139,14 @@ def check_decoding_memory(model: PreTrainedModel, sentences: int, num_beams: int
     )
 
 
-def check_translation_options(
-    batch_size: int = 32,
-    num_beams: int = 4,
-    length_penalty: float = 1.0,
-    max_length_a: float = 1.5,
-    max_length_b: int = 10,
-    max_tokens: int | None = None,
-    length_penalty_form: str = "fairseq",
-    max_source_tokens: int | None = MAX_SOURCE_TOKENS,
-    max_output_tokens: int = MAX_OUTPUT_TOKENS,
-    buffer_size: int | None = None,
-) -> None:
-    """`ValueError` naming the first decoding option out of its range (the options of `translate`); nothing is
-    replaced by a default. Cheap: call it before loading a model or training one."""
-
-    def is_int(value) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    for name, value in (
-        ("batch_size", batch_size),
-        ("num_beams", num_beams),
-        ("max_output_tokens", max_output_tokens),
-    ):
-        if not is_int(value) or value < 1:
-            raise ValueError(f"`{name}` must be an integer >= 1, got {value!r}.")
-    for name, value in (
-        ("max_tokens", max_tokens),
-        ("max_source_tokens", max_source_tokens),
-        ("buffer_size", buffer_size),
-    ):
-        if value is not None and (not is_int(value) or value < 1):
-            raise ValueError(f"`{name}` must be an integer >= 1 (or None for no limit), got {value!r}.")
-    if length_penalty_form not in LENGTH_PENALTY_FORMS:
-        raise ValueError(f"`length_penalty_form` must be one of {LENGTH_PENALTY_FORMS}, got {length_penalty_form!r}.")
-    if not isinstance(length_penalty, (int, float)) or not math.isfinite(length_penalty):
-        raise ValueError(f"`length_penalty` must be a finite number, got {length_penalty!r}.")
-    if not isinstance(max_length_a, (int, float)) or not 0 <= max_length_a <= MAX_LENGTH_A:
-        raise ValueError(
-            f"`max_length_a` must be a number in [0, {MAX_LENGTH_A:g}] (output tokens per source token), "
-            f"got {max_length_a!r}."
-        )
-    if not is_int(max_length_b) or not 0 <= max_length_b <= max_output_tokens:
-        raise ValueError(
-            f"`max_length_b` must be an integer in [0, {max_output_tokens}] (`max_output_tokens`), "
-            f"got {max_length_b!r}."
-        )
-    if max_length_a == 0 and max_length_b < 1:
-        raise ValueError(
-            "The output cap `max_length_a * source_length + max_length_b` must allow >= 1 token; got "
-            f"a={max_length_a}, b={max_length_b}."
-        )
+def check_translation_options(*args, **settings) -> None:
+    """`ValueError` naming the first decoding option out of its range (the options of `translate`, positional in the
+    order of `DecodingOptions`' fields, or by name); nothing is replaced by a default. Cheap: call it before loading
+    a model or training one. The checks are `DecodingOptions`' own."""
+    names = [item.name for item in dataclasses.fields(DecodingOptions)]
+    if len(args) > len(names):
+        raise TypeError(f"check_translation_options takes at most {len(names)} options ({names}), got {len(args)}.")
+    DecodingOptions.build(**dict(zip(names, args)), **settings)
 
 
 def _check_sentences(sentences) -> None:
@@ -205,71 +158,46 @@ def iter_translations(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     sentences: Sequence[str],
-    batch_size: int = 32,
-    num_beams: int = 4,
-    length_penalty: float = 1.0,
-    max_length_a: float = 1.5,
-    max_length_b: int = 10,
-    max_tokens: int | None = None,
-    length_penalty_form: str = "fairseq",
-    max_source_tokens: int | None = MAX_SOURCE_TOKENS,
-    max_output_tokens: int = MAX_OUTPUT_TOKENS,
-    buffer_size: int | None = None,
+    options: DecodingOptions | None = None,
+    *,
     progress: bool = False,
     compile: bool = False,
+    **settings,
 ) -> Iterator[list[str]]:
     """The translations of `sentences` in input order, yielded in pieces as soon as they are known: after each batch,
     the translations that now follow, without a gap, those already yielded.
 
-    The options are checked, every sentence is tokenized and an overlong one refused (`ValueError` naming its line)
-    when this function is called, before anything is translated, as is a decoding whose largest batch would not fit
-    the memory of the model's device (`InsufficientMemoryError` stating the estimate, `check_decoding_memory`).
-    Batches are formed within windows of `buffer_size` consecutive sentences (`None`: one window), sorted by length
-    inside a window and run in the order of their first sentence, so a stopped run has produced a prefix of the
-    input. See `translate` for the options.
+    The options (`options`, with single `settings` by name replacing its values: `DecodingOptions.build`) are
+    checked, every sentence is tokenized and an overlong one refused (`ValueError` naming its line) when this
+    function is called, before anything is translated, as is a decoding whose largest batch would not fit the memory
+    of the model's device (`InsufficientMemoryError` stating the estimate, `check_decoding_memory`). Batches are
+    formed within windows of `buffer_size` consecutive sentences (`None`: one window), sorted by length inside a
+    window and run in the order of their first sentence, so a stopped run has produced a prefix of the input. See
+    `translate` for the options.
     """
     _check_sentences(sentences)
     if not isinstance(compile, bool):
         raise ValueError(f"`compile` must be True or False, got {compile!r}.")
-    check_translation_options(
-        batch_size,
-        num_beams,
-        length_penalty,
-        max_length_a,
-        max_length_b,
-        max_tokens,
-        length_penalty_form,
-        max_source_tokens,
-        max_output_tokens,
-        buffer_size,
-    )
+    options = DecodingOptions.build(options, **settings)
     check_tokenizer_matches(model, tokenizer)
     wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
     # the length check is ours (below): no tokenizer warning about its own maximum
     encoded = {index: tokenizer(sentences[index], verbose=False)["input_ids"] for index in wanted}
-    if max_source_tokens is not None:
-        overlong = [index for index in wanted if len(encoded[index]) > max_source_tokens]
+    limit = options.max_source_tokens
+    if limit is not None:
+        overlong = [index for index in wanted if len(encoded[index]) > limit]
         if overlong:
             first = overlong[0]
             raise ValueError(
-                f"{len(overlong)} input line(s) are longer than {max_source_tokens} tokens (line {first + 1} has "
+                f"{len(overlong)} input line(s) are longer than {limit} tokens (line {first + 1} has "
                 f"{len(encoded[first])}); split them into sentences, or raise the limit (`max_source_tokens`, "
                 "`--max-source-tokens`) knowing that the time grows with the square of the length."
             )
-    decoding = dict(
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        max_length_a=max_length_a,
-        max_length_b=max_length_b,
-        max_output_tokens=max_output_tokens,
-        gnmt=length_penalty_form == "gnmt" and num_beams > 1,
-        compile=compile,
-    )
-    size = buffer_size or max(len(wanted), 1)
+    size = options.buffer_size or max(len(wanted), 1)
     windows = [wanted[start : start + size] for start in range(0, len(wanted), size)]
-    batches = [_window_batches(window, encoded, batch_size, max_tokens) for window in windows]
-    _check_batches_fit(model, batches, encoded, num_beams, max_length_a, max_length_b, max_output_tokens)
-    return _translated_pieces(model, tokenizer, len(sentences), batches, encoded, progress, decoding)
+    batches = [_window_batches(window, encoded, options.batch_size, options.max_tokens) for window in windows]
+    _check_batches_fit(model, batches, encoded, options)
+    return _translated_pieces(model, tokenizer, len(sentences), batches, encoded, progress, options, compile)
 
 
 def _window_batches(window: list[int], encoded, batch_size: int, max_tokens: int | None) -> list[list[int]]:
@@ -281,19 +209,19 @@ def _window_batches(window: list[int], encoded, batch_size: int, max_tokens: int
     return [[window[position] for position in group] for group in groups]
 
 
-def _check_batches_fit(model, batches, encoded, num_beams, max_length_a, max_length_b, max_output_tokens) -> None:
+def _check_batches_fit(model, batches, encoded, options: DecodingOptions) -> None:
     """Refuse, before the first batch, a decoding whose largest batch cannot fit (`check_decoding_memory`)."""
     largest = None
     for batch in (batch for window in batches for batch in window):
         source = max(len(encoded[index]) for index in batch)
-        output = min(int(max_length_a * source + max_length_b), max_output_tokens) + 2  # the start token and `</s>`
-        needed = decoding_memory(model.config, len(batch) * num_beams, source, output)
+        output = options.output_cap(source) + 2  # the start token and `</s>`
+        needed = decoding_memory(model.config, len(batch) * options.num_beams, source, output)
         largest = max(largest or (needed, len(batch), source, output), (needed, len(batch), source, output))
     if largest is not None:
-        check_decoding_memory(model, largest[1], num_beams, largest[2], largest[3])
+        check_decoding_memory(model, largest[1], options.num_beams, largest[2], largest[3])
 
 
-def _translated_pieces(model, tokenizer, count, batches, encoded, progress, decoding) -> Iterator[list[str]]:
+def _translated_pieces(model, tokenizer, count, batches, encoded, progress, options, compile) -> Iterator[list[str]]:
     model.eval()
     device = next(model.parameters()).device
     outputs: dict[int, str] = {index: "" for index in range(count) if index not in encoded}
@@ -311,7 +239,8 @@ def _translated_pieces(model, tokenizer, count, batches, encoded, progress, deco
         bar.update(len(outputs))
         for window in batches:
             for indices in window:
-                texts = _translate_batch(model, tokenizer, [encoded[index] for index in indices], device, **decoding)
+                sources = [encoded[index] for index in indices]
+                texts = _translate_batch(model, tokenizer, sources, device, options, compile)
                 outputs.update(zip(indices, texts))
                 bar.update(len(indices))
                 if piece := ready():
@@ -320,47 +249,29 @@ def _translated_pieces(model, tokenizer, count, batches, encoded, progress, deco
             yield piece
 
 
-def _translate_batch(
-    model,
-    tokenizer,
-    sources,
-    device,
-    num_beams,
-    length_penalty,
-    max_length_a,
-    max_length_b,
-    max_output_tokens,
-    gnmt,
-    compile,
-) -> list[str]:
+def _translate_batch(model, tokenizer, sources, device, options: DecodingOptions, compile: bool) -> list[str]:
     eos = model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
     batch = tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(device)
-    source_lengths = batch["attention_mask"].sum(dim=1)
-    limits = (max_length_a * source_lengths + max_length_b).long().clamp(min=1, max=max_output_tokens)
-    longest = int(limits.max()) + 1
-    decoding = compiled_decoding(model, longest) if compile else contextlib.nullcontext({})
+    limits = options.output_limits(batch["attention_mask"].sum(dim=1))
+    longest = int(limits.max())
+    decoding = compiled_decoding(model, longest + 1) if compile else contextlib.nullcontext({})
     with torch.inference_mode(), decoding as extra:
         generated = model.generate(
             **batch,
-            num_beams=num_beams,
-            num_return_sequences=num_beams if gnmt else 1,
-            length_penalty=0.0 if gnmt else length_penalty,
-            max_length=longest + 1,  # the start token, the longest cap, `</s>` (max_new_tokens would log)
+            **options.generate_kwargs(longest),
             logits_processor=LogitsProcessorList([SourceRelativeMaxLength(limits, eos)]),
-            do_sample=False,
-            return_dict_in_generate=True,
-            output_scores=gnmt,
             **extra,
         )
     sequences = generated.sequences
-    if gnmt:
+    if options.gnmt:
+        beams = options.num_beams
         penalties = torch.tensor(
-            [penalty_divisor(_output_length(row[1:], eos), length_penalty, "gnmt") for row in sequences],
+            [penalty_divisor(_output_length(row[1:], eos), options.length_penalty, "gnmt") for row in sequences],
             device=sequences.device,
         )
-        best = (generated.sequences_scores / penalties).view(len(sources), num_beams).argmax(dim=1)
-        sequences = sequences.view(len(sources), num_beams, -1)[torch.arange(len(sources)), best]
+        best = (generated.sequences_scores / penalties).view(len(sources), beams).argmax(dim=1)
+        sequences = sequences.view(len(sources), beams, -1)[torch.arange(len(sources)), best]
     return [text.strip() for text in tokenizer.batch_decode(sequences, skip_special_tokens=True)]
 
 
@@ -368,51 +279,30 @@ def translate(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
     sentences: Sequence[str],
-    batch_size: int = 32,
-    num_beams: int = 4,
-    length_penalty: float = 1.0,
-    max_length_a: float = 1.5,
-    max_length_b: int = 10,
-    max_tokens: int | None = None,
-    length_penalty_form: str = "fairseq",
-    max_source_tokens: int | None = MAX_SOURCE_TOKENS,
-    max_output_tokens: int = MAX_OUTPUT_TOKENS,
-    buffer_size: int | None = None,
+    options: DecodingOptions | None = None,
+    *,
     progress: bool = False,
     compile: bool = False,
+    **settings,
 ) -> list[str]:
     """Translate `sentences`; output order follows the input, an empty line gives an empty line.
 
-    Batches hold sentences of similar length: at most `batch_size` sentences and, with `max_tokens`, at most that
-    many padded source tokens. Each sentence may produce at most `max_length_a * source_tokens + max_length_b`
-    tokens before `</s>` (source tokens counting its `</s>`), so long inputs are never cut at the 20-token default
-    of `generate()`, and never more than `max_output_tokens` (`MAX_OUTPUT_TOKENS`, 1024). A sentence of more than
-    `max_source_tokens` tokens (`MAX_SOURCE_TOKENS`, 1024; `None`: no limit) is refused before anything is
-    translated. `length_penalty_form="fairseq"` divides a hypothesis' log-probability by `|Y|^alpha`
-    (what `generate()` does); `"gnmt"` by `((5 + |Y|) / 6)^alpha`, applied by rescoring the `num_beams` finished
-    hypotheses that beam search (run without a penalty) returns. `buffer_size` sentences at a time are sorted into
-    batches (`None`: all of them). Options out of range are refused (`check_translation_options`), as is a tokenizer
-    whose vocabulary or padding / end ids do not match the model (`ValueError`). `compile=True` decodes with the
-    static cache and a compiled decoding step (`compiled_decoding`): the same translations, faster once compiled
-    where launches dominate (small batches on a GPU), at the price of a compilation per new shape.
+    The decoding is `options` (a `DecodingOptions`; its defaults when None), with single settings given by name
+    (`num_beams=2`, ...) replacing its values. Batches hold sentences of similar length: at most `batch_size`
+    sentences and, with `max_tokens`, at most that many padded source tokens. Each sentence may produce at most
+    `max_length_a * source_tokens + max_length_b` tokens before `</s>` (source tokens counting its `</s>`), so long
+    inputs are never cut at the 20-token default of `generate()`, and never more than `max_output_tokens`
+    (`MAX_OUTPUT_TOKENS`, 1024). A sentence of more than `max_source_tokens` tokens (`MAX_SOURCE_TOKENS`, 1024;
+    `None`: no limit) is refused before anything is translated. `length_penalty_form="fairseq"` divides a
+    hypothesis' log-probability by `|Y|^alpha` (what `generate()` does); `"gnmt"` by `((5 + |Y|) / 6)^alpha`, applied
+    by rescoring the `num_beams` finished hypotheses that beam search (run without a penalty) returns. `buffer_size`
+    sentences at a time are sorted into batches (`None`: all of them). Options out of range are refused (by
+    `DecodingOptions`), as is a tokenizer whose vocabulary or padding / end ids do not match the model
+    (`ValueError`). `compile=True` decodes with the static cache and a compiled decoding step (`compiled_decoding`):
+    the same translations, faster once compiled where launches dominate (small batches on a GPU), at the price of a
+    compilation per new shape.
     """
-    pieces = iter_translations(
-        model,
-        tokenizer,
-        sentences,
-        batch_size=batch_size,
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        max_length_a=max_length_a,
-        max_length_b=max_length_b,
-        max_tokens=max_tokens,
-        length_penalty_form=length_penalty_form,
-        max_source_tokens=max_source_tokens,
-        max_output_tokens=max_output_tokens,
-        buffer_size=buffer_size,
-        progress=progress,
-        compile=compile,
-    )
+    pieces = iter_translations(model, tokenizer, sentences, options, progress=progress, compile=compile, **settings)
     return [text for piece in pieces for text in piece]
 
 
@@ -581,17 +471,20 @@ def write_translations(
     tokenizer: PreTrainedTokenizerBase,
     lines: Sequence[str],
     target: str | Path = "-",
+    options: DecodingOptions | None = None,
     *,
     overwrite: bool = False,
-    buffer_size: int | None = 1000,
-    **options,
+    **settings,
 ) -> int:
     """Translate `lines` into `target` (`-`: stdout), one line each, streamed in input order and flushed after every
     batch, so that a run stopped midway leaves the translations of the first lines on disk. Nothing is written
     before the first translation; an error after it keeps the lines written and says how many (an exception note).
-    Returns the number of lines."""
+    `options` and `settings` are those of `translate` (`progress`, `compile` too); without `options`, 1000 lines at
+    a time are sorted into batches unless `buffer_size` says otherwise. Returns the number of lines."""
     check_output_path(target, overwrite=overwrite)
-    pieces = iter_translations(model, tokenizer, lines, buffer_size=buffer_size, **options)
+    if options is None:
+        settings.setdefault("buffer_size", 1000)
+    pieces = iter_translations(model, tokenizer, lines, options, **settings)
     output = _OutputFile(target, overwrite)
     try:
         for piece in pieces:
@@ -612,13 +505,14 @@ def translate_file(
     tokenizer: PreTrainedTokenizerBase,
     source: str | Path = "-",
     target: str | Path = "-",
+    options: DecodingOptions | None = None,
     *,
     overwrite: bool = False,
-    **options,
+    **settings,
 ) -> int:
     r"""Translate a UTF-8 text file (`-`: stdin), one sentence per `\n` line (`read_lines`), into `target` (`-`:
     stdout), line for line (`write_translations`). The output may not be the input file, nor an existing file
-    unless `overwrite`. Returns the number of lines. `options` are those of `translate` and `buffer_size`."""
+    unless `overwrite`. Returns the number of lines. `options` and `settings` are those of `write_translations`."""
     check_output_path(target, source, overwrite)
     lines = read_lines(source)
-    return write_translations(model, tokenizer, lines, target, overwrite=overwrite, **options)
+    return write_translations(model, tokenizer, lines, target, options, overwrite=overwrite, **settings)

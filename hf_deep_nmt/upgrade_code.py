@@ -93,36 +93,14 @@ def code_version(modeling_file: Path) -> str:
 
 
 def check_model_folder(folder: Path) -> dict:
-    """The config of an exported folder of this package, or a clear error about why `folder` is not one."""
-    from hf_deep_nmt import MODEL_CLASSES
+    """The config of an exported folder of this package, or a clear error about why `folder` is not one
+    (`hf_deep_nmt.input_checks.check_model_folder` with its code required)."""
+    from hf_deep_nmt.input_checks import check_model_folder as check_folder
 
-    if not folder.exists():
-        raise FileNotFoundError(
-            f"{str(folder)!r} does not exist; name an exported model folder or a Hub repository id."
-        )
-    if not folder.is_dir():
-        raise NotADirectoryError(f"{str(folder)!r} is a file; name the model folder (the one holding config.json).")
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{str(folder)!r} has no config.json: it is not a saved model folder.") from None
-    except ValueError as error:
-        raise ValueError(f"{folder / 'config.json'} is not valid JSON ({error}).") from None
-    model_types = sorted(config_class.model_type for config_class in MODEL_CLASSES)
-    if not isinstance(config, dict) or config.get("model_type") not in model_types:
-        found = config.get("model_type") if isinstance(config, dict) else None
-        raise ValueError(
-            f"{folder / 'config.json'} has model_type {found!r}, not one of hf-deep-nmt's ({', '.join(model_types)}); "
-            "upgrade-code only mends folders this package exported."
-        )
-    missing = [name for name in REQUIRED_CODE_FILES if not (folder / name).is_file()]
-    if missing or "auto_map" not in config:
-        raise ValueError(
-            f"{str(folder)!r} holds no model code ({', '.join(missing) or 'no auto_map in config.json'}): it loads "
-            "through the installed package, so there is nothing to upgrade; `export_hub_folder` writes a folder with "
-            "its code."
-        )
-    return config
+    check_folder(
+        folder, hub_ids=False, own_code=True, config_hint="name an exported model folder or a Hub repository id"
+    )
+    return json.loads((folder / "config.json").read_text(encoding="utf-8"))
 
 
 def write_new_files(old: Path, new: Path) -> None:

@@ -121,7 +121,7 @@ def test_sigterm_saves_a_checkpoint_frees_the_folder_and_the_requeued_command_co
     assert f"SIGTERM received: checkpoint '{saved[0]}' saved; run the same command to continue from it" in error
     assert not (output_dir / LOCK_FILE).exists()
     record = json.loads((output_dir / RUN_RECORD).read_text())
-    assert record["finished"] is False and record["written"] == [saved[0].name]
+    assert record["finished"] is False and record["written"] == [saved[0].name, "checkpoint_checksums.json"]
     # requeued on another node, where the dead run's lock has not been released (its lease ran out long ago)
     another_hosts_lock(output_dir, heartbeat_age=600)
     with caplog.at_level(logging.WARNING):
@@ -136,6 +136,7 @@ def test_sigterm_saves_a_checkpoint_frees_the_folder_and_the_requeued_command_co
     assert json.loads((output_dir / RUN_RECORD).read_text())["written"] == [
         saved[0].name,
         f"checkpoint-{STEPS}",
+        "checkpoint_checksums.json",
         "results.json",
     ]
 

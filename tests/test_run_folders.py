@@ -215,7 +215,9 @@ def test_overwrite_output_dir_removes_only_what_our_runs_wrote(corpus, old_run):
 
 def test_the_run_record_lists_what_the_run_wrote_and_its_shape(finished_run):
     record = json.loads((finished_run / RUN_RECORD).read_text())
-    assert record["written"] == [f"checkpoint-{step}" for step in range(1, STEPS + 1)] + ["results.json"]
+    # each checkpoint, the checksum record beside them, the results
+    expected = [f"checkpoint-{step}" for step in range(1, STEPS + 1)] + ["checkpoint_checksums.json", "results.json"]
+    assert record["written"] == expected
     # one process, 8 sentences a device, no accumulation
     assert record["shape"] == {
         "world_size": 1,
@@ -299,7 +301,12 @@ def test_overwrite_keeps_the_tokenizer_the_recipe_reads_from_the_output_dir(corp
         run(arguments)  # listed (as a train-staged run writes it), but the recipe reads it
     assert tree(old_run / "tokenizer") == kept
     assert f"keeping '{old_run / 'tokenizer'}': the recipe reads" in caplog.text
-    assert json.loads((old_run / RUN_RECORD).read_text())["written"] == ["checkpoint-1", "results.json", "tokenizer"]
+    assert json.loads((old_run / RUN_RECORD).read_text())["written"] == [
+        "checkpoint-1",
+        "checkpoint_checksums.json",
+        "results.json",
+        "tokenizer",
+    ]
 
 
 def test_overwrite_refuses_a_folder_no_record_lists_and_removes_nothing(corpus, old_run, monkeypatch, capsys):
