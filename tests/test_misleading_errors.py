@@ -473,3 +473,15 @@ def test_translate_input_in_utf16_without_a_byte_order_mark_is_refused_not_trans
         decode_lines(data, "in.es")
     assert "`iconv -f UTF-16LE -t UTF-8`" in str(caught.value)
     assert decode_lines("hola\nsí\n".encode(), "in.es") == ["hola", "sí"]
+
+
+def test_export_dir_dot_is_refused_with_the_settings_not_after_training(tmp_path, monkeypatch):
+    from hf_deep_nmt.training import check_before_work
+
+    here = tmp_path / "project"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    arguments = recipe_arguments(tmp_path, export_dir=".")
+    with pytest.raises(ValueError, match=rf"'\.' is the current folder \({here}\) or a folder above it"):
+        check_before_work(*arguments)
+    assert not (tmp_path / "out").exists() and list(here.iterdir()) == []
