@@ -27,31 +27,46 @@ def sample_corpus_dir() -> Path:
     return Path(str(resources.files("hf_deep_nmt") / "sample_data"))
 
 
-def check_corpus_file(path: Path) -> None:
-    """`FileNotFoundError` / `IsADirectoryError` / `ValueError` naming `path` when it is not a regular file that can be
-    read: missing, a symbolic link to nothing or a loop of links, a folder, a FIFO or device, unreadable."""
+def path_kind(path: Path) -> str:
+    """What `path` names, for the errors that say so: "file" (a regular file), "missing", "dangling" (a symbolic link
+    to nothing), "loop" (links that lead back to themselves), "folder" or "special" (a FIFO, socket or device)."""
     if not os.path.lexists(path):
-        raise FileNotFoundError(f"Parallel text file not found: {path} (check the path in the recipe).")
+        return "missing"
     try:
         path.stat()
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise ValueError(
-                f"Parallel text file {path} is a loop of symbolic links (it leads back to itself); point the link "
-                "at the corpus file."
-            ) from None
+            return "loop"
         if error.errno == errno.ENOENT:
-            raise FileNotFoundError(
-                f"Parallel text file {path} is a symbolic link to {os.readlink(path)!r}, which does not exist; point "
-                "the link at the corpus file, or name the file itself."
-            ) from None
+            return "dangling"
         raise
     if path.is_dir():
+        return "folder"
+    return "file" if path.is_file() else "special"
+
+
+def check_corpus_file(path: Path) -> None:
+    """`FileNotFoundError` / `IsADirectoryError` / `ValueError` naming `path` when it is not a regular file that can be
+    read: missing, a symbolic link to nothing or a loop of links, a folder, a FIFO or device, unreadable."""
+    kind = path_kind(path)
+    if kind == "missing":
+        raise FileNotFoundError(f"Parallel text file not found: {path} (check the path in the recipe).")
+    if kind == "loop":
+        raise ValueError(
+            f"Parallel text file {path} is a loop of symbolic links (it leads back to itself); point the link "
+            "at the corpus file."
+        )
+    if kind == "dangling":
+        raise FileNotFoundError(
+            f"Parallel text file {path} is a symbolic link to {os.readlink(path)!r}, which does not exist; point "
+            "the link at the corpus file, or name the file itself."
+        )
+    if kind == "folder":
         raise IsADirectoryError(
             f"Parallel text file {path} is a folder, not a file; name a .tsv or .jsonl file in it, or a two-file "
             "prefix."
         )
-    if not path.is_file():
+    if kind == "special":
         raise ValueError(
             f"Parallel text file {path} is not a regular file (a FIFO, socket or device); save its text to a "
             f"file first (`cat {path} > corpus{path.suffix}`) and name that file."

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import os
 import stat
 import sys
@@ -23,6 +22,7 @@ from tqdm.auto import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_deep_nmt.batching import token_batches
+from hf_deep_nmt.data import path_kind
 from hf_deep_nmt.decoding import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.input_checks import check_memory, check_tokenizer_matches
@@ -359,21 +359,18 @@ def read_lines(source: str | Path = "-") -> list[str]:
             return split_lines(sys.stdin.read().removeprefix("\ufeff"))
         return decode_lines(stream.read(), "stdin")
     path = Path(source)
-    if not os.path.lexists(path):
+    kind = path_kind(path)
+    if kind == "missing":
         raise FileNotFoundError(f"input file not found: {source}")
-    if not path.exists():
-        try:
-            path.stat()
-        except OSError as error:
-            if error.errno == errno.ELOOP:
-                raise ValueError(
-                    f"input {source} is a loop of symbolic links (it leads back to itself); point the link at the "
-                    "text file."
-                ) from None
+    if kind == "loop":
+        raise ValueError(
+            f"input {source} is a loop of symbolic links (it leads back to itself); point the link at the text file."
+        )
+    if kind == "dangling":
         raise FileNotFoundError(f"input file not found: {source} is a symbolic link to a missing file")
-    if path.is_dir():
+    if kind == "folder":
         raise IsADirectoryError(f"input {source} is a folder, not a text file; name a file in it.")
-    if not path.is_file():
+    if kind == "special":
         raise ValueError(
             f"input {source} is not a regular file (a FIFO, socket or device); pass its text on stdin instead "
             f"(`--input -` and `< {source}`)."

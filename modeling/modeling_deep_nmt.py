@@ -643,7 +643,7 @@ def msc_context_modules(
     if config.msc_fusion != "gate":
         return context_attention, None
     width = config.d_model
-    return context_attention, DeepNMTLinear(2 * width, width, init_scale=depth_scale(config, layer_idx))
+    return context_attention, DeepNMTLinear.in_layer(2 * width, width, config, side, layer_idx)
 
 
 class DeepNMTLayer(GradientCheckpointingLayer):
