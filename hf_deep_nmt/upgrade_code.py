@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The model code an exported folder carries. Folders of 0.1.0 have the first two only: upgrading installs the third.
-CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py")
+# The model code an exported folder carries. Folders of 0.1.0 have the first two only, folders exported before the
+# transformers contract left the model file lack the fourth: upgrading installs what a folder lacks.
+CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py")
 REQUIRED_CODE_FILES = CODE_FILES[:2]  # what makes a folder one with model code to upgrade
 CONFIG_FILES = ("config.json", "generation_config.json")
 BACKUP_FOLDER = ".hf-deep-nmt-upgrade-backup"  # hidden: never uploaded by `push`

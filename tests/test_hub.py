@@ -57,6 +57,7 @@ def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
         "configuration_deep_nmt.py",
         "modeling_deep_nmt.py",
         "kernels_deep_nmt.py",
+        "contract_deep_nmt.py",
         "tokenizer.json",
         "tokenizer_config.json",
         "README.md",
@@ -71,7 +72,7 @@ def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
     assert config["use_cache"] is True
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["num_beams"] == 3 and generation["decoder_start_token_id"] == 0
-    for name in ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py"):
+    for name in ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py"):
         assert (folder / name).read_bytes() == (MODELING_DIR / name).read_bytes()
     assert files_not_written_by_us(folder) == []  # the marker lists every code file, the sibling included
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".")]  # no staging folder left behind

@@ -33,6 +33,7 @@ EXPORTED_FILES = [
     "README.md",
     "config.json",
     "configuration_deep_nmt.py",
+    "contract_deep_nmt.py",
     "generation_config.json",
     "kernels_deep_nmt.py",
     "model.safetensors",

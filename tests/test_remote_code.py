@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import hf_deep_nmt.modeling.configuration_deep_nmt
+import hf_deep_nmt.modeling.contract_deep_nmt
 import hf_deep_nmt.modeling.kernels_deep_nmt
 import hf_deep_nmt.modeling.modeling_deep_nmt
 from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
-CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py")
+CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py")
 ALLOWED_PACKAGES = {"torch", "transformers", "__future__"}
 
 LOAD_SCRIPT = """
@@ -164,6 +165,7 @@ def test_package_modeling_is_the_repository_modeling_folder():
         hf_deep_nmt.modeling.configuration_deep_nmt,
         hf_deep_nmt.modeling.modeling_deep_nmt,
         hf_deep_nmt.modeling.kernels_deep_nmt,
+        hf_deep_nmt.modeling.contract_deep_nmt,
     ):
         assert Path(module.__file__).resolve().parent == MODELING_DIR
 
@@ -184,11 +186,12 @@ def test_modeling_files_import_only_stdlib_torch_and_transformers(name):
             continue
         for root in roots:
             assert root in ALLOWED_PACKAGES or root in sys.stdlib_module_names, f"{name} imports {root}"
-    # the model file imports its two siblings; they import nothing of the package
-    expected_relative = (
-        [(1, "configuration_deep_nmt"), (1, "kernels_deep_nmt")] if name == "modeling_deep_nmt.py" else []
-    )
-    assert relative == expected_relative
+    # the model file imports its three siblings, the contract the kernels' `is_tracing`; nothing else is imported
+    expected_relative = {
+        "modeling_deep_nmt.py": [(1, "configuration_deep_nmt"), (1, "contract_deep_nmt"), (1, "kernels_deep_nmt")],
+        "contract_deep_nmt.py": [(1, "kernels_deep_nmt")],
+    }
+    assert relative == expected_relative.get(name, [])
 
 
 def test_modeling_package_marker_is_empty():

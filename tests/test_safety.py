@@ -132,7 +132,12 @@ def test_exported_folder_holds_safetensors_weights_and_code_importing_only_stdli
         head = path.read_bytes()[:4]
         assert not head.startswith(ZIP_MAGIC) and (not head or head[0] != PICKLE_PROTOCOL_MARK), path.name
     code = [path for path in files if path.suffix == ".py"]
-    assert {path.name for path in code} == {"configuration_deep_nmt.py", "kernels_deep_nmt.py", "modeling_deep_nmt.py"}
+    assert {path.name for path in code} == {
+        "configuration_deep_nmt.py",
+        "contract_deep_nmt.py",
+        "kernels_deep_nmt.py",
+        "modeling_deep_nmt.py",
+    }
     for path in code:
         source = path.read_text(encoding="utf-8")
         outside = {root for root in imported_roots(source) if root not in sys.stdlib_module_names}

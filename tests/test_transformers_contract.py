@@ -13,7 +13,7 @@ import transformers
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 
-import hf_deep_nmt.modeling.modeling_deep_nmt as modeling
+import hf_deep_nmt.modeling.contract_deep_nmt as modeling
 from hf_deep_nmt import DeepNMTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
