@@ -1,84 +1,64 @@
 """hf-deep-nmt: deep-Transformer translation models (DLCL, DS-Init + MAtt, SDT, MSC, DeepNorm) as Hugging Face models.
 
-Importing the package registers every config with `AutoConfig`, its translation model with `AutoModelForSeq2SeqLM`
-and its encoder-decoder without the output layer with `AutoModel`, and marks them for auto-class saving, so that
-`save_pretrained` writes `auto_map` and the modeling files (Hub remote code). With `peft` installed, it also registers
-the models' default LoRA target modules (`hf_deep_nmt.adapters`), and makes their `from_pretrained` warn about NaN or
-infinite weights (`hf_deep_nmt.input_checks.install_load_warning`).
+The first use of a name of the package (`from hf_deep_nmt import DlclConfig`, `hf_deep_nmt.METHODS`, or
+`hf_deep_nmt.register()` where no name is needed) registers every config with `AutoConfig`, its translation model with
+`AutoModelForSeq2SeqLM` and its encoder-decoder without the output layer with `AutoModel`, and marks them for
+auto-class saving, so that `save_pretrained` writes `auto_map` and the modeling files (Hub remote code); with `peft`
+installed, also the models' default LoRA target modules (`hf_deep_nmt.registration`). Every module of the package
+that loads or builds a model registers them too.
+
+`import hf_deep_nmt` alone imports neither torch nor transformers: the command line (`hf_deep_nmt.cli`) starts, and
+refuses a bad argument, without them.
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
-
-from hf_deep_nmt.adapters import register_lora_defaults
-from hf_deep_nmt.input_checks import install_load_warning
-from hf_deep_nmt.modeling import modeling_deep_nmt
-from hf_deep_nmt.modeling.configuration_deep_nmt import (
-    DeepNMTConfig,
-    DeepNormConfig,
-    DlclConfig,
-    DsInitConfig,
-    MscConfig,
-    SdtConfig,
+# The names below live in `hf_deep_nmt.registration`, imported on first use (PEP 562): importing it imports torch,
+# transformers and the model code, which a command refused on its arguments never needs.
+_REGISTERED_NAMES = frozenset(
+    {
+        "__version__",
+        "BASE_MODEL_CLASSES",
+        "DeepNMTConfig",
+        "DeepNMTForConditionalGeneration",
+        "DeepNMTMethod",
+        "DeepNMTModel",
+        "DeepNMTPreTrainedModel",
+        "DeepNormConfig",
+        "DeepNormForConditionalGeneration",
+        "DeepNormModel",
+        "DlclConfig",
+        "DlclForConditionalGeneration",
+        "DlclModel",
+        "DsInitConfig",
+        "DsInitForConditionalGeneration",
+        "DsInitModel",
+        "METHODS",
+        "MODEL_CLASSES",
+        "MscConfig",
+        "MscForConditionalGeneration",
+        "MscModel",
+        "register",
+        "register_method",
+        "SdtConfig",
+        "SdtForConditionalGeneration",
+        "SdtModel",
+        "TESTED_VERSIONS",
+    }
 )
-from hf_deep_nmt.modeling.modeling_deep_nmt import (
-    CODE_VERSION,
-    METHODS,
-    TESTED_TRANSFORMERS,
-    DeepNMTForConditionalGeneration,
-    DeepNMTMethod,
-    DeepNMTModel,
-    DeepNMTPreTrainedModel,
-    DeepNormForConditionalGeneration,
-    DeepNormModel,
-    DlclForConditionalGeneration,
-    DlclModel,
-    DsInitForConditionalGeneration,
-    DsInitModel,
-    MscForConditionalGeneration,
-    MscModel,
-    SdtForConditionalGeneration,
-    SdtModel,
-)
-
-__version__ = CODE_VERSION  # one version for the package and the model code it ships to the Hub
-
-# The (oldest, newest) minor releases CI runs the tests against; `pyproject.toml` admits exactly these (the torch
-# bound is open above: only the CPU build of 2.13 is run here). The model code carries the transformers window itself,
-# as it ships to the Hub without the package.
-TESTED_VERSIONS: dict[str, tuple[str, str]] = {"transformers": TESTED_TRANSFORMERS, "torch": ("2.13", "2.13")}
-
-# Derived from the model code's one table of methods (`METHODS`), kept in step by `register_method`.
-MODEL_CLASSES: dict[type, type] = {}
-# what `AutoModel` loads: the encoder-decoder without the output layer
-BASE_MODEL_CLASSES: dict[type, type] = {}
 
 
-def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
-    """Make `method` a method of the package: added to the model code's `METHODS`, its classes to `MODEL_CLASSES` /
-    `BASE_MODEL_CLASSES`, registered with `AutoConfig`, `AutoModelForSeq2SeqLM` and `AutoModel` and marked for
-    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets. The five
-    built-in methods come this way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
-    modeling_deep_nmt.register_method(method)
-    config_class, model_class, base_model_class = method.config_class, method.model_class, method.base_model_class
-    MODEL_CLASSES[config_class] = model_class
-    BASE_MODEL_CLASSES[config_class] = base_model_class
-    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
-    AutoModelForSeq2SeqLM.register(config_class, model_class, exist_ok=True)
-    config_class.register_for_auto_class()
-    model_class.register_for_auto_class("AutoModelForSeq2SeqLM")
-    AutoModel.register(config_class, base_model_class, exist_ok=True)
-    base_model_class.register_for_auto_class("AutoModel")
-    register_lora_defaults([config_class.model_type])
-    return method
+def __getattr__(name: str):
+    if name in _REGISTERED_NAMES:
+        from hf_deep_nmt import registration
+
+        value = getattr(registration, name)
+        globals()[name] = value  # looked up once
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _register() -> None:
-    for method in list(METHODS.values()):
-        register_method(method)
-    install_load_warning(DeepNMTPreTrainedModel)  # `from_pretrained` warns about NaN or infinite weights
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_REGISTERED_NAMES})
 
-
-_register()
 
 __all__ = [
     "BASE_MODEL_CLASSES",
@@ -105,4 +85,5 @@ __all__ = [
     "SdtConfig",
     "SdtForConditionalGeneration",
     "SdtModel",
+    "register",
 ]

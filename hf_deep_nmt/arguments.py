@@ -28,10 +28,10 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
 from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.decoding import DecodingOptions
+from hf_deep_nmt.decoding import MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.growing import GROWTH_STRATEGIES
-from hf_deep_nmt.input_checks import check_config_overrides
+from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -462,9 +462,17 @@ def check_recipe_values(values: dict[str, Any], classes: tuple, source: str) -> 
             raise ValueError(f"{source}: `{key}` must be of type {expected}, got {value!r} ({type(value).__name__}).")
 
 
-# An output cap above this many tokens per sentence (max_length_a * max_source_length + max_length_b) is refused:
-# no sentence of a translation corpus needs it, and decoding up to it would run for hours.
-MAX_EVALUATION_OUTPUT_TOKENS = 4096
+def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> None:
+    """Raise `ValueError` naming every key of `overrides` that is not a field of `config_class`: in a recipe a misspelt
+    field is an error (the config itself only warns, since saved folders may hold such keys)."""
+    if not isinstance(overrides, dict):
+        raise ValueError(f"`model_overrides` must be a mapping of config fields to values, got {overrides!r}.")
+    unknown = unknown_config_keys(config_class, overrides)
+    if unknown:
+        raise ValueError(
+            f"`model_overrides` has keys that are not {config_class.__name__} fields: "
+            f"{describe_unknown_keys(unknown)}; see the {config_class.__name__} documentation for the valid ones."
+        )
 
 
 def check_model_arguments(model_args: ModelArguments) -> None:

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.utils import logging
 
+from hf_deep_nmt import registration  # noqa: F401  (checkpoints load through the Auto classes)
 from hf_deep_nmt.checkpoints import (
     RNG_STATE_PATTERN,
     TRAINER_STATE_FILE,
@@ -27,15 +28,15 @@ from hf_deep_nmt.checkpoints import (
     safetensors_problem,
     verify_checkpoint,
 )
-from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
-from hf_deep_nmt.input_checks import (
+from hf_deep_nmt.fingerprints import (
     TOKENIZER_FINGERPRINT_KEY,
-    check_memory,
-    check_saved_json_files,
     folder_tokenizer_fingerprint,
     record_tokenizer_fingerprint,
-    saved_parameters,
 )
+from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
+from hf_deep_nmt.memory import check_memory
+from hf_deep_nmt.model_folders import check_saved_json_files
+from hf_deep_nmt.weights import saved_parameters
 
 logger = logging.get_logger(__name__)
 

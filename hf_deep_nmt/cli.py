@@ -102,7 +102,7 @@ def _device(text: str | None) -> str:
 def _check_model_source(model: str) -> None:
     """A local model folder must hold a config and tokenizer files; a name that is no local path must be a Hub
     repository id, and in offline mode one in the local cache (`check_model_folder`)."""
-    from hf_deep_nmt.input_checks import check_model_folder
+    from hf_deep_nmt.model_folders import check_model_folder
 
     check_model_folder(model, "Model folder", tokenizer=True, check_hub_id=True)
 
@@ -328,7 +328,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
     check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
     _check_model_source(args.model)
-    import hf_deep_nmt  # noqa: F401  (registers the configs with AutoConfig)
+    from hf_deep_nmt import registration  # noqa: F401  (registers the configs with AutoConfig)
 
     config = AutoConfig.from_pretrained(args.model)
     check_ctranslate2_support(config)
@@ -382,9 +382,9 @@ def _grow(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
+    from hf_deep_nmt.fingerprints import record_tokenizer_fingerprint
     from hf_deep_nmt.folders import check_export_folder, write_marked_folder
     from hf_deep_nmt.growing import grow_encoder
-    from hf_deep_nmt.input_checks import record_tokenizer_fingerprint
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
     check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
@@ -429,7 +429,7 @@ def _upgrade_code(argv: list[str]) -> int:
     parser.add_argument("--revision", default=None, help="branch of the Hub repository (default: main)")
     args = parser.parse_args(argv)
 
-    from hf_deep_nmt.input_checks import check_local_path
+    from hf_deep_nmt.model_folders import check_local_path
     from hf_deep_nmt.upgrade_code import upgrade_folder, upgrade_repo
 
     check_local_path(args.source, "Model folder")
@@ -458,8 +458,8 @@ def _convert_marian(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from hf_deep_nmt.input_checks import check_local_path
     from hf_deep_nmt.marian import convert_marian
+    from hf_deep_nmt.model_folders import check_local_path
 
     check_local_path(args.source, "Model folder")
     print(convert_marian(args.source, args.out, overwrite=args.overwrite))

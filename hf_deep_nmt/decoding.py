@@ -21,6 +21,9 @@ MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is tr
 # no translation is longer, whatever `max_length_a` and `max_length_b` allow (a new model's generate() cap, too)
 MAX_OUTPUT_TOKENS = DEFAULT_MAX_OUTPUT_TOKENS
 MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
+# A recipe's final evaluation: an output cap above this many tokens per sentence (max_length_a * max_source_length +
+# max_length_b) is refused, no sentence of a translation corpus needs it, and decoding up to it would run for hours.
+MAX_EVALUATION_OUTPUT_TOKENS = 4096
 
 
 def _option(default, help: str, **flag):
@@ -112,8 +115,6 @@ class DecodingOptions:
         """The decoding of a recipe's final evaluation: every validation line is translated (no source length limit),
         outputs capped at `MAX_EVALUATION_OUTPUT_TOKENS`; batches of `per_device_eval_batch_size` sentences (of
         `training_args`; without them, the default) and `eval_max_tokens` tokens."""
-        from hf_deep_nmt.arguments import MAX_EVALUATION_OUTPUT_TOKENS
-
         batch_size = cls.batch_size if training_args is None else training_args.per_device_eval_batch_size
         return cls(
             batch_size=batch_size,

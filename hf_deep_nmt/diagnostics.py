@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -306,7 +307,15 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    if name == "inspect_model":  # 0.1.0's import path; it lives with its command, whose module imports this one
+    if (
+        name == "inspect_model"
+    ):  # 0.1.0's import path, deprecated: it lives with its command, which imports this module
+        warnings.warn(
+            "`hf_deep_nmt.diagnostics.inspect_model` is deprecated and will be removed in 0.3.0; import it from "
+            "`hf_deep_nmt.inspection`.",
+            FutureWarning,
+            stacklevel=2,
+        )
         from hf_deep_nmt.inspection import inspect_model
 
         return inspect_model

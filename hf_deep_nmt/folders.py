@@ -153,3 +153,24 @@ def write_marked_folder(
         if staging.exists():
             shutil.rmtree(staging)
     return folder
+
+
+def check_run_folders(output_dir: str, export_dir: str | None, corpus_files: list[str]) -> dict[str, Path]:
+    """Refuse an export folder that is the output folder, holds it, or is a corpus folder, and an output or export
+    folder that cannot be written. Returns the folders an export must never replace (for `check_export_folder`)."""
+    output = Path(output_dir).resolve()
+    protected = {f"the training output_dir ({output_dir!r}), which holds the checkpoints": output}
+    for corpus in corpus_files:
+        protected[f"the folder of the corpus file {corpus!r}"] = Path(corpus).resolve().parent
+    if export_dir:
+        export = Path(export_dir).resolve()
+        for description, folder in protected.items():
+            if export == folder:
+                raise ValueError(f"export_dir {export_dir!r} is {description}; give the export a folder of its own.")
+        if export in output.parents:
+            raise ValueError(
+                f"output_dir {output_dir!r} is inside export_dir {export_dir!r}: an overwritten export would take the "
+                "checkpoints with it; give the two separate folders."
+            )
+    check_writable_location(output_dir, "output_dir")
+    return protected

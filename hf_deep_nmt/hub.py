@@ -12,6 +12,8 @@ from typing import Any
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCard, ModelCardData
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from hf_deep_nmt import registration  # noqa: F401  (an export writes the `auto_map` and model code of the registered classes)
+from hf_deep_nmt.fingerprints import record_tokenizer_fingerprint
 from hf_deep_nmt.folders import (  # noqa: F401  (the folder-safety functions, imported from here by earlier code)
     EXPORT_FLAG,
     WRITTEN_MARKER,
@@ -23,7 +25,6 @@ from hf_deep_nmt.folders import (  # noqa: F401  (the folder-safety functions, i
     user_file_modes,
     write_marked_folder,
 )
-from hf_deep_nmt.input_checks import record_tokenizer_fingerprint
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 
 CITATION_MARKER = "<!-- citation -->"

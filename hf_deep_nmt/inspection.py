@@ -82,7 +82,8 @@ def inspect_model(
 def _model_and_tokenizer(model, tokenizer):
     """A model object with the tokenizer given; a saved folder / Hub id with its own tokenizer."""
     if isinstance(model, (str, Path)):
-        from hf_deep_nmt.input_checks import check_saved_json_files, safetensors_header, saved_weight_files
+        from hf_deep_nmt.model_folders import check_saved_json_files
+        from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
         check_saved_json_files(model)  # damaged files named here, not deep inside transformers
         for path in saved_weight_files(Path(str(model)).expanduser()):

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import torch
 
+from hf_deep_nmt import registration  # noqa: F401  (the converted model is saved with its `auto_map` and model code)
+
 logger = logging.getLogger(__name__)
 
 MARIAN_MODEL_TYPE = "marian"
@@ -52,7 +54,7 @@ def _load_marian(source: str | Path):
     a source that is not one."""
     from transformers import AutoConfig, MarianMTModel
 
-    from hf_deep_nmt.input_checks import check_model_folder
+    from hf_deep_nmt.model_folders import check_model_folder
 
     check_model_folder(
         source,

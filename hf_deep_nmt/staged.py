@@ -153,7 +153,8 @@ def finished_stage(stage_dir: Path, number: int, depth: int) -> dict[str, Any] |
     """The record (`stage.json`) of a stage an earlier run finished, None for a stage still to train. `ValueError`
     naming the stage folder, what is wrong and the way out when the record is damaged, is another stage's, or its
     final model (`model/`, which the next stage grows from) is missing or damaged."""
-    from hf_deep_nmt.input_checks import check_saved_json_files, safetensors_header, saved_weight_files
+    from hf_deep_nmt.model_folders import check_saved_json_files
+    from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
     record = stage_dir / "stage.json"
     if not record.is_file():

@@ -62,15 +62,11 @@ from hf_deep_nmt.data import (
 )
 from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
+from hf_deep_nmt.fingerprints import check_tokenizer_matches
+from hf_deep_nmt.folders import check_run_folders
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
-from hf_deep_nmt.input_checks import (
-    check_local_path,
-    check_run_folders,
-    check_saved_json_files,
-    check_saved_model_folder,
-    check_tokenizer_matches,
-    check_training_size,
-)
+from hf_deep_nmt.memory import check_training_size
+from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files, check_saved_model_folder
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape

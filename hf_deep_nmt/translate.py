@@ -25,7 +25,8 @@ from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.data import path_kind
 from hf_deep_nmt.decoding import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
-from hf_deep_nmt.input_checks import check_memory, check_tokenizer_matches
+from hf_deep_nmt.fingerprints import check_tokenizer_matches
+from hf_deep_nmt.memory import check_memory
 
 # The caps (MAX_*) are `DecodingOptions`' (`hf_deep_nmt.decoding`) and stay importable from here.
 
@@ -92,13 +93,10 @@ def load_model(model_name: str, device: str | torch.device = "cpu"):
     """
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    import hf_deep_nmt  # noqa: F401  (registers the model classes with the Auto classes)
-    from hf_deep_nmt.input_checks import (
-        check_finite_weights,
-        check_missing_weights,
-        check_saved_json_files,
-        check_saved_model_size,
-    )
+    from hf_deep_nmt import registration  # noqa: F401  (registers the model classes with the Auto classes)
+    from hf_deep_nmt.memory import check_saved_model_size
+    from hf_deep_nmt.model_folders import check_saved_json_files
+    from hf_deep_nmt.weights import check_finite_weights, check_missing_weights
 
     folder = Path(str(model_name)).expanduser()
     if folder.is_dir():

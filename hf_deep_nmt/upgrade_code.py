@@ -28,10 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# The model code an exported folder carries. Folders of 0.1.0 have the first two only, folders exported before the
-# transformers contract left the model file lack the fourth: upgrading installs what a folder lacks.
-CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py")
-REQUIRED_CODE_FILES = CODE_FILES[:2]  # what makes a folder one with model code to upgrade
+from hf_deep_nmt.model_folders import CODE_FILES
+from hf_deep_nmt.model_folders import check_model_folder as check_folder
+
 CONFIG_FILES = ("config.json", "generation_config.json")
 BACKUP_FOLDER = ".hf-deep-nmt-upgrade-backup"  # hidden: never uploaded by `push`
 DEFAULT_NUM_CHECKS = 4
@@ -95,9 +94,7 @@ def code_version(modeling_file: Path) -> str:
 
 def check_model_folder(folder: Path) -> dict:
     """The config of an exported folder of this package, or a clear error about why `folder` is not one
-    (`hf_deep_nmt.input_checks.check_model_folder` with its code required)."""
-    from hf_deep_nmt.input_checks import check_model_folder as check_folder
-
+    (`hf_deep_nmt.model_folders.check_model_folder` with its code required)."""
     check_folder(
         folder, hub_ids=False, own_code=True, config_hint="name an exported model folder or a Hub repository id"
     )
@@ -109,7 +106,7 @@ def write_new_files(old: Path, new: Path) -> None:
     `old` (weights, tokenizer, card), for the check."""
     from transformers import AutoConfig, GenerationConfig
 
-    import hf_deep_nmt  # noqa: F401  (registers the config classes)
+    from hf_deep_nmt import registration  # noqa: F401  (registers the config classes)
     from hf_deep_nmt.hub import settle_output_cap
 
     for name in os.listdir(old):

@@ -20,8 +20,8 @@ import torch
 from hf_deep_nmt.arguments import EvalExportArguments
 from hf_deep_nmt.cli import _add_decoding_flags, main
 from hf_deep_nmt.decoding import MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions
-from hf_deep_nmt.input_checks import check_model_folder, check_saved_model_folder
 from hf_deep_nmt.marian import convert_marian
+from hf_deep_nmt.model_folders import check_model_folder, check_saved_model_folder
 from hf_deep_nmt.translate import translate
 from hf_deep_nmt.upgrade_code import upgrade_folder
 

@@ -25,7 +25,7 @@ from hf_deep_nmt.checkpoints import (
     verify_checkpoint,
 )
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.input_checks import (
+from hf_deep_nmt.fingerprints import (
     check_tokenizer_matches,
     folder_tokenizer_fingerprint,
     record_tokenizer_fingerprint,

@@ -17,13 +17,9 @@ from safetensors.torch import save_file
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.ctranslate2_export import check_max_positions, export_ctranslate2
-from hf_deep_nmt.input_checks import (
-    InsufficientMemoryError,
-    check_saved_model_size,
-    estimate_parameters,
-    saved_parameters,
-)
+from hf_deep_nmt.memory import InsufficientMemoryError, check_saved_model_size, estimate_parameters
 from hf_deep_nmt.translate import decoding_memory, translate
+from hf_deep_nmt.weights import saved_parameters
 
 LIMIT = 3 << 30  # address space of the subprocesses: torch and a tiny model take under 1 GiB of it
 
@@ -127,7 +123,7 @@ def test_the_beam_memory_estimate_by_hand(tiny_export):
 
 def test_translate_refuses_a_batch_that_cannot_fit_before_translating(tiny_export, monkeypatch):
     _, model, tokenizer = tiny_export
-    monkeypatch.setattr("hf_deep_nmt.input_checks.available_memory", lambda device="cpu": 10**6)
+    monkeypatch.setattr("hf_deep_nmt.memory.available_memory", lambda device="cpu": 10**6)
     monkeypatch.setattr(type(model), "generate", lambda *args, **kwargs: pytest.fail("decoding started"))
     sources = ["el sol sale", "hola mundo"]
     longest = max(len(tokenizer(text)["input_ids"]) for text in sources)
@@ -154,7 +150,7 @@ def test_a_position_table_beyond_memory_is_refused_with_its_size(tiny_export, tm
 def test_a_model_beyond_the_memory_is_refused_before_it_is_built(tiny_export, monkeypatch, capsys, tmp_path):
     folder = tiny_export[0]
     elements, _ = saved_parameters(folder)
-    monkeypatch.setattr("hf_deep_nmt.input_checks.available_memory", lambda device="cpu": 4 * elements - 1)
+    monkeypatch.setattr("hf_deep_nmt.memory.available_memory", lambda device="cpu": 4 * elements - 1)
     monkeypatch.setattr("transformers.AutoModelForSeq2SeqLM.from_pretrained", lambda *a, **k: pytest.fail("built"))
     with pytest.raises(InsufficientMemoryError, match=rf"\({4 * elements:,} bytes\), but only .* available on cpu"):
         check_saved_model_size(folder)
@@ -181,7 +177,7 @@ def test_a_recipe_of_a_million_layers_is_refused_before_anything_is_built(tmp_pa
 def test_the_training_memory_estimate_by_hand():
     """d 4, FFN 8, one layer each, 488 parameters (see above), 10 tokens a batch: 4 * 488 for weights, gradients and
     moments, activations 10 * ((8 * 4 + 2 * 8) + (12 * 4 + 2 * 8)) = 1120; 4 bytes each."""
-    from hf_deep_nmt.input_checks import training_memory
+    from hf_deep_nmt.memory import training_memory
 
     config = DeepNMTConfig(
         vocab_size=10,

@@ -244,7 +244,7 @@ def test_a_damaged_json_file_of_a_model_folder_is_named_with_the_way_out(
 
 @pytest.mark.parametrize(("data", "announced"), [(b"", 0), (b"not safetensors" * 4, 0x6566617320746F6E)])
 def test_a_weights_file_that_is_not_safetensors_says_what_its_header_announces(saved_model, tmp_path, data, announced):
-    from hf_deep_nmt.input_checks import safetensors_header
+    from hf_deep_nmt.weights import safetensors_header
 
     folder = damaged_copy(saved_model, tmp_path, "model.safetensors", data)
     size = len(data)

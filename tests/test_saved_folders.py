@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-import hf_deep_nmt  # noqa: F401  (registers the classes)
+from hf_deep_nmt import registration  # noqa: F401  (registers the classes)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "v0_1_0"
 LOADED = json.loads((FIXTURES / "configs_loaded.json").read_text())

@@ -1,0 +1,114 @@
+"""The registration of the package's models: importing this module registers every config with `AutoConfig`, its
+translation model with `AutoModelForSeq2SeqLM` and its encoder-decoder without the output layer with `AutoModel`, and
+marks them for auto-class saving, so that `save_pretrained` writes `auto_map` and the modeling files (Hub remote
+code). With `peft` installed, it also registers the models' default LoRA target modules (`hf_deep_nmt.adapters`).
+
+The package imports it when one of its names is first used (`from hf_deep_nmt import DlclConfig`,
+`hf_deep_nmt.register()`), and so does every module of the package that loads or builds a model."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from hf_deep_nmt.adapters import register_lora_defaults
+from hf_deep_nmt.modeling import modeling_deep_nmt
+from hf_deep_nmt.modeling.configuration_deep_nmt import (
+    DeepNMTConfig,
+    DeepNormConfig,
+    DlclConfig,
+    DsInitConfig,
+    MscConfig,
+    SdtConfig,
+)
+from hf_deep_nmt.modeling.contract_deep_nmt import TESTED_TRANSFORMERS
+from hf_deep_nmt.modeling.modeling_deep_nmt import (
+    CODE_VERSION,
+    METHODS,
+    DeepNMTForConditionalGeneration,
+    DeepNMTMethod,
+    DeepNMTModel,
+    DeepNMTPreTrainedModel,
+    DeepNormForConditionalGeneration,
+    DeepNormModel,
+    DlclForConditionalGeneration,
+    DlclModel,
+    DsInitForConditionalGeneration,
+    DsInitModel,
+    MscForConditionalGeneration,
+    MscModel,
+    SdtForConditionalGeneration,
+    SdtModel,
+)
+
+__version__ = CODE_VERSION  # one version for the package and the model code it ships to the Hub
+
+# The (oldest, newest) minor releases CI runs the tests against; `pyproject.toml` admits exactly these (the torch
+# bound is open above: only the CPU build of 2.13 is run here). The model code carries the transformers window itself,
+# as it ships to the Hub without the package.
+TESTED_VERSIONS: dict[str, tuple[str, str]] = {"transformers": TESTED_TRANSFORMERS, "torch": ("2.13", "2.13")}
+
+# Derived from the model code's one table of methods (`METHODS`), kept in step by `register_method`.
+MODEL_CLASSES: dict[type, type] = {}
+# what `AutoModel` loads: the encoder-decoder without the output layer
+BASE_MODEL_CLASSES: dict[type, type] = {}
+
+
+def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
+    """Make `method` a method of the package: added to the model code's `METHODS`, its classes to `MODEL_CLASSES` /
+    `BASE_MODEL_CLASSES`, registered with `AutoConfig`, `AutoModelForSeq2SeqLM` and `AutoModel` and marked for
+    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets. The five
+    built-in methods come this way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
+    modeling_deep_nmt.register_method(method)
+    config_class, model_class, base_model_class = method.config_class, method.model_class, method.base_model_class
+    MODEL_CLASSES[config_class] = model_class
+    BASE_MODEL_CLASSES[config_class] = base_model_class
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModelForSeq2SeqLM.register(config_class, model_class, exist_ok=True)
+    config_class.register_for_auto_class()
+    model_class.register_for_auto_class("AutoModelForSeq2SeqLM")
+    AutoModel.register(config_class, base_model_class, exist_ok=True)
+    base_model_class.register_for_auto_class("AutoModel")
+    register_lora_defaults([config_class.model_type])
+    return method
+
+
+def _register() -> None:
+    for method in list(METHODS.values()):
+        register_method(method)
+
+
+_register()
+
+
+def register() -> None:
+    """Nothing more to do: importing this module registered the package's models (see the module docstring)."""
+
+
+# what the package hands on (`hf_deep_nmt.__getattr__`)
+__all__ = [
+    "BASE_MODEL_CLASSES",
+    "DeepNMTConfig",
+    "DlclConfig",
+    "DeepNMTPreTrainedModel",
+    "DeepNMTModel",
+    "DeepNMTForConditionalGeneration",
+    "DeepNormConfig",
+    "DeepNormForConditionalGeneration",
+    "DeepNormModel",
+    "DlclForConditionalGeneration",
+    "DlclModel",
+    "DsInitConfig",
+    "DsInitForConditionalGeneration",
+    "DsInitModel",
+    "METHODS",
+    "MODEL_CLASSES",
+    "DeepNMTMethod",
+    "register_method",
+    "MscConfig",
+    "MscForConditionalGeneration",
+    "MscModel",
+    "SdtConfig",
+    "SdtForConditionalGeneration",
+    "SdtModel",
+    "TESTED_VERSIONS",
+    "__version__",
+    "register",
+]
