@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
-import json
 import math
 import os
 import sys
@@ -21,17 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from sacrebleu.metrics.bleu import BLEU
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
 from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.decoding import MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
-from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
+from hf_deep_nmt.decoding import LENGTH_PENALTY_FORMS, MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
 from hf_deep_nmt.growing import GROWTH_STRATEGIES
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
+from hf_deep_nmt.recipes import CONFIG_SUFFIXES, read_recipe, recipe_path
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -303,7 +301,6 @@ class StageArguments:
 
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, EvalExportArguments, DeepNMTTrainingArguments)
-CONFIG_SUFFIXES = (".json", ".yaml", ".yml")
 
 
 def multi_process_launch_without_gpu() -> bool:
@@ -313,50 +310,6 @@ def multi_process_launch_without_gpu() -> bool:
     non-distributed rank 0 (each training its own copy and each writing the output).
     """
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
-
-
-class DuplicateKeyError(ValueError):
-    """A recipe mapping names the same key twice (JSON and YAML loaders would keep the last without a word)."""
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    seen: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in seen:
-            raise DuplicateKeyError(f"key {key!r} appears more than once")
-        seen[key] = value
-    return seen
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """`yaml.SafeLoader` that refuses a key given twice in one mapping, at any depth."""
-
-    def construct_mapping(self, node, deep=False):
-        if isinstance(node, yaml.MappingNode):
-            seen = set()
-            for key_node, _ in node.value:  # the keys written here: a `<<` merge's keys may be overridden
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    continue
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    line = key_node.start_mark.line + 1
-                    raise DuplicateKeyError(f"key {key!r} appears more than once (again at line {line})")
-                seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def read_recipe(path: Path) -> Any:
-    """The values of a JSON or YAML recipe file; `ValueError` naming the file for text that is not valid and for a
-    key given twice in one mapping (the last would silently win, e.g. a second `model_overrides`)."""
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix == ".json":
-            return json.loads(text, object_pairs_hook=_unique_pairs)
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except DuplicateKeyError as error:
-        raise ValueError(f"{path}: {error}; the last would silently win, so keep one.") from None
-    except (ValueError, yaml.YAMLError) as error:
-        raise ValueError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
 
 
 def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLASSES) -> tuple[Any, ...]:
@@ -369,10 +322,9 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
     parser = HfArgumentParser(classes)
     cpu_default = {"use_cpu": True} if multi_process_launch_without_gpu() else {}
     parser.set_defaults(**cpu_default)
-    if argv and argv[0].endswith(CONFIG_SUFFIXES):
-        path = Path(argv.pop(0))
-        if not path.is_file():
-            raise FileNotFoundError(f"Config file not found: {path}")
+    path = recipe_path(argv)
+    if path is not None:
+        argv.pop(0)
         values = read_recipe(path)
         if not isinstance(values, dict):
             raise ValueError(f"{path}: expected a mapping of argument names to values, got {type(values).__name__}.")

@@ -56,6 +56,9 @@ def _finite(text: str) -> float:
 
 
 def _train(argv: list[str]) -> int:
+    from hf_deep_nmt.recipes import recipe_path
+
+    recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
     from hf_deep_nmt.training import run
 
     summary = run(argv)
@@ -65,6 +68,9 @@ def _train(argv: list[str]) -> int:
 
 
 def _train_staged(argv: list[str]) -> int:
+    from hf_deep_nmt.recipes import recipe_path
+
+    recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
     from hf_deep_nmt.staged import run_staged
 
     summary = run_staged(argv)

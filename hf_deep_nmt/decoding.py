@@ -13,14 +13,17 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
-from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
+# This module imports neither torch nor transformers: the decoding flags of `hf-deep-nmt translate` are made from
+# `DecodingOptions`, and a command refused on its arguments must not wait for them.
 
 # The positions are sinusoidal (no table, so no `max_position_embeddings`): these caps are what bounds the work.
 MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is translated
-# no translation is longer, whatever `max_length_a` and `max_length_b` allow (a new model's generate() cap, too)
-MAX_OUTPUT_TOKENS = DEFAULT_MAX_OUTPUT_TOKENS
+# no translation is longer, whatever `max_length_a` and `max_length_b` allow: the model code's
+# `DEFAULT_MAX_OUTPUT_TOKENS`, a new model's generate() cap (written out, not imported with the model code; a test
+# holds the two equal)
+MAX_OUTPUT_TOKENS = 1024
 MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
+LENGTH_PENALTY_FORMS = ("fairseq", "gnmt")  # see `hf_deep_nmt.evaluation.length_penalty`
 # A recipe's final evaluation: an output cap above this many tokens per sentence (max_length_a * max_source_length +
 # max_length_b) is refused, no sentence of a translation corpus needs it, and decoding up to it would run for hours.
 MAX_EVALUATION_OUTPUT_TOKENS = 4096

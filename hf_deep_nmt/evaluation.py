@@ -18,6 +18,8 @@ import numpy as np
 import sacrebleu
 from transformers import EvalPrediction, PreTrainedTokenizerBase
 
+from hf_deep_nmt.decoding import LENGTH_PENALTY_FORMS
+
 
 def corpus_scores(
     hypotheses: Sequence[str],
@@ -42,7 +44,6 @@ def corpus_scores(
     return scores
 
 
-LENGTH_PENALTY_FORMS = ("fairseq", "gnmt")
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
 
