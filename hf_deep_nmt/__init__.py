@@ -11,55 +11,6 @@ that loads or builds a model registers them too.
 refuses a bad argument, without them.
 """
 
-# The names below live in `hf_deep_nmt.registration`, imported on first use (PEP 562): importing it imports torch,
-# transformers and the model code, which a command refused on its arguments never needs.
-_REGISTERED_NAMES = frozenset(
-    {
-        "__version__",
-        "BASE_MODEL_CLASSES",
-        "DeepNMTConfig",
-        "DeepNMTForConditionalGeneration",
-        "DeepNMTMethod",
-        "DeepNMTModel",
-        "DeepNMTPreTrainedModel",
-        "DeepNormConfig",
-        "DeepNormForConditionalGeneration",
-        "DeepNormModel",
-        "DlclConfig",
-        "DlclForConditionalGeneration",
-        "DlclModel",
-        "DsInitConfig",
-        "DsInitForConditionalGeneration",
-        "DsInitModel",
-        "METHODS",
-        "MODEL_CLASSES",
-        "MscConfig",
-        "MscForConditionalGeneration",
-        "MscModel",
-        "register",
-        "register_method",
-        "SdtConfig",
-        "SdtForConditionalGeneration",
-        "SdtModel",
-        "TESTED_VERSIONS",
-    }
-)
-
-
-def __getattr__(name: str):
-    if name in _REGISTERED_NAMES:
-        from hf_deep_nmt import registration
-
-        value = getattr(registration, name)
-        globals()[name] = value  # looked up once
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_REGISTERED_NAMES})
-
-
 __all__ = [
     "BASE_MODEL_CLASSES",
     "DeepNMTConfig",
@@ -87,3 +38,21 @@ __all__ = [
     "SdtModel",
     "register",
 ]
+
+# They live in `hf_deep_nmt.registration`, imported on first use (PEP 562): importing it imports torch, transformers
+# and the model code, which a command refused on its arguments never needs.
+_REGISTERED_NAMES = frozenset(__all__) | {"TESTED_VERSIONS", "__version__"}
+
+
+def __getattr__(name: str):
+    if name in _REGISTERED_NAMES:
+        from hf_deep_nmt import registration
+
+        value = getattr(registration, name)
+        globals()[name] = value  # looked up once
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_REGISTERED_NAMES})

@@ -2,7 +2,8 @@
 
 `peft` looks up the default target modules of a `LoraConfig` without `target_modules` by the model's `model_type`
 (`peft.utils.constants.TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`, the table its built-in architectures are
-listed in). Importing `hf_deep_nmt` adds every model type of the package to it (`register_lora_defaults`), so that
+listed in). Registering the package's models (`hf_deep_nmt.registration`) adds every model type to it
+(`register_lora_defaults`), so that
 
     get_peft_model(model, LoraConfig(task_type="SEQ_2_SEQ_LM"))
 

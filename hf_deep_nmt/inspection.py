@@ -9,7 +9,7 @@ from typing import Any
 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
 
-from hf_deep_nmt import MODEL_CLASSES  # importing the package registers the model classes
+from hf_deep_nmt import MODEL_CLASSES  # its first use registers the model classes
 from hf_deep_nmt.data import read_parallel_file, sample_corpus_dir
 from hf_deep_nmt.diagnostics import STACKS, combination_weights, layer_gradient_norms, layer_similarity
 from hf_deep_nmt.plots import plot_combination_weights, plot_gradient_norms, plot_layer_similarity

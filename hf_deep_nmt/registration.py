@@ -10,7 +10,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling import modeling_deep_nmt
-from hf_deep_nmt.modeling.configuration_deep_nmt import (
+from hf_deep_nmt.modeling.configuration_deep_nmt import (  # noqa: F401  (handed on by the package)
     DeepNMTConfig,
     DeepNormConfig,
     DlclConfig,
@@ -19,7 +19,7 @@ from hf_deep_nmt.modeling.configuration_deep_nmt import (
     SdtConfig,
 )
 from hf_deep_nmt.modeling.contract_deep_nmt import TESTED_TRANSFORMERS
-from hf_deep_nmt.modeling.modeling_deep_nmt import (
+from hf_deep_nmt.modeling.modeling_deep_nmt import (  # noqa: F401  (handed on by the package)
     CODE_VERSION,
     METHODS,
     DeepNMTForConditionalGeneration,
@@ -80,35 +80,3 @@ _register()
 
 def register() -> None:
     """Nothing more to do: importing this module registered the package's models (see the module docstring)."""
-
-
-# what the package hands on (`hf_deep_nmt.__getattr__`)
-__all__ = [
-    "BASE_MODEL_CLASSES",
-    "DeepNMTConfig",
-    "DlclConfig",
-    "DeepNMTPreTrainedModel",
-    "DeepNMTModel",
-    "DeepNMTForConditionalGeneration",
-    "DeepNormConfig",
-    "DeepNormForConditionalGeneration",
-    "DeepNormModel",
-    "DlclForConditionalGeneration",
-    "DlclModel",
-    "DsInitConfig",
-    "DsInitForConditionalGeneration",
-    "DsInitModel",
-    "METHODS",
-    "MODEL_CLASSES",
-    "DeepNMTMethod",
-    "register_method",
-    "MscConfig",
-    "MscForConditionalGeneration",
-    "MscModel",
-    "SdtConfig",
-    "SdtForConditionalGeneration",
-    "SdtModel",
-    "TESTED_VERSIONS",
-    "__version__",
-    "register",
-]
