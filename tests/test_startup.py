@@ -1,0 +1,82 @@
+"""The command line starts without torch and transformers: `--help`, and a command refused on its arguments, finish
+before either is imported (importing them, and tearing them down at exit, is what made a refusal slow); the package's
+names are handed on, and its models registered, at their first use."""
+
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+HEAVY = ("torch", "transformers", "datasets", "sacrebleu", "peft")
+
+# Runs the command line in a fresh interpreter, then prints what it returned and which heavy packages it imported.
+PROBE = """
+import json, sys
+from hf_deep_nmt.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "imported": sorted(name for name in HEAVY if name in sys.modules)}))
+""".replace("HEAVY", repr(HEAVY))
+
+
+def run_cli(*arguments: str, cwd) -> dict:
+    result = subprocess.run(
+        [sys.executable, "-c", PROBE, *arguments], capture_output=True, text=True, cwd=cwd, check=True
+    )
+    return {**json.loads(result.stdout.splitlines()[-1]), "stderr": result.stderr}
+
+
+@pytest.mark.parametrize(
+    "arguments, code, message",
+    [
+        (["--help"], 0, "usage: hf-deep-nmt"),
+        (["no-such-command"], 2, "unknown command 'no-such-command'"),
+        (["translate"], 2, "the following arguments are required: --model"),
+        (["translate", "--model", "m", "--num-beams", "0"], 2, "--num-beams"),
+        (["train", "missing.json"], 2, "Config file not found: missing.json"),
+        (["train-staged", "missing.yaml"], 2, "Config file not found: missing.yaml"),
+        (["average"], 2, "the following arguments are required: --save-to"),
+        (["upgrade-code"], 2, "the following arguments are required: source"),
+    ],
+)
+def test_a_refused_command_imports_neither_torch_nor_transformers(tmp_path, arguments, code, message):
+    outcome = run_cli(*arguments, cwd=tmp_path)
+    assert outcome["code"] == code and message in outcome["stderr"]
+    assert outcome["imported"] == []
+
+
+def test_the_package_registers_its_models_at_the_first_use_of_a_name(tmp_path):
+    script = """
+import json, sys
+import hf_deep_nmt
+before = "torch" in sys.modules
+from transformers import CONFIG_MAPPING
+known = "deep_nmt_dlcl" in CONFIG_MAPPING
+from hf_deep_nmt import DlclConfig
+print(json.dumps([before, known, DlclConfig.model_type in CONFIG_MAPPING, hf_deep_nmt.__version__]))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
+    before, known, registered, version = json.loads(result.stdout)
+    assert (before, known, registered) == (False, False, True)
+    assert version == __import__("hf_deep_nmt").registration.CODE_VERSION
+
+
+def test_an_unknown_name_of_the_package_is_an_attribute_error():
+    import hf_deep_nmt
+
+    with pytest.raises(AttributeError, match="has no attribute 'NoSuchConfig'"):
+        hf_deep_nmt.NoSuchConfig  # noqa: B018
+    assert "DlclConfig" in dir(hf_deep_nmt)
+
+
+def test_the_0_1_0_path_of_inspect_model_warns_and_still_works():
+    from hf_deep_nmt import diagnostics
+    from hf_deep_nmt.inspection import inspect_model
+
+    with pytest.warns(FutureWarning, match="import it from `hf_deep_nmt.inspection`"):
+        assert diagnostics.inspect_model is inspect_model
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from hf_deep_nmt.inspection import inspect_model as again  # the new path says nothing
+    assert again is inspect_model
