@@ -31,7 +31,9 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_deep_nmt import registration  # noqa: F401  (configs and models of this package load through the Auto classes)
+from hf_deep_nmt.fingerprints import check_tokenizer_matches
 from hf_deep_nmt.folders import EXPORT_FLAG, write_marked_folder
+from hf_deep_nmt.memory import check_memory
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTSinusoidalPositions
 from hf_deep_nmt.settings import SettingCheck, refusals
@@ -197,8 +199,6 @@ def check_max_positions(config, max_positions: int) -> None:
     """`ValueError` for a `max_positions` that is not a positive integer, `InsufficientMemoryError` stating the
     estimate when its position table cannot be built here: `max_positions x d_model` float32 values, held about four
     times over while it is computed, copied into the specification and written. Checked before the model is loaded."""
-    from hf_deep_nmt.memory import check_memory
-
     if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
         raise ValueError(f"`max_positions` must be a positive integer, got {max_positions!r}.")
     check_memory(
@@ -233,8 +233,6 @@ def _token(tokens: list[str], token_id: int | list[int] | None, name: str) -> st
 def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_positions: int):
     """The CTranslate2 `TransformerSpec` holding `model`'s weights, with its vocabularies and config."""
     from ctranslate2.specs import common_spec, transformer_spec
-
-    from hf_deep_nmt.fingerprints import check_tokenizer_matches
 
     config = model.config
     check_ctranslate2_support(config)

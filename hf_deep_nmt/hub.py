@@ -5,6 +5,7 @@ Hub repository that already holds files, is never written over unless asked."""
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,8 @@ from hf_deep_nmt.folders import (  # noqa: F401  (the folder-safety functions, i
     user_file_modes,
     write_marked_folder,
 )
-from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
+from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS, DeepNMTConfig
+from hf_deep_nmt.modeling.modeling_deep_nmt import METHODS
 
 CITATION_MARKER = "<!-- citation -->"
 # Settings every card shows, whatever their value; the card adds every other setting that differs from the base
@@ -57,8 +59,6 @@ NOT_ARCHITECTURE = frozenset(
 def method_card(model_type: str) -> str:
     """The method description file (under `model_cards/methods/`) of a model type: its `METHODS` entry's `card`; a
     model type of no registered method gets the base architecture's."""
-    from hf_deep_nmt.modeling.modeling_deep_nmt import METHODS
-
     method = METHODS.get(model_type)
     return method.card if method is not None else "deep_nmt"
 
@@ -69,8 +69,6 @@ def architecture_of(config) -> dict:
     them here. Token ids, transformers' bookkeeping and how the model was made or is run (`NOT_ARCHITECTURE`) are
     left out."""
     from transformers import PretrainedConfig
-
-    from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
 
     values = config.to_dict()
     base = DeepNMTConfig().to_dict()
@@ -281,8 +279,6 @@ def upload_operations(folder: str | Path) -> list[CommitOperationAdd]:
     """One `CommitOperationAdd` per file of an exported folder (hidden files and folders left out), sorted by path:
     exactly what `push_to_hub` uploads. A symbolic link leading out of the folder (or nowhere), or to a folder, is
     refused (`ValueError` naming it): an upload never carries files from elsewhere on the machine."""
-    import os
-
     folder = Path(folder)
     if not (folder / "config.json").is_file() or not (folder / "README.md").is_file():
         raise FileNotFoundError(

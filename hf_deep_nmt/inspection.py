@@ -12,7 +12,9 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSe
 from hf_deep_nmt import MODEL_CLASSES  # its first use registers the model classes
 from hf_deep_nmt.data import read_parallel_file, sample_corpus_dir
 from hf_deep_nmt.diagnostics import STACKS, combination_weights, layer_gradient_norms, layer_similarity
+from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.plots import plot_combination_weights, plot_gradient_norms, plot_layer_similarity
+from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
 INSPECT_JSON = "inspect.json"
 MODEL_TYPES = {config_class.model_type for config_class in MODEL_CLASSES}
@@ -82,9 +84,6 @@ def inspect_model(
 def _model_and_tokenizer(model, tokenizer):
     """A model object with the tokenizer given; a saved folder / Hub id with its own tokenizer."""
     if isinstance(model, (str, Path)):
-        from hf_deep_nmt.model_folders import check_saved_json_files
-        from hf_deep_nmt.weights import safetensors_header, saved_weight_files
-
         check_saved_json_files(model)  # damaged files named here, not deep inside transformers
         for path in saved_weight_files(Path(str(model)).expanduser()):
             safetensors_header(path)

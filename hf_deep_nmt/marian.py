@@ -35,6 +35,11 @@ from pathlib import Path
 import torch
 
 from hf_deep_nmt import registration  # noqa: F401  (the converted model is saved with its `auto_map` and model code)
+from hf_deep_nmt.folders import check_export_folder, write_marked_folder
+from hf_deep_nmt.hub import settle_output_cap
+from hf_deep_nmt.model_folders import check_model_folder
+from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
+from hf_deep_nmt.modeling.modeling_deep_nmt import CODE_VERSION, DeepNMTForConditionalGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +58,6 @@ def _load_marian(source: str | Path):
     """The source `MarianMTModel` in float32, eval mode; `ValueError` / `FileNotFoundError` naming what is wrong with
     a source that is not one."""
     from transformers import AutoConfig, MarianMTModel
-
-    from hf_deep_nmt.model_folders import check_model_folder
 
     check_model_folder(
         source,
@@ -94,8 +97,6 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def deep_nmt_config(marian):
     """The `DeepNMTConfig` that computes what `marian` (a loaded `MarianMTModel`) computes."""
-    from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNMTConfig
-
     source = marian.config
     for field in ("encoder_layerdrop", "decoder_layerdrop"):
         if getattr(source, field, 0.0):
@@ -154,9 +155,6 @@ def _check_positions(marian, model) -> None:
 def convert_marian_model(marian):
     """A `DeepNMTForConditionalGeneration` holding the weights of `marian` (a loaded `MarianMTModel`), in eval mode,
     with its generation config; checked to give the same logits on a probe batch."""
-    from hf_deep_nmt.hub import settle_output_cap
-    from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
-
     config = deep_nmt_config(marian)
     model = DeepNMTForConditionalGeneration(config).eval()
     source = marian.state_dict()
@@ -246,8 +244,6 @@ def origin_record(source: str | Path, marian) -> dict:
     """What `DeepNMTConfig.converted_from` records of a conversion: the source's Hub id (or a local folder's name
     only: its path on this machine is nobody else's business), revision, class and licence, and this package's
     version. The model card renders it."""
-    from hf_deep_nmt.modeling.modeling_deep_nmt import CODE_VERSION
-
     path = Path(source).expanduser()
     local = path.exists()
     record = {
@@ -271,8 +267,6 @@ def convert_marian(source: str | Path, out: str | Path, *, overwrite: bool = Fal
     this package did not write. Everything is checked before anything is written: what cannot be converted is
     refused by name (`ValueError`), and the converted model must give the source's logits on a probe batch. The config
     records the source (`converted_from`, see `origin_record`) for the model card."""
-    from hf_deep_nmt.folders import check_export_folder, write_marked_folder
-
     check_export_folder(out, overwrite, flag=OVERWRITE_FLAG)
     marian = _load_marian(source)
     model = convert_marian_model(marian)

@@ -27,6 +27,7 @@ from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explic
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
 from hf_deep_nmt.checkpoints import last_complete_checkpoint, verify_checkpoint
 from hf_deep_nmt.growing import grow_encoder
+from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
@@ -41,6 +42,7 @@ from hf_deep_nmt.training import (
     prepare,
     recipe_inputs,
 )
+from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
 logger = logging.get_logger(__name__)
 
@@ -153,9 +155,6 @@ def finished_stage(stage_dir: Path, number: int, depth: int) -> dict[str, Any] |
     """The record (`stage.json`) of a stage an earlier run finished, None for a stage still to train. `ValueError`
     naming the stage folder, what is wrong and the way out when the record is damaged, is another stage's, or its
     final model (`model/`, which the next stage grows from) is missing or damaged."""
-    from hf_deep_nmt.model_folders import check_saved_json_files
-    from hf_deep_nmt.weights import safetensors_header, saved_weight_files
-
     record = stage_dir / "stage.json"
     if not record.is_file():
         return None

@@ -26,7 +26,9 @@ from hf_deep_nmt.data import path_kind
 from hf_deep_nmt.decoding import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
-from hf_deep_nmt.memory import check_memory
+from hf_deep_nmt.memory import check_memory, check_saved_model_size
+from hf_deep_nmt.model_folders import check_saved_json_files
+from hf_deep_nmt.weights import check_finite_weights, check_missing_weights
 
 # The caps (MAX_*) are `DecodingOptions`' (`hf_deep_nmt.decoding`) and stay importable from here.
 
@@ -94,9 +96,6 @@ def load_model(model_name: str, device: str | torch.device = "cpu"):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hf_deep_nmt import registration  # noqa: F401  (registers the model classes with the Auto classes)
-    from hf_deep_nmt.memory import check_saved_model_size
-    from hf_deep_nmt.model_folders import check_saved_json_files
-    from hf_deep_nmt.weights import check_finite_weights, check_missing_weights
 
     folder = Path(str(model_name)).expanduser()
     if folder.is_dir():

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_deep_nmt.folders import WRITTEN_MARKER, check_writable_location
 from hf_deep_nmt.model_folders import CODE_FILES
 from hf_deep_nmt.model_folders import check_model_folder as check_folder
 
@@ -261,8 +262,6 @@ def plan_and_check(old: Path, work: Path, num_checks: int, report: UpgradeReport
 def replace_in_folder(folder: Path, new: Path, report: UpgradeReport) -> None:
     """Swap the changed files into `folder` (each by an atomic rename), the replaced ones kept in a hidden backup
     folder that the export marker lists, so a later export with overwrite may still replace the folder."""
-    from hf_deep_nmt.folders import WRITTEN_MARKER, check_writable_location
-
     check_writable_location(folder, "Model folder")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     backup = folder / BACKUP_FOLDER / f"{report.old_version.split()[0]}-{stamp}"
