@@ -19,8 +19,16 @@ from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
-from transformers import LogitsProcessor, LogitsProcessorList, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    LogitsProcessor,
+    LogitsProcessorList,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
+from hf_deep_nmt import registration  # noqa: F401  (models load through the Auto classes)
 from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.data import path_kind
 from hf_deep_nmt.decoding import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
@@ -93,10 +101,6 @@ def load_model(model_name: str, device: str | torch.device = "cpu"):
     memory (`check_saved_model_size`); after loading, a weight the file lacks (initialised at random) and NaN or
     infinite weights are refused, naming them, as is a tokenizer that is not the model's (`check_tokenizer_matches`).
     """
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    from hf_deep_nmt import registration  # noqa: F401  (registers the model classes with the Auto classes)
-
     folder = Path(str(model_name)).expanduser()
     if folder.is_dir():
         check_saved_json_files(folder)
