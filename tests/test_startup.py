@@ -34,7 +34,6 @@ def run_cli(*arguments: str, cwd) -> dict:
         (["no-such-command"], 2, "unknown command 'no-such-command'"),
         (["translate"], 2, "the following arguments are required: --model"),
         (["translate", "--model", "m", "--num-beams", "0"], 2, "--num-beams"),
-        (["translate", "--model", "./no-such-folder"], 2, "'./no-such-folder' does not exist"),
         (["train", "missing.json"], 2, "Config file not found: missing.json"),
         (["train-staged", "missing.yaml"], 2, "Config file not found: missing.yaml"),
         (["average"], 2, "the following arguments are required: --save-to"),
