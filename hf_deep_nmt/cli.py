@@ -162,14 +162,16 @@ def _translate(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from hf_deep_nmt.decoding import DecodingOptions
-    from hf_deep_nmt.translate import check_output_path, read_lines, write_translations
 
-    # Everything the user named is checked, and the input read, before the model is loaded.
+    # Everything the user named is checked, and the input read, before the model is loaded; the decoding options
+    # before torch and transformers are imported (with the translation code).
     try:
         DecodingOptions.from_arguments(args)
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
+    from hf_deep_nmt.translate import check_output_path, read_lines, write_translations
+
     check_output_path(args.output, args.input, args.overwrite)
     device = _device(args.device)
     lines = read_lines(args.input)
