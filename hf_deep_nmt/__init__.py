@@ -1,15 +1,17 @@
 """hf-deep-nmt: deep-Transformer translation models (DLCL, DS-Init + MAtt, SDT, MSC, DeepNorm) as Hugging Face models.
 
-The first use of a name of the package (`from hf_deep_nmt import DlclConfig`, `hf_deep_nmt.METHODS`, or
-`hf_deep_nmt.register()` where no name is needed) registers every config with `AutoConfig`, its translation model with
+Importing the package registers every config with `AutoConfig`, its translation model with
 `AutoModelForSeq2SeqLM` and its encoder-decoder without the output layer with `AutoModel`, and marks them for
 auto-class saving, so that `save_pretrained` writes `auto_map` and the modeling files (Hub remote code); with `peft`
 installed, also the models' default LoRA target modules (`hf_deep_nmt.registration`). Every module of the package
 that loads or builds a model registers them too.
 
-`import hf_deep_nmt` alone imports neither torch nor transformers: the command line (`hf_deep_nmt.cli`) starts, and
-refuses a bad argument, without them.
+Only the command line, started through `hf_deep_nmt_cli` (the `hf-deep-nmt` script), imports the package without
+registering: it starts, and refuses a bad argument, without torch and transformers; its commands register when they
+load or build a model, and the package's names are handed on at their first use either way.
 """
+
+import sys
 
 __all__ = [
     "BASE_MODEL_CLASSES",
@@ -56,3 +58,7 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_REGISTERED_NAMES})
+
+
+if "hf_deep_nmt_cli" not in sys.modules:  # the Python API: registered on import, as 0.1.0 did
+    from hf_deep_nmt import registration  # noqa: F401

@@ -14,7 +14,7 @@ HEAVY = ("torch", "transformers", "datasets", "sacrebleu", "peft")
 # Runs the command line in a fresh interpreter, then prints what it returned and which heavy packages it imported.
 PROBE = """
 import json, sys
-from hf_deep_nmt.cli import main
+from hf_deep_nmt_cli import main
 code = main(sys.argv[1:])
 print(json.dumps({"code": code, "imported": sorted(name for name in HEAVY if name in sys.modules)}))
 """.replace("HEAVY", repr(HEAVY))
@@ -46,9 +46,25 @@ def test_a_refused_command_imports_neither_torch_nor_transformers(tmp_path, argu
     assert outcome["imported"] == []
 
 
-def test_the_package_registers_its_models_at_the_first_use_of_a_name(tmp_path):
+def test_a_bare_import_registers_the_models(tmp_path):
+    """What the README promises the Python API: `import hf_deep_nmt`, then the Auto classes load a saved folder
+    without `trust_remote_code`."""
+    script = """
+import json
+import hf_deep_nmt
+from transformers import CONFIG_MAPPING, AutoModelForSeq2SeqLM
+from hf_deep_nmt.registration import MODEL_CLASSES
+print(json.dumps([c.model_type in CONFIG_MAPPING for c in MODEL_CLASSES]))
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
+    registered = json.loads(result.stdout)
+    assert len(registered) >= 6 and all(registered)
+
+
+def test_the_command_line_registers_the_models_at_the_first_use_of_a_name(tmp_path):
     script = """
 import json, sys
+import hf_deep_nmt_cli
 import hf_deep_nmt
 before = "torch" in sys.modules
 from transformers import CONFIG_MAPPING
