@@ -289,9 +289,11 @@ def prepare_data(
     data_args,
     seed: int = 42,
     tokenizer: PreTrainedTokenizerBase | None = None,
-) -> PreparedData:
-    """The prepared folder of this recipe's data: opened when it exists (checked against its record), else built.
-    `tokenizer`: a given tokenizer (a saved model's, `tokenizer_name_or_path`, an earlier run's); None trains one."""
+    build: bool = True,
+) -> PreparedData | None:
+    """The prepared folder of this recipe's data: opened when it exists (checked against its record), else built
+    (else None, with `build=False`). `tokenizer`: a given tokenizer (a saved model's, `tokenizer_name_or_path`, an
+    earlier run's); None trains one."""
     started = time.perf_counter()
     raw = None
     if data_args.dataset_name:
@@ -303,6 +305,8 @@ def prepare_data(
         check_prepared_folder(folder, expected)  # refuses it, naming what is there
     if (folder / RECORD).is_file():
         return _log_use(open_prepared(folder, expected, inputs, True, started))
+    if not build:
+        return None
     with _lock(folder):
         if (folder / RECORD).is_file():  # built by another process while this one waited
             return _log_use(open_prepared(folder, expected, inputs, True, started))

@@ -67,7 +67,7 @@ from hf_deep_nmt.input_checks import (
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.preemption import raise_if_preempted
-from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data
+from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.trainer import DeepNMTTrainer
@@ -241,7 +241,12 @@ def prepare(
     set_seed(training_args.seed)
     given = given_tokenizer(model_args, tokenizer_dir)
     with training_args.main_process_first(desc="preparing the data"):
-        data = prepare_data(model_args, data_args, training_args.seed, given)
+        data = None
+        if given is not None and not model_args.saved_tokenizer():  # the tokenizer an earlier run of ours saved
+            data = prepare_data(model_args, data_args, training_args.seed, build=False)
+            if data is not None and tokenizer_digest(data.tokenizer) != tokenizer_digest(given):
+                data = None  # not the tokenizer these settings train now: the data is prepared with it
+        data = data or prepare_data(model_args, data_args, training_args.seed, given)
     tokenizer = given or data.tokenizer
     if given is None and tokenizer_dir is not None and training_args.process_index == 0:
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
@@ -259,6 +264,26 @@ def prepare(
         # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
         eval_dataset = data.validation.select_columns(list(ID_COLUMNS))
     return Prepared(raw, tokenizer, data.train, eval_dataset, references, data)
+
+
+def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
+    """`hf-deep-nmt prepare RECIPE [--field value ...]`: build (or find) the recipe's prepared data ahead of training,
+    e.g. on a CPU node before the GPUs are booked; `train` / `train-staged` of the same data and settings then reuse
+    it. The recipe is read as `train` (or `train-staged`) reads it; only its data and tokenizer settings are used and
+    no output folder is touched. Returns `PreparedData.summary()`."""
+    from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments
+
+    model_args, data_args, export_args, training_args, _ = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
+    check_model_arguments(model_args)
+    if model_args.model_name_or_path:
+        check_saved_model(model_args)
+    check_arguments(data_args, export_args, training_args)
+    for corpus in data_args.corpus_files():
+        parallel_files(corpus, data_args.source_lang, data_args.target_lang)
+    given = given_tokenizer(model_args)
+    with training_args.main_process_first(desc="preparing the data"):
+        data = prepare_data(model_args, data_args, training_args.seed, given)
+    return data.summary()
 
 
 def given_tokenizer(model_args: ModelArguments, tokenizer_dir: Path | None = None) -> PreTrainedTokenizerBase | None:
