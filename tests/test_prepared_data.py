@@ -376,3 +376,29 @@ def test_two_gloo_ranks_prepare_once_and_share_the_tokenizer(tmp_path):
     assert (other["built"], other["reused"]) == (0, True)
     assert main_rank["folder"] == other["folder"] and main_rank["tokenizer"] == other["tokenizer"]
     assert main_rank["rows"] == other["rows"] == 150
+
+
+def hub_style_dataset(folder: Path, train_rows: list[tuple[str, str]]) -> str:
+    """A local folder `datasets.load_dataset` reads by name, with `{"translation": {"de": ..., "en": ...}}` rows."""
+    folder.mkdir(exist_ok=True)
+    for split, rows in (("train", train_rows), ("validation", train_rows[:4])):
+        lines = [json.dumps({"translation": {"de": de, "en": en}}) for de, en in rows]
+        (folder / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
+    return str(folder)
+
+
+def test_a_named_dataset_is_prepared_once_and_fingerprinted_by_its_datasets_fingerprint(tmp_path, spy):
+    generator = random.Random(0)
+    rows = [(f"{generator.choice(WORDS)} {generator.choice(WORDS)}", generator.choice(WORDS)) for _ in range(80)]
+    name = hub_style_dataset(tmp_path / "wmt-like", rows)
+    model_args = ModelArguments(model_type="deep_nmt", tokenizer_vocab_size=300)
+    data_args = DataArguments(dataset_name=name, source_lang="en", target_lang="de", preprocessing_num_workers=1)
+    first = prepare_data(model_args, data_args, seed=3)
+    assert not first.reused and spy == {"tokenize": 2, "train": 1}
+    assert set(first.record["inputs"]["corpus"]["fingerprints"]) == {"train", "validation"}
+    assert (first.folder / "tokenizer" / "tokenizer.json").is_file() and len(first.train) == 80
+    second = prepare_data(model_args, data_args, seed=3)
+    assert second.reused and second.folder == first.folder and spy == {"tokenize": 2, "train": 1}
+    hub_style_dataset(tmp_path / "wmt-like", [("eins zwei", "one two"), *rows[1:]])
+    changed = prepare_data(model_args, data_args, seed=3)
+    assert not changed.reused and changed.folder != first.folder and changed.train[0] != first.train[0]
