@@ -207,7 +207,7 @@ def check_prepared_folder(folder: Path, expected: str | None = None) -> dict[str
         record = json.loads(record_path.read_text())
         recorded_files = record["files"]
         recorded = record["fingerprint"]
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         raise PreparedDataError(
             f"{folder} is not a prepared-data folder (no {RECORD}); remove it or name another `prepared_data_dir`."
         ) from None
@@ -301,7 +301,7 @@ def prepare_data(
     inputs = preparation_inputs(model_args, data_args, seed, tokenizer, raw)
     expected = fingerprint(inputs)
     folder = prepared_folder(data_args, expected)
-    if not (folder / RECORD).is_file() and os.path.lexists(folder) and not _is_empty_dir(folder):
+    if os.path.lexists(folder) and not (folder / RECORD).is_file() and not _is_empty_dir(folder):
         check_prepared_folder(folder, expected)  # refuses it, naming what is there
     if (folder / RECORD).is_file():
         return _log_use(open_prepared(folder, expected, inputs, True, started))
