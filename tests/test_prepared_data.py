@@ -402,3 +402,13 @@ def test_a_named_dataset_is_prepared_once_and_fingerprinted_by_its_datasets_fing
     hub_style_dataset(tmp_path / "wmt-like", [("eins zwei", "one two"), *rows[1:]])
     changed = prepare_data(model_args, data_args, seed=3)
     assert not changed.reused and changed.folder != first.folder and changed.train[0] != first.train[0]
+
+
+def test_two_tokenizing_workers_give_the_rows_of_one(tmp_path, monkeypatch):
+    monkeypatch.setattr(prepared_data, "PAIRS_PER_WORKER", 50)  # 150 pairs: two processes
+    built = prepare_data(*settings(tmp_path, write_corpus(tmp_path / "train.tsv", long_pairs=2)), seed=3)
+    dataset = prepared_data.write_parallel_arrow(tmp_path / "train.tsv", tmp_path / "pairs.arrow", "train_file")
+    two = tokenize_split(dataset, built.tokenizer, 32, 32, True, 2, tmp_path / "two.arrow")
+    assert len(list(tmp_path.glob("two_*.arrow"))) == 2  # written by two processes
+    assert two["input_ids"] == built.train["input_ids"] and two["labels"] == built.train["labels"]
+    assert len(two) == 150  # the two long pairs dropped in whichever process tokenized them
