@@ -32,6 +32,7 @@ from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import LENGTH_PENALTY_FORMS
 from hf_deep_nmt.growing import GROWTH_STRATEGIES
 from hf_deep_nmt.input_checks import check_config_overrides
+from hf_deep_nmt.streaming import DEFAULT_STREAM_BUFFER_PAIRS, DEFAULT_TOKENIZER_TRAIN_PAIRS, streaming_problems
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -113,6 +114,21 @@ class DataArguments:
     max_source_length: int = field(default=128, metadata={"help": "Longer source sentences are dropped (counted)."})
     max_target_length: int = field(default=128, metadata={"help": "Longer target sentences are dropped (counted)."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N pairs only."})
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read the training corpus while training (larger than memory or disk cache): token-budget batches "
+            "from a shuffling, length-bucketing buffer; needs max_steps. See docs/training.md, Streaming."
+        },
+    )
+    stream_buffer_pairs: int = field(
+        default=DEFAULT_STREAM_BUFFER_PAIRS,
+        metadata={"help": "With streaming: pairs per process read, sorted by length and cut into batches at a time."},
+    )
+    tokenizer_train_pairs: int = field(
+        default=DEFAULT_TOKENIZER_TRAIN_PAIRS,
+        metadata={"help": "A new tokenizer is trained on at most this many pairs (with streaming: the first ones)."},
+    )
 
     def corpus_paths(self) -> tuple[str | None, str | None]:
         """The training and validation files that are read: the bundled sample corpus when neither a file nor a
@@ -545,6 +561,7 @@ def check_arguments(
             f"`bleu_tokenize` must be one of sacreBLEU's tokenizers {tokenizers}, got {export_args.bleu_tokenize!r}"
             + (f" (did you mean {hint[0]!r}?)" if hint else "")
         )
+    problems += streaming_problems(data_args, training_args)
     if problems:
         raise ValueError("; ".join(problems) + ".")
     if export_args.average_checkpoints:

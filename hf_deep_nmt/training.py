@@ -74,6 +74,7 @@ from hf_deep_nmt.input_checks import (
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.streaming import prepare_streaming
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.translate import MAX_SOURCE_TOKENS, translate
@@ -234,6 +235,8 @@ def prepare(
 ) -> Prepared:
     """Load the corpus, get a tokenizer (`load_tokenizer`), tokenize both splits. Callers check the settings first
     (`check_before_work`)."""
+    if getattr(data_args, "streaming", False):  # read while training (`hf_deep_nmt.streaming`)
+        return prepare_streaming(model_args, data_args, training_args, tokenizer_dir)
     set_seed(training_args.seed)
     train_file, validation_file = data_args.corpus_paths()
     raw = load_parallel_dataset(
