@@ -658,6 +658,9 @@ class StreamLoader:
             collate_fn=partial(_collate, self.collator),
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
+            # its own generator: starting the loader draws a seed, which must not shift the global random state (a
+            # resumed run restores it before the loader starts, the uninterrupted one started it at step 0)
+            generator=torch.Generator(),
         )
         for batch, position in loader:
             self.position = self.stream.progress["position"] = position
