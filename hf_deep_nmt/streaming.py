@@ -794,10 +794,12 @@ def streaming_dataloader(trainer) -> StreamLoader:
 
 
 def stream_source(data_args):
-    """The corpus a streamed run reads: `train_file`, else `dataset_name`'s train split."""
-    if data_args.train_file:
-        return FileSource(data_args.train_file, data_args.source_lang, data_args.target_lang)
-    return HubSource(data_args.dataset_name, data_args.dataset_config, data_args.source_lang, data_args.target_lang)
+    """The corpus a streamed run reads: `dataset_name`'s train split, else `train_file` (the precedence of
+    `hf_deep_nmt.data.load_parallel_dataset`)."""
+    languages = (data_args.source_lang, data_args.target_lang)
+    if data_args.dataset_name:
+        return HubSource(data_args.dataset_name, data_args.dataset_config, *languages)
+    return FileSource(data_args.train_file, *languages)
 
 
 def _check_head(source, data_args) -> None:
@@ -818,7 +820,7 @@ def _check_head(source, data_args) -> None:
 def read_validation(data_args) -> datasets.Dataset | None:
     """The validation pairs (`source`/`target` columns), read whole as without streaming: `validation_file`, or
     `dataset_name`'s `dataset_validation_split` (streamed and kept, at most `max_eval_samples` rows)."""
-    if data_args.dataset_name and not data_args.train_file:
+    if data_args.dataset_name:
         name, split = data_args.dataset_name, data_args.dataset_validation_split
         splits = _split_names(name, data_args.dataset_config)
         if "train" not in splits:
@@ -889,7 +891,7 @@ def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path 
     if validation is not None:  # the final evaluation translates each source in full: checked before step 1
         where = (
             f"`validation_file` {data_args.validation_file!r}"
-            if data_args.validation_file
+            if not data_args.dataset_name
             else f"{data_args.dataset_name!r} split {data_args.dataset_validation_split!r}, counting rows as lines "
             "from 1,"
         )
