@@ -53,9 +53,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -73,6 +71,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoin
 from transformers.utils import logging
 
 from hf_deep_nmt.batching import token_batches
+from hf_deep_nmt.checkpoints import ChecksumRecorder, _write_json_atomically
 from hf_deep_nmt.data import (
     NUL,
     SOURCE,
@@ -573,6 +572,8 @@ class StreamedPairs(IterableDataset):
                     buffer_end = reader.position()
                     read += len(numbered)
                     kept, indices = self.tokenize([(source, target) for _, source, target in numbered])
+                    numbers = [numbered[index][0] for index in indices]
+                    del numbered  # the text is not kept while the buffer's batches are handed out
                     kept_in_pass += len(kept)
                     lengths = [max(len(source), len(target)) for source, target in kept]
                     order = self.buffer_batches(lengths, pass_number, buffer_number)
@@ -596,7 +597,7 @@ class StreamedPairs(IterableDataset):
                             }
                             for row in rows
                         ]
-                        yield StreamBatch(features, [numbered[indices[row]][0] for row in rows], position)
+                        yield StreamBatch(features, [numbers[row] for row in rows], position)
                     buffer_number, done, buffer_start = buffer_number + 1, 0, buffer_end
                 corpus_pairs = reader.pair
                 dropped_rows = getattr(reader, "dropped", 0)
@@ -645,12 +646,13 @@ def _collate(collator, item):
 
 class StreamLoader:
     """The training data loader of a streamed run: batches of `stream` from its `start`, collated (in one worker
-    process with `num_workers=1`); `position` is the stream's position after the last batch handed out."""
+    process with `num_workers=1`); `position` is the stream's position after the last batch handed out. Not passed
+    through `accelerate` (which would dispatch an iterable's batches from the main process) nor pinned: the Trainer
+    moves each batch (a few kilobytes of ids) to the device."""
 
-    def __init__(self, stream: StreamedPairs, collator, num_workers: int = 0, pin_memory: bool = False):
-        self.stream, self.collator, self.num_workers, self.pin_memory = stream, collator, num_workers, pin_memory
+    def __init__(self, stream: StreamedPairs, collator, num_workers: int = 0):
+        self.stream, self.collator, self.num_workers = stream, collator, num_workers
         self.position = stream.start
-        self.batches_at_start = (stream.start or {}).get("batches", 0)
 
     def __iter__(self):
         loader = DataLoader(
@@ -658,7 +660,6 @@ class StreamLoader:
             batch_size=None,
             collate_fn=partial(_collate, self.collator),
             num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
             # its own generator: starting the loader draws a seed, which must not shift the global random state (a
             # resumed run restores it before the loader starts, the uninterrupted one started it at step 0)
             generator=torch.Generator(),
@@ -700,19 +701,6 @@ class StreamPositionRecorder(TrainerCallback):
             "processes": positions,
         }
         _write_json_atomically(folder / STREAM_STATE_FILE, record)
-
-
-def _write_json_atomically(path: Path, content: dict) -> None:
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(content, stream, indent=1, sort_keys=True)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str, Any]:
@@ -761,8 +749,6 @@ def streaming_dataloader(trainer) -> StreamLoader:
     """The training loader of a `DeepNMTTrainer` whose `train_dataset` is a `StreamedPairs`: the stream for this
     process (rank, world size, seed and budget from the Trainer's arguments), continued from the position recorded
     in the checkpoint the Trainer resumes from, with a `StreamPositionRecorder` placed before the checksums."""
-    from hf_deep_nmt.checkpoints import ChecksumRecorder
-
     args = trainer.args
     stream = trainer.train_dataset.replace(
         max_tokens=args.max_tokens,
