@@ -377,6 +377,16 @@ def test_a_checkpoint_whose_position_cannot_hold_is_refused_by_name(corpus, tmp_
     (grown / "train.tsv").write_bytes((corpus / "train.tsv").read_bytes() + b"uno\tone\n")
     with pytest.raises(ValueError, match="the corpus changed"):
         recorded_position(checkpoint, same.replace(source=FileSource(grown / "train.tsv", "es", "en")))
+    shifted = tmp_path / "shifted"  # the same size, but the recorded offset is no longer a line start
+    shifted.mkdir()
+    text = (corpus / "train.tsv").read_bytes()
+    offset = recorded_position(checkpoint, same)["reader"]["offsets"][0]
+    assert text[offset - 1 : offset] == b"\n"
+    (shifted / "train.tsv").write_bytes(text[: offset - 2] + b"\n " + text[offset:])
+    with pytest.raises(
+        ValueError, match=rf"records byte {offset} of .*train.tsv as the start of a line, but it is not"
+    ):
+        recorded_position(checkpoint, same.replace(source=FileSource(shifted / "train.tsv", "es", "en")))
     (checkpoint / STREAM_STATE_FILE).unlink()
     with pytest.raises(ValueError, match=r"checkpoint-2'? has no stream_state\.json: it was not written by a stream"):
         recorded_position(checkpoint, same)
@@ -398,6 +408,20 @@ def test_bad_streaming_settings_are_refused_by_name_before_any_work(corpus, tmp_
     with pytest.raises(ValueError, match=message):
         training.run(argv)
     assert not (tmp_path / "run" / "tokenizer").exists()
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", r"`train_file` '.*train.tsv' holds no sentence pairs"),
+        ("source\ttarget\n", r"holds only a header line \('source' / 'target'\) and no sentence pairs"),
+    ],
+)
+def test_an_empty_streamed_corpus_is_refused_before_training(corpus, tmp_path, text, message):
+    (tmp_path / "train.tsv").write_text(text, encoding="utf-8")
+    argv = train_argv(corpus, tmp_path / "run", train_file=str(tmp_path / "train.tsv"))
+    with pytest.raises(ValueError, match=message):
+        training.run(argv)
 
 
 def test_train_staged_refuses_streaming(corpus, tmp_path):
