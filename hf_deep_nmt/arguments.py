@@ -30,6 +30,7 @@ from hf_deep_nmt.decoding import LENGTH_PENALTY_FORMS, MAX_EVALUATION_OUTPUT_TOK
 from hf_deep_nmt.growing import GROWTH_STRATEGIES
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 from hf_deep_nmt.recipes import CONFIG_SUFFIXES, read_recipe, recipe_path
+from hf_deep_nmt.streaming import DEFAULT_STREAM_BUFFER_PAIRS, streaming_problems
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -127,6 +128,17 @@ class DataArguments:
     )
     preprocessing_num_workers: int | None = field(
         default=None, metadata={"help": "Processes that tokenize the corpus (default: the cores available)."}
+    )
+    streaming: bool = field(
+        default=False,
+        metadata={
+            "help": "Read the training corpus while training (larger than memory or disk cache): token-budget batches "
+            "from a shuffling, length-bucketing buffer; needs max_steps. See docs/training.md, Streaming."
+        },
+    )
+    stream_buffer_pairs: int = field(
+        default=DEFAULT_STREAM_BUFFER_PAIRS,
+        metadata={"help": "With streaming: pairs per process read, sorted by length and cut into batches at a time."},
     )
 
     def corpus_paths(self) -> tuple[str | None, str | None]:
@@ -525,6 +537,7 @@ def check_arguments(
             f"`bleu_tokenize` must be one of sacreBLEU's tokenizers {tokenizers}, got {export_args.bleu_tokenize!r}"
             + (f" (did you mean {hint[0]!r}?)" if hint else "")
         )
+    problems += streaming_problems(data_args, training_args)
     if problems:
         raise ValueError("; ".join(problems) + ".")
     if export_args.average_checkpoints:

@@ -85,6 +85,12 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
             f"from the saved model `model_name_or_path` {model_args.model_name_or_path!r}. Grow a saved model with "
             "`grow_encoder` and train it with `hf-deep-nmt train` and `model_name_or_path` instead."
         )
+    if data_args.streaming:
+        raise ValueError(
+            "`hf-deep-nmt train-staged` does not stream its corpus (`streaming: true`): its stages would each start "
+            "the stream again. Train the stages without `streaming`, or grow a model with `grow_encoder` and train it "
+            "with `hf-deep-nmt train`."
+        )
     check_before_work(model_args, data_args, export_args, training_args)
     # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
     folder.start(

@@ -17,6 +17,7 @@ from hf_deep_nmt.checkpoints import ChecksumRecorder
 from hf_deep_nmt.preemption import PreemptionCallback
 from hf_deep_nmt.run_folder import RunOutputsCallback
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
+from hf_deep_nmt.streaming import StreamedPairs, streaming_dataloader
 
 
 class DeepNMTTrainer(Seq2SeqTrainer):
@@ -61,7 +62,14 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             return (outputs["loss"], outputs) if return_outputs else outputs["loss"]
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        # a streamed corpus continues from the position recorded in this checkpoint (`hf_deep_nmt.streaming`)
+        self.resuming_from = resume_from_checkpoint
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
     def get_train_dataloader(self) -> DataLoader:
+        if isinstance(self.train_dataset, StreamedPairs):  # `streaming: true`: batches made while reading
+            return streaming_dataloader(self)
         max_tokens = getattr(self.args, "max_tokens", None)
         if max_tokens is None:
             return super().get_train_dataloader()

@@ -65,6 +65,7 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGenerati
 from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.streaming import prepare_streaming
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.translate import MAX_SOURCE_TOKENS, translate
@@ -233,7 +234,9 @@ def prepare(
     """The prepared data of this recipe (`hf_deep_nmt.prepared_data.prepare_data`: built once, then reused by every
     run and rank): tokenizer, tokenized splits, validation text. Under `torchrun` / `accelerate launch` the main
     process prepares while the others wait, then every rank memory-maps the same folder. Callers check the settings
-    first (`check_before_work`)."""
+    first (`check_before_work`); `streaming: true` reads the corpus while training instead."""
+    if data_args.streaming:  # read while training (`hf_deep_nmt.streaming`)
+        return prepare_streaming(model_args, data_args, training_args, tokenizer_dir)
     set_seed(training_args.seed)
     given = given_tokenizer(model_args, tokenizer_dir)
     with training_args.main_process_first(desc="preparing the data"):
@@ -270,6 +273,11 @@ def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
     from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments
 
     model_args, data_args, export_args, training_args, _ = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
+    if data_args.streaming:
+        raise ValueError(
+            "`streaming: true` reads the corpus while training: there is nothing to prepare ahead (a streamed corpus "
+            "may not fit the disk); train it directly, or remove `streaming` to prepare the data once."
+        )
     check_model_arguments(model_args)
     if model_args.model_name_or_path:
         check_saved_model(model_args)

@@ -1,0 +1,900 @@
+"""Streaming (`streaming: true`): train from a corpus larger than the machine's memory or disk cache, read lazily
+while training, with token-budget batches and a resume that continues exactly where the stream stopped.
+
+Where the pairs come from: a local TSV / JSONL / two-file corpus (`train_file`), read line by line with the checks and
+error messages of `hf_deep_nmt.data` (encoding, NUL bytes, fields, empty sides, blank lines, aligned files), or a
+`datasets` name (`dataset_name`) read through `datasets.load_dataset(..., streaming=True)` (rows with an empty side
+dropped and counted, as `hf_deep_nmt.data` does). Nothing is written to disk and nothing beyond one buffer is held.
+
+How batches are made (the OpenNMT `bucket_size` / Marian maxi-batch idea), per process:
+
+* a buffer takes the next `stream_buffer_pairs` pairs of this process's share of the stream, tokenized as
+  `hf_deep_nmt.data.tokenize_parallel` does (pairs over `max_source_length` / `max_target_length` dropped and counted);
+* the buffer is cut into batches by `hf_deep_nmt.batching.token_batches`, the budget of the non-streamed path:
+  `sentences x longest side <= max_tokens` (the padded size), similar lengths together, ties broken by a seeded
+  shuffle (without `max_tokens`: `per_device_train_batch_size` pairs per batch);
+* the batches of the buffer are handed out in a seeded random order, every one of them, then the next buffer is read.
+  The seeds derive from the run's seed (`data_seed`, else `seed`), the rank, the pass and the buffer's number.
+* At the end of the corpus a new pass starts from its beginning (training is counted in `max_steps`, which streaming
+  requires). Buffers never span two passes, so every pair is delivered exactly once per pass; the last batch of a
+  buffer may be smaller than the budget.
+
+The corpus order decides which pairs share a buffer: a corpus sorted by topic or length gets buffers of one topic or
+length. Shuffle such a file once beforehand (`shuf corpus.tsv > shuffled.tsv`).
+
+Several processes: local files are dealt out by pair, pair `j` (counting from 0 in the file) to rank
+`j mod world_size`; every process reads and checks every line (so all stop at the same bad line) but tokenizes only
+its own pairs, and makes its own buffers and batches. A `dataset_name` is split by `datasets.distributed.
+split_dataset_by_node` (whole shards per rank where they divide evenly, else every `world_size`-th row). So each
+pair goes to one process per pass; the processes take the same number of steps (`max_steps`) and may be at slightly
+different places of their passes.
+
+Resuming, and what it guarantees: after each batch it hands to the Trainer, the loader knows the position that comes
+after it: the pass, the number of the buffer, where that buffer's first pair is read from (byte offsets of the next
+line and its line number for local files; `datasets`' own `state_dict()` of the stream for a `dataset_name`), and how
+many of that buffer's batches were already handed out. `StreamPositionRecorder` writes the position of every process
+into each checkpoint (`checkpoint-N/stream_state.json`, before the checksums of the checkpoint are recorded), and
+checks that it is the position after exactly `global_step x gradient_accumulation_steps` batches. A resumed run
+reads the buffer in progress again from its recorded start (at most `stream_buffer_pairs` pairs per process are read
+twice: read, never trained on twice), makes the same batches (same pairs, same seeds), skips those already handed out,
+and continues. So, for the same corpus, tokenizer and settings, the batches after a resume from step N are exactly the
+batches the uninterrupted run trains after step N, on every process: nothing replayed, nothing skipped. The Trainer's
+own fast-forwarding (`ignore_data_skip`) is turned off for a streamed run. A checkpoint whose position cannot hold is
+refused, naming why: written without streaming, another buffer size, seed, token budget, length limit, tokenizer size
+or process count, or a corpus file whose size changed (its offsets would point elsewhere).
+
+The tokenizer, unless the recipe names one, is trained on the first `tokenizer_train_pairs` pairs of the stream and
+saved in `output_dir/tokenizer/` (by the main process; the others wait and load it), where a resumed run loads it.
+The validation data is read as without streaming (it is small).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+import datasets
+import huggingface_hub
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+from transformers import TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
+from transformers.utils import logging
+
+from hf_deep_nmt.batching import token_batches
+from hf_deep_nmt.checkpoints import ChecksumRecorder, _write_json_atomically
+from hf_deep_nmt.data import (
+    NUL,
+    SOURCE,
+    TARGET,
+    _check_pair,
+    _looks_utf16,
+    _translation_pairs,
+    _warn_on_header,
+    parallel_files,
+    read_parallel_file,
+)
+
+logger = logging.get_logger(__name__)
+
+STREAM_STATE_FILE = "stream_state.json"
+STREAM_STATE_FORMAT = 1
+DEFAULT_STREAM_BUFFER_PAIRS = 100_000
+# pairs tokenized in one call (the batch `datasets.map` gives `tokenize_parallel`)
+TOKENIZE_CHUNK = 1000
+
+
+# ---- settings -------------------------------------------------------------------------------------------------------
+
+
+def streaming_problems(data_args, training_args) -> list[str]:
+    """What is wrong with the streaming settings, each naming the value and what is valid (empty when nothing is):
+    `stream_buffer_pairs` below 1 (`tokenizer_train_pairs` is checked with the model settings); with `streaming: true`, no `max_steps`, no corpus to
+    stream (`train_file` or `dataset_name`), a `max_tokens` below the longest pair the length limits admit, or more
+    than one data-loader worker."""
+    problems = []
+    for name, what in (("stream_buffer_pairs", "pairs held in the shuffling, length-bucketing buffer of each process"),):
+        value = getattr(data_args, name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"`{name}` ({what}) must be an integer >= 1, got {value!r}")
+    if not getattr(data_args, "streaming", False):
+        return problems
+    if training_args.max_steps is None or training_args.max_steps < 1:
+        problems.append(
+            f"`streaming: true` needs `max_steps` (a streamed corpus has no length to count epochs in), got "
+            f"max_steps={training_args.max_steps}; set it to the number of optimizer steps to train"
+        )
+    if not data_args.train_file and not data_args.dataset_name:
+        named = (
+            f" (`validation_file` {data_args.validation_file!r} names only the evaluation data)"
+            if data_args.validation_file
+            else ""
+        )
+        problems.append(
+            f"`streaming: true` needs the corpus to stream, `train_file` or `dataset_name`{named}; without either the "
+            "bundled sample is used, which fits in memory: remove `streaming`"
+        )
+    max_tokens = getattr(training_args, "max_tokens", None)
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    if max_tokens is not None and max_tokens < longest:
+        problems.append(
+            f"with `streaming: true`, `max_tokens` ({max_tokens}) must hold the longest pair the length limits admit "
+            f"(max(`max_source_length`, `max_target_length`) = {longest} tokens): a streamed corpus cannot be checked "
+            "for longer pairs before training; raise `max_tokens` or lower the limits"
+        )
+    workers = training_args.dataloader_num_workers
+    if workers > 1:
+        problems.append(
+            f"`streaming: true` reads the corpus with one reader per process: `dataloader_num_workers` must be 0 "
+            f"(read between steps) or 1 (read beside training), got {workers}"
+        )
+    return problems
+
+
+# ---- local files, read lazily ---------------------------------------------------------------------------------------
+
+
+def _open_corpus(path: Path):
+    """The binary file a streaming reader reads `path` through (one place, so that a test can count the lines)."""
+    return path.open("rb")
+
+
+class _Lines:
+    """The lines of one UTF-8 corpus file from byte `offset` (line `number` there), with the checks of
+    `hf_deep_nmt.data._lines`: UTF-16 and a byte-order mark on line 1, NUL bytes, invalid UTF-8, each error naming the
+    file and line. `offset` and `number` are those of the next line to read."""
+
+    def __init__(self, path: Path, offset: int = 0, number: int = 1):
+        self.path, self.offset, self.number = path, offset, number
+        self.handle = _open_corpus(path)
+        if offset:
+            self.handle.seek(offset)
+
+    def next(self) -> str | None:
+        raw = self.handle.readline()
+        if not raw:
+            return None
+        path, number = self.path, self.number
+        self.offset += len(raw)
+        self.number += 1
+        if number == 1 and _looks_utf16(raw):
+            raise ValueError(
+                f"{path} is UTF-16 text, not UTF-8; convert it first, keeping every character: "
+                f"`iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`."
+            )
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if NUL in raw:
+            raise ValueError(
+                f"{path}:{number}: NUL byte at column {raw.index(NUL) + 1}; a text corpus holds none (remove "
+                "them, e.g. `tr -d '\\000'`, or fix the tool that wrote the file)."
+            )
+        try:
+            return raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line, "
+                f"0x{raw[error.start]:02x}); find the file's encoding (`file -i {path}`) and convert it "
+                f"(`iconv -f ENCODING -t UTF-8`)."
+            ) from None
+
+    def close(self) -> None:
+        self.handle.close()
+
+
+def _tsv_pair(path: Path, number: int, line: str) -> tuple[str, str]:
+    """One `source<TAB>target` line, checked as `hf_deep_nmt.data.read_tsv` checks it."""
+    fields = line.split("\t")
+    if len(fields) != 2:
+        way_out = (
+            "no tab: separate source and target with one tab, or name a two-file corpus by its prefix"
+            if len(fields) == 1
+            else "a tab inside a sentence: replace it with a space"
+        )
+        raise ValueError(
+            f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)} ({way_out})."
+        )
+    _check_pair(path, number, *fields)
+    return fields[0], fields[1]
+
+
+def _jsonl_pair(path: Path, number: int, line: str, source_key: str, target_key: str) -> tuple[str, str]:
+    """One JSON object line, checked as `hf_deep_nmt.data.read_jsonl` checks it."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{number}: invalid JSON ({error.msg}).") from None
+    record = record.get("translation", record) if isinstance(record, dict) else record
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get(source_key), str)
+        or not isinstance(record.get(target_key), str)
+    ):
+        found = sorted(record) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+        raise ValueError(
+            f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}, got {found}; each line "
+            f"must be an object like {{{source_key!r}: ..., {target_key!r}: ...}} or "
+            f"{{'translation': {{{source_key!r}: ..., {target_key!r}: ...}}}} (`source_lang` / `target_lang` "
+            "name the keys)."
+        )
+    _check_pair(path, number, record[source_key], record[target_key])
+    return record[source_key], record[target_key]
+
+
+class _FileReader:
+    """Pairs of a local corpus from a recorded position, this process's share only (pair `j` to rank
+    `j mod world_size`; every line is read and checked). `position()` is where the next pair is read from."""
+
+    def __init__(self, files: list[Path], kind: str, languages: tuple[str, str], position, rank: int, world: int):
+        position = position or {"offsets": [0] * len(files), "line": 1, "pair": 0}
+        self.files, self.kind, self.languages, self.rank, self.world = files, kind, languages, rank, world
+        self.lines = [_Lines(file, offset, position["line"]) for file, offset in zip(files, position["offsets"])]
+        self.pair = position["pair"]  # pairs of the whole stream (every rank's) read before the next one
+
+    def position(self) -> dict[str, Any]:
+        return {"offsets": [lines.offset for lines in self.lines], "line": self.lines[0].number, "pair": self.pair}
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, str]:
+        while True:
+            pair = self._next_pair()
+            self.pair += 1
+            if (self.pair - 1) % self.world == self.rank:
+                return pair
+
+    def _next_pair(self) -> tuple[str, str]:
+        if self.kind == "two":
+            return self._next_aligned()
+        lines, blank = self.lines[0], None
+        while True:  # as `hf_deep_nmt.data._content_lines`: blank lines only at the end of the file
+            number = lines.number
+            line = lines.next()
+            if line is None:
+                raise StopIteration
+            if not line.strip():
+                blank = blank or number
+                continue
+            if blank is not None:
+                raise ValueError(
+                    f"{lines.path}:{blank}: empty line inside the file (only trailing blank lines are allowed)."
+                )
+            if self.kind == "tsv":
+                return _tsv_pair(lines.path, number, line)
+            return _jsonl_pair(lines.path, number, line, *self.languages)
+
+    def _next_aligned(self) -> tuple[str, str]:
+        """As `hf_deep_nmt.data.read_two_files`: the same line of both files, none of them empty."""
+        sources, targets = self.lines
+        number = sources.number
+        source, target = sources.next(), targets.next()
+        if source is None and target is None:
+            raise StopIteration
+        if source is None or target is None:
+            counts = []
+            for lines, line in ((sources, source), (targets, target)):
+                while line is not None:
+                    line = lines.next()
+                counts.append(lines.number - 1)
+            raise ValueError(
+                f"{sources.path} has {counts[0]} lines but {targets.path} has {counts[1]}; parallel files must align."
+            )
+        if not source.strip() or not target.strip():
+            bad = sources.path if not source.strip() else targets.path
+            raise ValueError(f"{bad}:{number}: empty line in a parallel file.")
+        return source, target
+
+    def close(self) -> None:
+        for lines in self.lines:
+            lines.close()
+
+
+class FileSource:
+    """A local parallel corpus (`train_file`: .tsv, .jsonl or a two-file prefix) read lazily."""
+
+    def __init__(self, path: str | Path, source_lang: str, target_lang: str):
+        self.name = str(path)
+        self.files = parallel_files(path, source_lang, target_lang)
+        self.kind = "two" if len(self.files) == 2 else ("tsv" if self.files[0].suffix == ".tsv" else "jsonl")
+        self.languages = (source_lang, target_lang)
+
+    def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _FileReader:
+        return _FileReader(self.files, self.kind, self.languages, position, rank, world_size)
+
+    def identity(self) -> dict[str, Any]:
+        """What a recorded position depends on: each file's name and size (a file that grew or shrank has other
+        offsets; the folder may differ, e.g. on the node a job was requeued to)."""
+        return {"files": [{"name": file.name, "bytes": file.stat().st_size} for file in self.files]}
+
+    def check_position(self, position: dict[str, Any], where: str) -> None:
+        """`ValueError` unless every recorded offset is the start of a line of its file."""
+        for file, offset in zip(self.files, position["offsets"]):
+            if offset == 0:
+                continue
+            with _open_corpus(file) as handle:
+                handle.seek(offset - 1)
+                if handle.read(1) != b"\n":
+                    raise ValueError(
+                        f"{where} records byte {offset} of {file} as the start of a line, but it is not one: the file "
+                        "changed since the checkpoint. Restore the corpus it was written with, or start afresh."
+                    )
+
+    def first_pairs(self, count: int) -> dict[str, list[str]]:
+        """The first `count` pairs of the corpus (every rank's), read from its start."""
+        reader = self.reader()
+        try:
+            pairs = list(islice(reader, count))
+        finally:
+            reader.close()
+        return {SOURCE: [s for s, _ in pairs], TARGET: [t for _, t in pairs]}
+
+
+# ---- a `datasets` name, streamed ------------------------------------------------------------------------------------
+
+
+def _stream_split(name: str, config: str | None, split: str) -> datasets.IterableDataset:
+    """`datasets.load_dataset(name, config, split=split, streaming=True)`, with the one-line error of
+    `hf_deep_nmt.data` when the Hub cannot be reached and the dataset is not in the local cache."""
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
+    try:
+        return datasets.load_dataset(name, config, split=split, streaming=True)
+    except (ConnectionError, TimeoutError, OSError, ValueError) as error:
+        if not offline and not isinstance(error, (ConnectionError, TimeoutError)):
+            raise
+        state = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
+        raise ConnectionError(
+            f"Dataset {name!r} cannot be streamed: {state} and it is not in the local datasets cache "
+            f"({type(error).__name__}: {str(error)[:200]}). Stream it with network access, or train on local files "
+            "(`train_file`, `validation_file`)."
+        ) from None
+
+
+def _split_names(name: str, config: str | None) -> list[str]:
+    try:
+        return list(datasets.get_dataset_split_names(name, config))
+    except (ConnectionError, TimeoutError, OSError, ValueError) as error:
+        raise ConnectionError(
+            f"Dataset {name!r} cannot be streamed: its splits cannot be listed ({type(error).__name__}: "
+            f"{str(error)[:200]}). Check the name and the network, or train on local files (`train_file`)."
+        ) from None
+
+
+class _HubReader:
+    """Pairs of a streamed `datasets` split from a recorded `state_dict()`; rows with an empty side are dropped and
+    counted (as `hf_deep_nmt.data` drops them)."""
+
+    def __init__(self, source: HubSource, position, rank: int, world_size: int):
+        dataset = _stream_split(source.name, source.config, source.split)
+        if world_size > 1:
+            from datasets.distributed import split_dataset_by_node
+
+            dataset = split_dataset_by_node(dataset, rank=rank, world_size=world_size)
+        if position is not None:
+            dataset.load_state_dict(position["state"])
+        self.source, self.dataset = source, dataset
+        self.rows = iter(dataset)
+        self.pair = position["pair"] if position else 0  # rows of this process's share read before the next one
+        self.dropped = 0
+
+    def position(self) -> dict[str, Any]:
+        return {"state": self.dataset.state_dict(), "pair": self.pair}
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, str]:
+        source_lang, target_lang = self.source.languages
+        while True:
+            row = next(self.rows)
+            self.pair += 1
+            where = f"{self.source.name}[{self.source.split}]"
+            pair = row.get("translation") if isinstance(row, dict) else None
+            if not isinstance(pair, dict):
+                columns = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise ValueError(f"{where}: expected a 'translation' column of {{language: text}}, got {columns}.")
+            missing = [lang for lang in (source_lang, target_lang) if lang not in pair]
+            if missing:
+                raise ValueError(f"{where}: no {missing} text in its translations; it has {sorted(pair)}.")
+            source, target = pair[source_lang], pair[target_lang]
+            if not (source or "").strip() or not (target or "").strip():
+                self.dropped += 1
+                continue
+            return source, target
+
+    def close(self) -> None:
+        pass
+
+
+class HubSource:
+    """The `train` split of a `datasets` name (`dataset_name`, `dataset_config`), streamed."""
+
+    def __init__(self, name: str, config: str | None, source_lang: str, target_lang: str, split: str = "train"):
+        self.name, self.config, self.split, self.languages = name, config, split, (source_lang, target_lang)
+
+    def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _HubReader:
+        return _HubReader(self, position, rank, world_size)
+
+    def identity(self) -> dict[str, Any]:
+        return {"dataset": self.name, "config": self.config, "split": self.split}
+
+    def check_position(self, position: dict[str, Any], where: str) -> None:
+        pass  # `datasets` refuses a state that does not fit the stream
+
+    def first_pairs(self, count: int) -> dict[str, list[str]]:
+        pairs = list(islice(self.reader(), count))
+        return {SOURCE: [s for s, _ in pairs], TARGET: [t for _, t in pairs]}
+
+
+# ---- the stream of batches ------------------------------------------------------------------------------------------
+
+
+def _derived_seed(seed: int, *parts: Any) -> int:
+    """A seed for one buffer of one pass on one rank, the same in every process and run (not Python's `hash`)."""
+    text = ":".join(str(part) for part in (seed, *parts))
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+@dataclass
+class StreamBatch:
+    """One batch: its features (`input_ids`, `attention_mask`, `labels` per pair, as `tokenize_parallel` makes them),
+    the stream's pair numbers (`pairs`: pair `j` of the corpus, counting from 0, or of this process's share of a
+    `datasets` stream), and the position of the stream after it."""
+
+    features: list[dict[str, list[int]]]
+    pairs: list[int]
+    position: dict[str, Any]
+
+
+class StreamedPairs(IterableDataset):
+    """The training data of a streamed run: an endless iterable of token-budget batches (see the module). Iterating
+    yields `(features, position)` from `start` (None: the corpus's beginning); `batches()` yields `StreamBatch`es.
+
+    `replace(...)` gives a copy with other settings (the Trainer's rank, seed and budget are set that way); copies
+    share `progress`, which the loader updates with the position of the last batch handed to training."""
+
+    def __init__(
+        self,
+        source,
+        tokenizer,
+        buffer_pairs: int = DEFAULT_STREAM_BUFFER_PAIRS,
+        max_source_length: int = 128,
+        max_target_length: int = 128,
+        max_tokens: int | None = None,
+        max_sentences: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        start: dict[str, Any] | None = None,
+    ):
+        self.source, self.tokenizer = source, tokenizer
+        self.buffer_pairs, self.max_source_length, self.max_target_length = (
+            buffer_pairs,
+            max_source_length,
+            max_target_length,
+        )
+        self.max_tokens, self.max_sentences, self.seed = max_tokens, max_sentences, seed
+        self.rank, self.world_size, self.start = rank, world_size, start
+        self.progress: dict[str, Any] = {"position": start}
+        self._check()
+
+    def _check(self) -> None:
+        if self.buffer_pairs < 1:
+            raise ValueError(f"`stream_buffer_pairs` must be >= 1, got {self.buffer_pairs}.")
+        if self.max_tokens is None and self.max_sentences is None:
+            raise ValueError("A stream needs a batch size: `max_tokens` or a sentence count.")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"`rank` must be in [0, {self.world_size}), got {self.rank}.")
+
+    def replace(self, **changes) -> StreamedPairs:
+        stream = copy.copy(self)  # shares `progress`
+        for name, value in changes.items():
+            if not hasattr(stream, name):
+                raise AttributeError(f"StreamedPairs has no setting {name!r}.")
+            setattr(stream, name, value)
+        stream._check()
+        return stream
+
+    def settings(self) -> dict[str, Any]:
+        """What the batches after a recorded position depend on, besides the corpus itself."""
+        return {
+            "stream_buffer_pairs": self.buffer_pairs,
+            "max_source_length": self.max_source_length,
+            "max_target_length": self.max_target_length,
+            "max_tokens": self.max_tokens,
+            "sentences_per_batch": self.max_sentences if self.max_tokens is None else None,
+            "seed": self.seed,
+            "world_size": self.world_size,
+            "tokenizer_size": len(self.tokenizer),
+        }
+
+    def __iter__(self) -> Iterator[tuple[list[dict[str, list[int]]], dict[str, Any]]]:
+        for batch in self.batches(self.start):
+            yield batch.features, batch.position
+
+    def tokenize(self, pairs: list[tuple[str, str]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[int]]:
+        """`(input_ids, labels)` of the pairs within the length limits (as `tokenize_parallel` with `drop_long`),
+        int32 arrays (a buffer then takes about 0.5 KB per pair of two 30-token sentences), and the positions in
+        `pairs` they came from."""
+        kept, indices = [], []
+        for first in range(0, len(pairs), TOKENIZE_CHUNK):
+            chunk = pairs[first : first + TOKENIZE_CHUNK]
+            sources = self.tokenizer([source for source, _ in chunk])["input_ids"]
+            targets = self.tokenizer(text_target=[target for _, target in chunk])["input_ids"]
+            for offset, (source, target) in enumerate(zip(sources, targets)):
+                if len(source) <= self.max_source_length and len(target) <= self.max_target_length:
+                    kept.append((np.asarray(source, dtype=np.int32), np.asarray(target, dtype=np.int32)))
+                    indices.append(first + offset)
+        return kept, indices
+
+    def buffer_batches(self, lengths: list[int], pass_number: int, buffer_number: int) -> list[list[int]]:
+        """The batches of one buffer (indices into it), in the order they are handed out."""
+        if not lengths:
+            return []
+        seed = _derived_seed(self.seed, self.rank, pass_number, buffer_number)
+        budget = self.max_tokens if self.max_tokens is not None else sys.maxsize
+        sentences = None if self.max_tokens is not None else self.max_sentences
+        batches = token_batches(lengths, budget, seed, sentences)
+        generator = torch.Generator().manual_seed(_derived_seed(self.seed, self.rank, pass_number, buffer_number, 1))
+        return [batches[index] for index in torch.randperm(len(batches), generator=generator).tolist()]
+
+    def batches(self, start: dict[str, Any] | None = None) -> Iterator[StreamBatch]:
+        """Batches from `start` (a position a batch carried; None: the beginning), endlessly (pass after pass)."""
+        start = start or {}
+        pass_number, buffer_number = start.get("pass", 0), start.get("buffer", 0)
+        reader_position, done, delivered = start.get("reader"), start.get("done", 0), start.get("batches", 0)
+        corpus_pairs = start.get("corpus_pairs")
+        while True:
+            whole_pass = reader_position is None
+            reader = self.source.reader(reader_position, self.rank, self.world_size)
+            read = kept_in_pass = 0
+            try:
+                buffer_start = reader.position()
+                while True:
+                    numbered = []
+                    for source, target in islice(reader, self.buffer_pairs):
+                        numbered.append((reader.pair - 1, source, target))
+                    if not numbered:
+                        break
+                    buffer_end = reader.position()
+                    read += len(numbered)
+                    kept, indices = self.tokenize([(source, target) for _, source, target in numbered])
+                    numbers = [numbered[index][0] for index in indices]
+                    del numbered  # the text is not kept while the buffer's batches are handed out
+                    kept_in_pass += len(kept)
+                    lengths = [max(len(source), len(target)) for source, target in kept]
+                    order = self.buffer_batches(lengths, pass_number, buffer_number)
+                    for index in range(done, len(order)):
+                        delivered += 1
+                        last = index == len(order) - 1
+                        position = {
+                            "pass": pass_number,
+                            "buffer": buffer_number + 1 if last else buffer_number,
+                            "reader": buffer_end if last else buffer_start,
+                            "done": 0 if last else index + 1,
+                            "batches": delivered,
+                            "corpus_pairs": corpus_pairs,
+                        }
+                        rows = order[index]
+                        features = [
+                            {
+                                "input_ids": kept[row][0].tolist(),
+                                "attention_mask": [1] * len(kept[row][0]),
+                                "labels": kept[row][1].tolist(),
+                            }
+                            for row in rows
+                        ]
+                        yield StreamBatch(features, [numbers[row] for row in rows], position)
+                    buffer_number, done, buffer_start = buffer_number + 1, 0, buffer_end
+                corpus_pairs = reader.pair
+                dropped_rows = getattr(reader, "dropped", 0)
+            finally:
+                reader.close()
+            if read > kept_in_pass:
+                logger.warning(
+                    f"Streaming pass {pass_number + 1}: dropped {read - kept_in_pass} of {read} pairs longer than "
+                    f"{self.max_source_length} source / {self.max_target_length} target tokens"
+                    + (f" (process {self.rank} of {self.world_size})." if self.world_size > 1 else ".")
+                )
+            if dropped_rows:
+                logger.warning(f"Streaming pass {pass_number + 1}: dropped {dropped_rows} rows with an empty side.")
+            if whole_pass and kept_in_pass == 0:
+                share = f" for process {self.rank} of {self.world_size}" if self.world_size > 1 else ""
+                if read == 0:
+                    raise ValueError(f"The streamed corpus holds no sentence pairs{share}; give one with pairs.")
+                raise ValueError(
+                    f"No training pair{share} is within `max_source_length={self.max_source_length}` / "
+                    f"`max_target_length={self.max_target_length}` tokens ({read} pairs read); raise them."
+                )
+            pass_number, buffer_number, reader_position, done = pass_number + 1, 0, None, 0
+
+
+class StreamedCorpus:
+    """`Prepared.raw["train"]` of a streamed run: its length is the corpus's pair count once a pass has ended, until
+    then the pairs read so far (what the model card can say)."""
+
+    def __init__(self, stream: StreamedPairs):
+        self.stream = stream
+
+    def __len__(self) -> int:
+        position = self.stream.progress.get("position")
+        if not position:
+            return 0
+        return position.get("corpus_pairs") or position["reader"]["pair"]
+
+
+# ---- the Trainer's side: loader, recorded position, resume ----------------------------------------------------------
+
+
+def _collate(collator, item):
+    features, position = item
+    return collator(features), position
+
+
+class StreamLoader:
+    """The training data loader of a streamed run: batches of `stream` from its `start`, collated (in one worker
+    process with `num_workers=1`); `position` is the stream's position after the last batch handed out. Not passed
+    through `accelerate` (which would dispatch an iterable's batches from the main process) nor pinned: the Trainer
+    moves each batch (a few kilobytes of ids) to the device."""
+
+    def __init__(self, stream: StreamedPairs, collator, num_workers: int = 0):
+        self.stream, self.collator, self.num_workers = stream, collator, num_workers
+        self.position = stream.start
+
+    def __iter__(self):
+        loader = DataLoader(
+            self.stream.replace(start=self.position),
+            batch_size=None,
+            collate_fn=partial(_collate, self.collator),
+            num_workers=self.num_workers,
+            # its own generator: starting the loader draws a seed, which must not shift the global random state (a
+            # resumed run restores it before the loader starts, the uninterrupted one started it at step 0)
+            generator=torch.Generator(),
+        )
+        for batch, position in loader:
+            self.position = self.stream.progress["position"] = position
+            yield batch
+
+
+class StreamPositionRecorder(TrainerCallback):
+    """Write the stream position of every process into each checkpoint (`stream_state.json`); `DeepNMTTrainer`
+    places it before `ChecksumRecorder`, so the file is among the checkpoint's recorded files."""
+
+    def __init__(self, loader: StreamLoader):
+        self.loader = loader
+
+    def on_save(self, args, state, control, **kwargs):
+        position = self.loader.position
+        expected = state.global_step * args.gradient_accumulation_steps
+        handed = (position or {}).get("batches", 0)
+        if handed != expected:
+            raise RuntimeError(
+                f"The stream handed {handed} batches to training but step {state.global_step} x "
+                f"{args.gradient_accumulation_steps} accumulation means {expected}: its position cannot be recorded "
+                "for this checkpoint."
+            )
+        positions = [position]
+        if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            positions = [None] * args.world_size
+            torch.distributed.all_gather_object(positions, position)
+        if not args.should_save:
+            return
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        stream = self.loader.stream
+        record = {
+            "format": STREAM_STATE_FORMAT,
+            "settings": stream.settings(),
+            "source": stream.source.identity(),
+            "processes": positions,
+        }
+        _write_json_atomically(folder / STREAM_STATE_FILE, record)
+
+
+def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str, Any]:
+    """This process's stream position recorded in `checkpoint`, after checking that it still means the same place:
+    `ValueError` naming the checkpoint and the reason when it has no record (not a streamed run's), when a setting the
+    batches depend on changed (naming old and new values), or when the corpus changed."""
+    checkpoint = Path(checkpoint)
+    path = checkpoint / STREAM_STATE_FILE
+    way_out = "keep the settings it was written with, or start afresh in another output_dir"
+    if not path.is_file():
+        raise ValueError(
+            f"Checkpoint {str(checkpoint)!r} has no {STREAM_STATE_FILE}: it was not written by a streaming run "
+            "(`streaming: true`), so where its training stopped in the corpus is unknown and streaming from it would "
+            "replay or skip data. Resume it without `streaming`, or start afresh in another output_dir."
+        )
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        settings, identity, positions = record["settings"], record["source"], record["processes"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{str(path)!r} cannot be read ({error}); restore it, or start afresh.") from None
+    current = stream.settings()
+    changed = [
+        f"{key}: {settings.get(key)!r} -> {value!r}" for key, value in current.items() if settings.get(key) != value
+    ]
+    if changed:
+        raise ValueError(
+            f"Checkpoint {str(checkpoint)!r} recorded its stream position with other settings ({'; '.join(changed)}): "
+            f"the batches after it would not be those of the interrupted run; {way_out}."
+        )
+    now = stream.source.identity()
+    if identity != now:
+        raise ValueError(
+            f"Checkpoint {str(checkpoint)!r} recorded its stream position in another corpus ({identity} then, {now} "
+            "now): the corpus changed, and the recorded position would not be the same place in it. Restore the "
+            "corpus it was written with, or start afresh in another output_dir."
+        )
+    if not isinstance(positions, list) or len(positions) != stream.world_size:
+        raise ValueError(f"{str(path)!r} does not hold one position per process ({stream.world_size}); {way_out}.")
+    position = positions[stream.rank]
+    if position is not None:
+        stream.source.check_position(position["reader"], f"Checkpoint {str(checkpoint)!r}")
+    return position
+
+
+def streaming_dataloader(trainer) -> StreamLoader:
+    """The training loader of a `DeepNMTTrainer` whose `train_dataset` is a `StreamedPairs`: the stream for this
+    process (rank, world size, seed and budget from the Trainer's arguments), continued from the position recorded
+    in the checkpoint the Trainer resumes from, with a `StreamPositionRecorder` placed before the checksums."""
+    args = trainer.args
+    stream = trainer.train_dataset.replace(
+        max_tokens=args.max_tokens,
+        max_sentences=None if args.max_tokens is not None else args.per_device_train_batch_size,
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+        rank=args.process_index,
+        world_size=max(1, args.world_size),
+    )
+    # the stream resumes from its recorded position; the Trainer must not also skip (read and drop) batches
+    args.ignore_data_skip = True
+    checkpoint = getattr(trainer, "resuming_from", None)
+    if checkpoint is True or (isinstance(checkpoint, str) and checkpoint.lower() in ("true", "last")):
+        checkpoint = get_last_checkpoint(args.output_dir)
+    start = recorded_position(checkpoint, stream) if checkpoint else None
+    if start is not None:
+        logger.warning(
+            f"Streaming resumes at pass {start['pass'] + 1}, buffer {start['buffer'] + 1}, after {start['done']} of "
+            f"its batches ({start['batches']} batches trained)."
+        )
+    loader = StreamLoader(stream.replace(start=start), trainer.data_collator, args.dataloader_num_workers)
+    callbacks = trainer.callback_handler.callbacks
+    callbacks[:] = [callback for callback in callbacks if not isinstance(callback, StreamPositionRecorder)]
+    place = next((i for i, callback in enumerate(callbacks) if isinstance(callback, ChecksumRecorder)), len(callbacks))
+    callbacks.insert(place, StreamPositionRecorder(loader))
+    return loader
+
+
+# ---- preparing a streamed run ---------------------------------------------------------------------------------------
+
+
+def stream_source(data_args):
+    """The corpus a streamed run reads: `dataset_name`'s train split, else `train_file` (the precedence of
+    `hf_deep_nmt.data.load_parallel_dataset`)."""
+    languages = (data_args.source_lang, data_args.target_lang)
+    if data_args.dataset_name:
+        return HubSource(data_args.dataset_name, data_args.dataset_config, *languages)
+    return FileSource(data_args.train_file, *languages)
+
+
+def _check_head(source, data_args) -> None:
+    """Before any work, what `load_parallel_dataset` refuses at once: an empty corpus or one holding only a header;
+    a first pair that looks like a header is warned about."""
+    head = source.first_pairs(2)
+    if not head[SOURCE]:
+        raise ValueError(f"`train_file` {source.name!r} holds no sentence pairs; give a corpus with at least one.")
+    if isinstance(source, FileSource):  # its first pair is its line 1: a blank line before text is an error
+        header = _warn_on_header(source.name, head, data_args.source_lang, data_args.target_lang)
+        if header and len(head[SOURCE]) == 1:
+            raise ValueError(
+                f"`train_file` {source.name!r} holds only a header line ({head[SOURCE][0]!r} / {head[TARGET][0]!r}) "
+                "and no sentence pairs; give a corpus with at least one (a header line is not needed)."
+            )
+
+
+def read_validation(data_args) -> datasets.Dataset | None:
+    """The validation pairs (`source`/`target` columns), read whole as without streaming: `validation_file`, or
+    `dataset_name`'s `dataset_validation_split` (streamed and kept, at most `max_eval_samples` rows)."""
+    if data_args.dataset_name:
+        name, split = data_args.dataset_name, data_args.dataset_validation_split
+        splits = _split_names(name, data_args.dataset_config)
+        if "train" not in splits:
+            raise ValueError(f"Dataset {name!r} has no 'train' split; it has {sorted(splits)}.")
+        if split not in splits:
+            if split != "validation":
+                raise ValueError(f"Dataset {name!r} has no {split!r} split; it has {sorted(splits)}.")
+            logger.warning(f"Dataset {name!r} has no 'validation' split: there will be no evaluation.")
+            return None
+        streamed = _stream_split(name, data_args.dataset_config, split)
+        rows = list(islice(streamed, data_args.max_eval_samples))
+        return _translation_pairs(
+            datasets.Dataset.from_list(rows, features=streamed.features),
+            f"{name}[{split}]",
+            data_args.source_lang,
+            data_args.target_lang,
+        )
+    train_file, path = data_args.train_file, data_args.validation_file
+    if path is None:
+        return None
+    if Path(path).resolve() == Path(train_file).resolve():
+        logger.warning(
+            f"The validation file is the training file ({train_file}): the scores will not tell how the model does "
+            "on unseen text."
+        )
+    pairs = read_parallel_file(path, data_args.source_lang, data_args.target_lang)
+    if not pairs[SOURCE]:
+        raise ValueError(f"`validation_file` {str(path)!r} holds no sentence pairs; give a corpus with at least one.")
+    if _warn_on_header(path, pairs, data_args.source_lang, data_args.target_lang) and len(pairs[SOURCE]) == 1:
+        raise ValueError(
+            f"`validation_file` {str(path)!r} holds only a header line ({pairs[SOURCE][0]!r} / {pairs[TARGET][0]!r}) "
+            "and no sentence pairs; give a corpus with at least one (a header line is not needed)."
+        )
+    return datasets.Dataset.from_dict(pairs)
+
+
+def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path | None = None):
+    """`hf_deep_nmt.training.prepare` for `streaming: true`: the tokenizer (the recipe's, the one saved in
+    `tokenizer_dir` by an earlier run, or one trained on the first `tokenizer_train_pairs` pairs of the stream and
+    saved there; default `output_dir/tokenizer`), the validation split tokenized as without streaming, and the
+    training data as a `StreamedPairs` (read while training)."""
+    from transformers import set_seed
+
+    from hf_deep_nmt.data import tokenize_parallel
+    from hf_deep_nmt.evaluation import check_source_lengths
+    from hf_deep_nmt.prepared_data import tokenizer_train_pairs
+    from hf_deep_nmt.training import Prepared, load_tokenizer
+    from hf_deep_nmt.translate import MAX_SOURCE_TOKENS
+
+    set_seed(training_args.seed)
+    source = stream_source(data_args)
+    if isinstance(source, FileSource):
+        _check_head(source, data_args)
+    validation = read_validation(data_args)
+    if validation is not None and data_args.max_eval_samples:
+        validation = validation.select(range(min(data_args.max_eval_samples, len(validation))))
+    tokenizer_dir = Path(tokenizer_dir or Path(training_args.output_dir) / "tokenizer")
+    # one process trains and saves the tokenizer; the others then load it from `tokenizer_dir`
+    with training_args.main_process_first(local=False, desc="streaming tokenizer"):
+        sample: dict[str, Any] = {}
+        if not model_args.saved_tokenizer() and not (tokenizer_dir / "tokenizer.json").is_file():
+            head = source.first_pairs(tokenizer_train_pairs(model_args))
+            if not head[SOURCE]:
+                raise ValueError(f"The streamed corpus {source.name!r} holds no sentence pairs; give one with pairs.")
+            sample = {"train": {SOURCE: head[SOURCE], TARGET: head[TARGET]}}
+            logger.warning(f"Training the tokenizer on the first {len(head[SOURCE])} pairs of the stream.")
+        tokenizer = load_tokenizer(model_args, sample, tokenizer_dir)
+    references, eval_dataset = [], None
+    if validation is not None:  # the final evaluation translates each source in full: checked before step 1
+        where = (
+            f"`validation_file` {data_args.validation_file!r}"
+            if not data_args.dataset_name
+            else f"{data_args.dataset_name!r} split {data_args.dataset_validation_split!r}, counting rows as lines "
+            "from 1,"
+        )
+        check_source_lengths(validation[SOURCE], tokenizer, MAX_SOURCE_TOKENS, where)
+        references = validation[TARGET]
+        # evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set
+        eval_dataset = tokenize_parallel(
+            validation, tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
+        )
+    stream = StreamedPairs(
+        source,
+        tokenizer,
+        data_args.stream_buffer_pairs,
+        data_args.max_source_length,
+        data_args.max_target_length,
+        max_tokens=training_args.max_tokens,
+        max_sentences=training_args.per_device_train_batch_size,
+        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
+    )
+    raw = {"train": StreamedCorpus(stream)}
+    if validation is not None:
+        raw["validation"] = validation
+    return Prepared(raw, tokenizer, stream, eval_dataset, references)
