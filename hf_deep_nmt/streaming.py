@@ -79,7 +79,7 @@ from hf_deep_nmt.data import (
     _check_pair,
     _looks_utf16,
     _translation_pairs,
-    _warn_on_header,
+    check_read_pairs,
     parallel_files,
     read_parallel_file,
 )
@@ -98,14 +98,17 @@ TOKENIZE_CHUNK = 1000
 
 def streaming_problems(data_args, training_args) -> list[str]:
     """What is wrong with the streaming settings, each naming the value and what is valid (empty when nothing is):
-    `stream_buffer_pairs` below 1 (`tokenizer_train_pairs` is checked with the model settings); with `streaming: true`, no `max_steps`, no corpus to
+    `stream_buffer_pairs` below 1 (`tokenizer_train_pairs` is checked with the model settings); with
+    `streaming: true`, no `max_steps`, no corpus to
     stream (`train_file` or `dataset_name`), a `max_tokens` below the longest pair the length limits admit, or more
     than one data-loader worker."""
     problems = []
-    for name, what in (("stream_buffer_pairs", "pairs held in the shuffling, length-bucketing buffer of each process"),):
-        value = getattr(data_args, name, 1)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"`{name}` ({what}) must be an integer >= 1, got {value!r}")
+    value = data_args.stream_buffer_pairs
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(
+            "`stream_buffer_pairs` (pairs held in the shuffling, length-bucketing buffer of each process) must be an "
+            f"integer >= 1, got {value!r}"
+        )
     if not getattr(data_args, "streaming", False):
         return problems
     if training_args.max_steps is None or training_args.max_steps < 1:
@@ -791,12 +794,7 @@ def _check_head(source, data_args) -> None:
     if not head[SOURCE]:
         raise ValueError(f"`train_file` {source.name!r} holds no sentence pairs; give a corpus with at least one.")
     if isinstance(source, FileSource):  # its first pair is its line 1: a blank line before text is an error
-        header = _warn_on_header(source.name, head, data_args.source_lang, data_args.target_lang)
-        if header and len(head[SOURCE]) == 1:
-            raise ValueError(
-                f"`train_file` {source.name!r} holds only a header line ({head[SOURCE][0]!r} / {head[TARGET][0]!r}) "
-                "and no sentence pairs; give a corpus with at least one (a header line is not needed)."
-            )
+        check_read_pairs(source.name, "train_file", head, data_args.source_lang, data_args.target_lang)
 
 
 def read_validation(data_args) -> datasets.Dataset | None:
@@ -829,13 +827,7 @@ def read_validation(data_args) -> datasets.Dataset | None:
             "on unseen text."
         )
     pairs = read_parallel_file(path, data_args.source_lang, data_args.target_lang)
-    if not pairs[SOURCE]:
-        raise ValueError(f"`validation_file` {str(path)!r} holds no sentence pairs; give a corpus with at least one.")
-    if _warn_on_header(path, pairs, data_args.source_lang, data_args.target_lang) and len(pairs[SOURCE]) == 1:
-        raise ValueError(
-            f"`validation_file` {str(path)!r} holds only a header line ({pairs[SOURCE][0]!r} / {pairs[TARGET][0]!r}) "
-            "and no sentence pairs; give a corpus with at least one (a header line is not needed)."
-        )
+    check_read_pairs(path, "validation_file", pairs, data_args.source_lang, data_args.target_lang)
     return datasets.Dataset.from_dict(pairs)
 
 
