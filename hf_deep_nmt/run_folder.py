@@ -121,14 +121,21 @@ def run_recipe(*arguments: Any) -> dict[str, Any]:
     return json.loads(json.dumps(recipe, sort_keys=True, default=str))
 
 
+# Recipe settings added since runs were first recorded, with the value that reproduces what runs recorded without
+# them did: a folder recorded before a setting existed resumes when the recipe leaves it at that value.
+ADDED_SETTINGS = {"streaming": False, "stream_buffer_pairs": 100_000, "tokenizer_train_pairs": None}
+
+
 def recipe_differences(recorded: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: old -> new` for each recipe setting that changed; settings a record of an earlier version holds that are
-    no longer part of a recipe (`NOT_RECIPE`) do not count."""
+    no longer part of a recipe (`NOT_RECIPE`) do not count, nor settings it predates (`ADDED_SETTINGS`) left at the
+    value that trains what it trained."""
     keys = sorted((set(recorded) | set(current)) - NOT_RECIPE)
+    predates = {key for key in ADDED_SETTINGS if key not in recorded and current.get(key) == ADDED_SETTINGS[key]}
     return [
         f"{key}: {recorded.get(key, '(unset)')!r} -> {current.get(key, '(unset)')!r}"
         for key in keys
-        if recorded.get(key) != current.get(key)
+        if recorded.get(key) != current.get(key) and key not in predates
     ]
 
 

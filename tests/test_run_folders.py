@@ -590,3 +590,19 @@ def test_a_saved_model_with_a_smaller_tokenizer_is_refused(corpus, finished_run,
         ValueError, match=rf"has {len(smaller)} tokens but the model .* has a vocabulary of {model_vocab}"
     ):
         run(arguments)
+
+
+def test_a_record_written_before_a_setting_existed_resumes_only_at_the_value_it_trained_with():
+    from hf_deep_nmt.run_folder import ADDED_SETTINGS, recipe_differences
+    from hf_deep_nmt.streaming import DEFAULT_STREAM_BUFFER_PAIRS
+
+    assert ADDED_SETTINGS["stream_buffer_pairs"] == DEFAULT_STREAM_BUFFER_PAIRS
+    old_record = {"learning_rate": 0.001, "max_steps": 10}
+    today = {**old_record, "streaming": False, "stream_buffer_pairs": 100_000, "tokenizer_train_pairs": None}
+    assert recipe_differences(old_record, today) == []
+    assert recipe_differences(old_record, {**today, "streaming": True}) == ["streaming: '(unset)' -> True"]
+    assert recipe_differences(old_record, {**today, "tokenizer_train_pairs": 500}) == [
+        "tokenizer_train_pairs: '(unset)' -> 500"
+    ]
+    # a record that holds the setting compares it as any other
+    assert recipe_differences({**today, "streaming": True}, today) == ["streaming: True -> False"]
