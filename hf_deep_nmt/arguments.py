@@ -341,13 +341,18 @@ def multi_process_launch_without_gpu() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
 
 
-def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLASSES) -> tuple[Any, ...]:
+def parse_arguments(
+    argv: list[str] | None = None, classes: tuple = ARGUMENT_CLASSES, given: set[str] | None = None
+) -> tuple[Any, ...]:
     """`CONFIG.json|yaml [--field value ...]`: the file gives values, the command line overrides them.
 
     Unknown keys in the file are an error naming them (a misspelt field must not be ignored). `use_cpu` defaults to
-    true for a multi-process launch on a machine without a GPU (see `multi_process_launch_without_gpu`).
+    true for a multi-process launch on a machine without a GPU (see `multi_process_launch_without_gpu`). `given`, if
+    passed, receives the names the recipe and the flags set (for `check_explicit_run`, so the file is read once).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    if given is not None:
+        given |= _flag_names(argv)
     parser = HfArgumentParser(classes)
     cpu_default = {"use_cpu": True} if multi_process_launch_without_gpu() else {}
     parser.set_defaults(**cpu_default)
@@ -362,6 +367,8 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
         if unknown:
             raise ValueError(f"{path}: unknown keys {unknown}; see `hf-deep-nmt train --help` for valid ones.")
         check_recipe_values(values, classes, str(path))
+        if given is not None:
+            given |= set(values)
         if not argv:
             return parser.parse_dict({**cpu_default, **values})
         # Values from the file become defaults of the command line parser, so flags given after it win.
@@ -373,15 +380,19 @@ def parse_arguments(argv: list[str] | None = None, classes: tuple = ARGUMENT_CLA
     return parser.parse_args_into_dataclasses(args=argv)
 
 
-def check_explicit_run(argv: list[str] | None, command: str = "train") -> None:
+def _flag_names(argv: list[str]) -> set[str]:
+    return {item[2:].split("=")[0] for item in argv if item.startswith("--")}
+
+
+def check_explicit_run(argv: list[str] | None, command: str = "train", given: set[str] | None = None) -> None:
     """`ValueError` unless the command line names a model (`model_type` or `model_name_or_path`) and an `output_dir`,
-    in a config file or as flags: without them the defaults would start a full-size job into ./trainer_output."""
+    in a config file or as flags: without them the defaults would start a full-size job into ./trainer_output.
+    `given`: the names set, as `parse_arguments` collected them; else the recipe file is read here."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    given = {item[2:].split("=")[0] for item in argv if item.startswith("--")}
-    if argv and argv[0].endswith(CONFIG_SUFFIXES):
-        path = Path(argv[0])
-        values = read_recipe(path)
-        given |= set(values or {})
+    if given is None:
+        given = _flag_names(argv)
+        if argv and argv[0].endswith(CONFIG_SUFFIXES):
+            given |= set(read_recipe(Path(argv[0])) or {})
     missing = []
     if not given & {"model_type", "model_name_or_path"}:
         missing.append(f"a model (`model_type`, one of {tuple(PRESETS)}, or `model_name_or_path`)")
@@ -460,7 +471,7 @@ def check_model_arguments(model_args: ModelArguments) -> None:
     """`ValueError` for settings of a new tokenizer beside a saved one (they would be ignored); for a fresh preset (no
     `model_name_or_path`), for a preset that does not exist, an override that is not a field of its config, or one
     whose value the config refuses (its own message, naming the value). A saved model's folder and the recipe's
-    agreement with it are checked by `hf_deep_nmt.training.check_saved_model`."""
+    agreement with it are checked by `hf_deep_nmt.plan.check_saved_model`."""
     saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
         given = {name: getattr(model_args, name) for name in DEFAULT_TOKENIZER_SETTINGS}
@@ -493,10 +504,12 @@ def check_model_arguments(model_args: ModelArguments) -> None:
 
 def check_arguments(
     data_args: DataArguments, export_args: EvalExportArguments, training_args: Seq2SeqTrainingArguments
-) -> None:
+) -> DecodingOptions:
     """`ValueError` for a setting that would fail or give nonsense only after training (or at its end): naming the
-    setting, its value and what is valid. Cheap: nothing is loaded or built, no file is looked at."""
+    setting, its value and what is valid. Cheap: nothing is loaded or built, no file is looked at. Returns the final
+    evaluation's decoding options (`evaluation_options`), built while checking them."""
     problems = []
+    options = None
 
     def at_least_one(name: str, value) -> None:
         if value is not None and value < 1:
@@ -527,7 +540,7 @@ def check_arguments(
             )
     if not problems:  # the final evaluation's decoding options, as `translate` will check them after training
         try:
-            evaluation_options(export_args, training_args)
+            options = evaluation_options(export_args, training_args)
         except ValueError as error:
             problems.append(str(error).rstrip("."))
     tokenizers = sacrebleu_tokenizers()
@@ -552,6 +565,7 @@ def check_arguments(
                 f"`save_total_limit={limit}` keeps fewer checkpoints than `average_checkpoints="
                 f"{export_args.average_checkpoints}` averages; raise it or unset it."
             )
+    return options
 
 
 def evaluation_options(export_args, training_args) -> DecodingOptions:

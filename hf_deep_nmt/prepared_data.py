@@ -109,8 +109,8 @@ def tokenizer_digest(tokenizer: PreTrainedTokenizerBase) -> str:
     return digest.hexdigest()
 
 
-def _corpus_inputs(path: str, source_lang: str, target_lang: str) -> dict[str, Any]:
-    files = parallel_files(path, source_lang, target_lang)
+def _corpus_inputs(path: str, source_lang: str, target_lang: str, corpus: dict | None = None) -> dict[str, Any]:
+    files = corpus[path] if corpus and path in corpus else parallel_files(path, source_lang, target_lang)
     kind = "two files" if len(files) == 2 else files[0].suffix.lstrip(".")
     return {"kind": kind, "sha256": [file_digest(file) for file in files]}
 
@@ -121,10 +121,12 @@ def preparation_inputs(
     seed: int,
     tokenizer: PreTrainedTokenizerBase | None = None,
     raw: datasets.DatasetDict | None = None,
+    corpus: dict | None = None,
 ) -> dict[str, Any]:
     """What a prepared folder's contents depend on (its fingerprint is the sha256 of this, as sorted JSON): the
     corpus (file contents, or `raw`'s `datasets` fingerprints for a `dataset_name`), the languages, the tokenizer
-    (`tokenizer`'s files when one is given, else the training settings), the length limits, `max_eval_samples`."""
+    (`tokenizer`'s files when one is given, else the training settings), the length limits, `max_eval_samples`.
+    `corpus`: the files each corpus path resolves to, as the run's plan found them (`hf_deep_nmt.plan.RunPlan`)."""
     if data_args.dataset_name:
         corpus: dict[str, Any] = {
             "dataset_name": data_args.dataset_name,
@@ -134,9 +136,11 @@ def preparation_inputs(
         }
     else:
         train_file, validation_file = data_args.corpus_paths()
-        corpus = {"train": _corpus_inputs(train_file, data_args.source_lang, data_args.target_lang)}
+        languages = (data_args.source_lang, data_args.target_lang)
+        resolved = corpus
+        corpus = {"train": _corpus_inputs(train_file, *languages, resolved)}
         if validation_file:
-            corpus["validation"] = _corpus_inputs(validation_file, data_args.source_lang, data_args.target_lang)
+            corpus["validation"] = _corpus_inputs(validation_file, *languages, resolved)
     if tokenizer is not None:
         tokenizer_inputs: dict[str, Any] = {"given": tokenizer_digest(tokenizer)}
     else:
@@ -290,15 +294,16 @@ def prepare_data(
     seed: int = 42,
     tokenizer: PreTrainedTokenizerBase | None = None,
     build: bool = True,
+    corpus: dict | None = None,
 ) -> PreparedData | None:
     """The prepared folder of this recipe's data: opened when it exists (checked against its record), else built
     (else None, with `build=False`). `tokenizer`: a given tokenizer (a saved model's, `tokenizer_name_or_path`, an
-    earlier run's); None trains one."""
+    earlier run's); None trains one. `corpus`: the corpus files as the run's plan resolved them."""
     started = time.perf_counter()
     raw = None
     if data_args.dataset_name:
         raw = _named_pairs(data_args)
-    inputs = preparation_inputs(model_args, data_args, seed, tokenizer, raw)
+    inputs = preparation_inputs(model_args, data_args, seed, tokenizer, raw, corpus)
     expected = fingerprint(inputs)
     folder = prepared_folder(data_args, expected)
     if os.path.lexists(folder) and not (folder / RECORD).is_file() and not _is_empty_dir(folder):

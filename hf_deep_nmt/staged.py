@@ -28,6 +28,7 @@ from hf_deep_nmt.callbacks import nonfinite_steps_skipped
 from hf_deep_nmt.checkpoints import last_complete_checkpoint, verify_checkpoint
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.model_folders import check_saved_json_files
+from hf_deep_nmt.plan import RunPlan, plan_run
 from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
@@ -35,12 +36,10 @@ from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.training import (
     average_last_checkpoints,
     build_model,
-    check_before_work,
     configure_generation,
     evaluate_and_export,
     make_trainer,
     prepare,
-    recipe_inputs,
 )
 from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
@@ -69,39 +68,27 @@ class StageTrainer(DeepNMTTrainer):
 
 def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
     """Train every stage (skipping finished ones, resuming an interrupted one), then evaluate and export."""
-    arguments = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
-    check_explicit_run(argv, "train-staged")
+    given: set[str] = set()
+    arguments = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments), given=given)
+    check_explicit_run(argv, "train-staged", given)
     shape = run_shape(arguments[3])
     with RunFolder(arguments[3].output_dir, "train-staged", run_recipe(*arguments), shape) as folder:
-        summary = _run_staged(*arguments, folder)
+        summary = _run_staged(plan_run(*arguments[:4], arguments[4], "train-staged"), folder)
         folder.finish()
     return summary
 
 
-def _run_staged(model_args, data_args, export_args, training_args, stages, folder: RunFolder) -> dict[str, Any]:
-    if model_args.model_name_or_path:
-        raise ValueError(
-            f"`hf-deep-nmt train-staged` trains its first stage from a fresh `model_type` preset; it cannot start "
-            f"from the saved model `model_name_or_path` {model_args.model_name_or_path!r}. Grow a saved model with "
-            "`grow_encoder` and train it with `hf-deep-nmt train` and `model_name_or_path` instead."
-        )
-    if data_args.streaming:
-        raise ValueError(
-            "`hf-deep-nmt train-staged` does not stream its corpus (`streaming: true`): its stages would each start "
-            "the stream again. Train the stages without `streaming`, or grow a model with `grow_encoder` and train it "
-            "with `hf-deep-nmt train`."
-        )
-    check_before_work(model_args, data_args, export_args, training_args)
+def _run_staged(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
+    model_args, data_args, export_args, training_args = plan.arguments
+    stages = plan.stages
     # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
-    folder.start(
-        training_args.resume_from_checkpoint, training_args.overwrite_output_dir, recipe_inputs(model_args, data_args)
-    )
+    folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir, list(plan.inputs))
     root = Path(training_args.output_dir)
     finished = {  # read before anything is trained: a damaged record stops the run before step 1
         number: finished_stage(root / f"stage-{number}-{depth}-layers", number, depth)
         for number, depth in enumerate(stages.stage_depths, start=1)
     }
-    prepared = prepare(model_args, data_args, training_args, tokenizer_dir=root / "tokenizer")
+    prepared = prepare(plan, tokenizer_dir=root / "tokenizer")
     completed_steps, previous, trainer, summary = 0, None, None, {"stages": []}
     started = time.perf_counter()
     for number, depth in enumerate(stages.stage_depths, start=1):
@@ -115,13 +102,13 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
             continue
         if previous is None:
             overrides = {**model_args.model_overrides, "encoder_layers": depth}
-            model = build_model(dataclasses.replace(model_args, model_overrides=overrides), prepared.tokenizer)
+            model = build_model(dataclasses.replace(model_args, model_overrides=overrides), prepared.tokenizer, plan)
         else:
             previous_depth = stages.stage_depths[number - 2]
             model = grow_encoder(
                 previous, depth - previous_depth, stages.growth_strategy, stages.reset_previous_block_norm
             ).train()
-        configure_generation(model, prepared.tokenizer, data_args, export_args)
+        configure_generation(model, prepared.tokenizer, data_args, export_args, plan)
         stage_args = dataclasses.replace(training_args, output_dir=str(stage_dir), max_steps=stages.stage_max_steps)
         start_step = stage_start_step(completed_steps, stages.schedule_warmup_steps) if previous else 0
         trainer = make_trainer(
@@ -148,13 +135,13 @@ def _run_staged(model_args, data_args, export_args, training_args, stages, folde
         summary["stages"].append(done)
     if trainer is None:  # every stage was already done: evaluate the last one
         model = AutoModelForSeq2SeqLM.from_pretrained(previous)
-        configure_generation(model, prepared.tokenizer, data_args, export_args)
+        configure_generation(model, prepared.tokenizer, data_args, export_args, plan)
         trainer = make_trainer(model, training_args, prepared)
     summary.update(train_seconds=round(time.perf_counter() - started, 1), train_steps=completed_steps)
     summary["nonfinite_steps_skipped"] = sum(stage.get("nonfinite_steps_skipped", 0) for stage in summary["stages"])
     # the SDT paper averages the newest checkpoints of the last stage; the same step `train` takes on its run
     average_last_checkpoints(trainer, stage_dir, export_args.average_checkpoints, summary)
-    return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)
+    return evaluate_and_export(trainer, prepared, plan, summary)
 
 
 def finished_stage(stage_dir: Path, number: int, depth: int) -> dict[str, Any] | None:

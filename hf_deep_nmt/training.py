@@ -15,9 +15,7 @@ multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollator
 from __future__ import annotations
 
 import json
-import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,25 +41,30 @@ from hf_deep_nmt.arguments import (
     DeepNMTTrainingArguments,
     EvalExportArguments,
     ModelArguments,
-    check_arguments,
     check_explicit_run,
     check_model_arguments,
-    evaluation_options,
     parse_arguments,
 )
 from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
 from hf_deep_nmt.checkpoints import resolve_resume_checkpoint
 from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
-from hf_deep_nmt.data import SOURCE, TARGET, parallel_files, sample_corpus_dir
+from hf_deep_nmt.data import SOURCE, TARGET, sample_corpus_dir
 from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
-from hf_deep_nmt.folders import check_run_folders
-from hf_deep_nmt.hub import check_export_folder, export_hub_folder
-from hf_deep_nmt.memory import check_training_size
-from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files, check_saved_model_folder
+from hf_deep_nmt.hub import export_hub_folder
+from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
+from hf_deep_nmt.plan import (  # noqa: F401  (check_saved_model, check_repo_id, ...: their old home)
+    RunPlan,
+    check_checkpoints_to_average,
+    check_recipe_agrees_with_saved_model,
+    check_repo_id,
+    check_saved_model,
+    plan_run,
+    recipe_inputs,
+)
 from hf_deep_nmt.preemption import raise_if_preempted
 from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
@@ -75,29 +78,22 @@ logger = logging.get_logger(__name__)
 
 def run(argv: list[str] | None = None) -> dict[str, Any]:
     """Train, evaluate (sacreBLEU), translate a few sentences and export a Hub-ready folder. Returns the summary."""
-    arguments = parse_arguments(argv)
-    check_explicit_run(argv, "train")
+    given: set[str] = set()
+    arguments = parse_arguments(argv, given=given)
+    check_explicit_run(argv, "train", given)
     shape = run_shape(arguments[3])
     with RunFolder(arguments[3].output_dir, "train", run_recipe(*arguments), shape) as folder:
-        summary = _run(*arguments, folder)
+        summary = _run(plan_run(*arguments), folder)
         folder.finish()
     return summary
 
 
-def _run(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    export_args: EvalExportArguments,
-    training_args: DeepNMTTrainingArguments,
-    folder: RunFolder,
-) -> dict[str, Any]:
-    check_before_work(model_args, data_args, export_args, training_args)
-    resume = folder.start(
-        training_args.resume_from_checkpoint, training_args.overwrite_output_dir, recipe_inputs(model_args, data_args)
-    )
-    prepared = prepare(model_args, data_args, training_args)
-    model = build_model(model_args, prepared.tokenizer)
-    configure_generation(model, prepared.tokenizer, data_args, export_args)
+def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
+    training_args = plan.training_args
+    resume = folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir, list(plan.inputs))
+    prepared = prepare(plan)
+    model = build_model(plan.model_args, prepared.tokenizer, plan)
+    configure_generation(model, prepared.tokenizer, plan.data_args, plan.export_args, plan)
     trainer = make_trainer(model, training_args, prepared)
     started = time.perf_counter()
     checkpoint = resolve_resume_checkpoint(resume, training_args.output_dir)
@@ -111,18 +107,11 @@ def _run(
         "train_steps": train_result.global_step,
         "nonfinite_steps_skipped": nonfinite_steps_skipped(trainer),
     }
-    average_last_checkpoints(trainer, training_args.output_dir, export_args.average_checkpoints, summary)
-    return evaluate_and_export(trainer, prepared, data_args, export_args, training_args, summary)
+    average_last_checkpoints(trainer, training_args.output_dir, plan.export_args.average_checkpoints, summary)
+    return evaluate_and_export(trainer, prepared, plan, summary)
 
 
 # ---- the steps, in the order a run takes them -----------------------------------------------------------------------
-
-
-def recipe_inputs(model_args: ModelArguments, data_args: DataArguments) -> list[str]:
-    """The local paths a recipe reads (tokenizer, saved model, corpus files): `overwrite_output_dir` never removes
-    them, even where a run of ours wrote them."""
-    named = [model_args.saved_tokenizer(), model_args.model_name_or_path, *data_args.corpus_files()]
-    return [path for path in named if path]
 
 
 def check_before_work(
@@ -130,81 +119,9 @@ def check_before_work(
     data_args: DataArguments,
     export_args: EvalExportArguments,
     training_args: DeepNMTTrainingArguments,
-) -> None:
-    """Everything that would otherwise fail only after data and tokenizer are prepared or after training: the preset
-    and its overrides (`check_model_arguments`), or the saved model to start from and the recipe's agreement with it
-    (`check_saved_model`, which reads its config), the settings (`check_arguments`), then the folders
-    (`check_run_folders`, the export folder), and that the model and a training step fit the memory
-    (`check_training_size`). Loads no weights and no data, and changes nothing."""
-    check_model_arguments(model_args)
-    config = check_saved_model(model_args) if model_args.model_name_or_path else _sizes_of_preset(model_args)
-    check_arguments(data_args, export_args, training_args)
-    check_checkpoints_to_average(export_args, training_args)
-    for corpus in data_args.corpus_files():  # each file there and readable; its text is checked when it is read
-        parallel_files(corpus, data_args.source_lang, data_args.target_lang)
-    if export_args.repo_id is not None:
-        check_repo_id(export_args.repo_id)
-    protected = check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files())
-    if export_args.export_dir:
-        check_export_folder(export_args.export_dir, export_args.overwrite_export, protected=protected)
-    if hasattr(config, "encoder_ffn_dim"):  # the model and a training step must fit the machine
-        from torch.cuda import is_available as cuda_available
-
-        lengths = max(data_args.max_source_length, data_args.max_target_length)
-        tokens = training_args.max_tokens or training_args.per_device_train_batch_size * lengths
-        device = "cpu" if training_args.use_cpu or not cuda_available() else "cuda"
-        check_training_size(config, tokens, device)
-
-
-def check_checkpoints_to_average(export_args: EvalExportArguments, training_args: DeepNMTTrainingArguments) -> None:
-    """`ValueError` when a run of `max_steps` steps saving every `save_steps` writes fewer checkpoints than
-    `average_checkpoints` averages at its end (the Trainer saves at each multiple of `save_steps` and at the last
-    step). Runs counted in epochs are left to the end, where `last_checkpoints` names what exists."""
-    count, steps, every = export_args.average_checkpoints, training_args.max_steps, training_args.save_steps
-    if not count or steps is None or steps < 1 or training_args.save_strategy != "steps" or not every or every <= 0:
-        return
-    every = math.ceil(steps * every) if every < 1 else int(every)
-    saved = [*range(every, steps + 1, every)]
-    saved += [steps] if steps not in saved else []
-    if len(saved) < count:
-        raise ValueError(
-            f"`average_checkpoints={count}` averages the last {count} checkpoints, but `max_steps={steps}` with "
-            f"`save_steps={training_args.save_steps}` writes {len(saved)} (at steps {saved}); lower `save_steps` "
-            "or `average_checkpoints`, or raise `max_steps`."
-        )
-
-
-def check_repo_id(repo_id: str) -> None:
-    """`ValueError` naming `repo_id` when it is not a Hub repository id: the export's model card names it, and
-    `hf-deep-nmt push` would refuse it after the run."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as error:
-        reason = " ".join(str(error).split())
-        raise ValueError(
-            f"`repo_id` {repo_id!r} is not a Hub repository id ({reason}); write it as 'your-name/model-name'."
-        ) from None
-
-
-def _sizes_of_preset(model_args: ModelArguments):
-    """The preset's config with the overrides (already checked by `check_model_arguments`), built without its
-    warnings (the run's own config says them once), for the size check: the vocabulary is the tokenizer's, known
-    only once it is prepared, so the smaller of the config's and `tokenizer_vocab_size` stands in for it."""
-    config_class = PRESETS[model_args.model_type]
-    overrides = model_args.model_overrides
-    vocab = overrides.get("vocab_size") or getattr(config_class, "vocab_size", None)
-    if vocab and model_args.tokenizer_vocab_size:
-        overrides = {**overrides, "vocab_size": min(vocab, model_args.tokenizer_vocab_size)}
-    config_logger = sys.modules[config_class.__module__].logger
-    quiet, config_logger.disabled = config_logger.disabled, True
-    try:
-        return config_class(**overrides)
-    except ValueError:
-        return None  # a vocabulary the overrides' token ids do not fit: the run's own config names the problem
-    finally:
-        config_logger.disabled = quiet
+) -> RunPlan:
+    """`hf_deep_nmt.plan.plan_run` of a `train` recipe: every check, once, before any work; returns the plan."""
+    return plan_run(model_args, data_args, export_args, training_args)
 
 
 @dataclass
@@ -226,26 +143,31 @@ class Prepared:
 
 
 def prepare(
-    model_args: ModelArguments,
-    data_args: DataArguments,
-    training_args: DeepNMTTrainingArguments,
+    model_args: ModelArguments | RunPlan,
+    data_args: DataArguments | None = None,
+    training_args: DeepNMTTrainingArguments | None = None,
     tokenizer_dir: Path | None = None,
 ) -> Prepared:
     """The prepared data of this recipe (`hf_deep_nmt.prepared_data.prepare_data`: built once, then reused by every
     run and rank): tokenizer, tokenized splits, validation text. Under `torchrun` / `accelerate launch` the main
     process prepares while the others wait, then every rank memory-maps the same folder. Callers check the settings
-    first (`check_before_work`); `streaming: true` reads the corpus while training instead."""
+    first (`check_before_work`), or pass their `RunPlan` alone (`prepare(plan)`), whose corpus files, tokenizer checks
+    and saved model's config are then used as checked; `streaming: true` reads the corpus while training instead."""
+    plan = model_args if isinstance(model_args, RunPlan) else None
+    if plan is not None:
+        model_args, data_args, _, training_args = plan.arguments
     if data_args.streaming:  # read while training (`hf_deep_nmt.streaming`)
         return prepare_streaming(model_args, data_args, training_args, tokenizer_dir)
     set_seed(training_args.seed)
-    given = given_tokenizer(model_args, tokenizer_dir)
+    given = given_tokenizer(model_args, tokenizer_dir, plan)
+    corpus = plan.corpus if plan is not None else None
     with training_args.main_process_first(desc="preparing the data"):
         data = None
         if given is not None and not model_args.saved_tokenizer():  # the tokenizer an earlier run of ours saved
-            data = prepare_data(model_args, data_args, training_args.seed, build=False)
+            data = prepare_data(model_args, data_args, training_args.seed, build=False, corpus=corpus)
             if data is not None and tokenizer_digest(data.tokenizer) != tokenizer_digest(given):
                 data = None  # not the tokenizer these settings train now: the data is prepared with it
-        data = data or prepare_data(model_args, data_args, training_args.seed, given)
+        data = data or prepare_data(model_args, data_args, training_args.seed, given, corpus=corpus)
     tokenizer = given or data.tokenizer
     if given is None and tokenizer_dir is not None and training_args.process_index == 0:
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
@@ -278,27 +200,27 @@ def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
             "`streaming: true` reads the corpus while training: there is nothing to prepare ahead (a streamed corpus "
             "may not fit the disk); train it directly, or remove `streaming` to prepare the data once."
         )
-    check_model_arguments(model_args)
-    if model_args.model_name_or_path:
-        check_saved_model(model_args)
-    check_arguments(data_args, export_args, training_args)
-    for corpus in data_args.corpus_files():
-        parallel_files(corpus, data_args.source_lang, data_args.target_lang)
-    given = given_tokenizer(model_args)
+    plan = plan_run(model_args, data_args, export_args, training_args, command="prepare")
+    given = given_tokenizer(model_args, plan=plan)
     with training_args.main_process_first(desc="preparing the data"):
-        data = prepare_data(model_args, data_args, training_args.seed, given)
+        data = prepare_data(model_args, data_args, training_args.seed, given, corpus=plan.corpus)
     return data.summary()
 
 
-def given_tokenizer(model_args: ModelArguments, tokenizer_dir: Path | None = None) -> PreTrainedTokenizerBase | None:
+def given_tokenizer(
+    model_args: ModelArguments, tokenizer_dir: Path | None = None, plan: RunPlan | None = None
+) -> PreTrainedTokenizerBase | None:
     """The saved model's or the given tokenizer; else the one saved in `tokenizer_dir` by an earlier run; else None
-    (a joint tokenizer is trained with the prepared data)."""
+    (a joint tokenizer is trained with the prepared data). With a `plan` that starts from a saved model, its folders
+    were checked by `check_saved_model` and its config is the plan's."""
     saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
-        check_local_path(saved_tokenizer, "Tokenizer folder")
-        check_saved_json_files(saved_tokenizer, "Tokenizer folder")
+        saved_config = plan.saved_config if plan is not None else None
+        if saved_config is None:  # not yet checked: a tokenizer beside a fresh preset, or no plan
+            check_local_path(saved_tokenizer, "Tokenizer folder")
+            check_saved_json_files(saved_tokenizer, "Tokenizer folder")
         tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
-        check_tokenizer_vocabulary(model_args, tokenizer)
+        check_tokenizer_vocabulary(model_args, tokenizer, saved_config)
         return tokenizer
     if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
         check_saved_json_files(tokenizer_dir, "The tokenizer an earlier run trained,")
@@ -329,12 +251,13 @@ def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None =
     return tokenizer
 
 
-def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> None:
+def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, config=None) -> None:
     """A saved model with a separately given tokenizer must have exactly its vocabulary: a smaller tokenizer (another
-    run's) never produces the model's other ids, and its ids mean other pieces."""
+    run's) never produces the model's other ids, and its ids mean other pieces. `config`: the saved model's, when
+    already read."""
     if not (model_args.model_name_or_path and model_args.tokenizer_name_or_path):
         return
-    config = AutoConfig.from_pretrained(model_args.model_name_or_path)
+    config = config if config is not None else AutoConfig.from_pretrained(model_args.model_name_or_path)
     vocab = getattr(config, "vocab_size", None)
     if vocab is not None and len(tokenizer) != vocab:
         raise ValueError(
@@ -344,66 +267,29 @@ def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrained
         )
 
 
-def check_saved_model(model_args: ModelArguments):
-    """The config of the saved model a run starts from (`model_name_or_path`), after checking that the folder holds a
-    config and, unless `tokenizer_name_or_path` names another, a tokenizer; that it is a model of this package; and
-    that the recipe's `model_type` and `model_overrides`, where given, are the saved model's (the model is loaded as
-    saved: a recipe value that differs would be ignored). Each failure names the value. A Hub id's config is
-    downloaded."""
-    path = model_args.model_name_or_path
-    what = "`model_name_or_path`"
-    check_saved_model_folder(path, what, need_tokenizer=not model_args.tokenizer_name_or_path)
-    check_saved_json_files(path, what)
-    if model_args.tokenizer_name_or_path:
-        check_saved_json_files(model_args.tokenizer_name_or_path, "`tokenizer_name_or_path`")
-    config = AutoConfig.from_pretrained(path)
-    if type(config) not in MODEL_CLASSES:
-        hint = " (convert it first with `hf-deep-nmt convert-marian`)" if config.model_type == "marian" else ""
-        raise ValueError(
-            f"{what} {path!r} is a {type(config).__name__} (model_type {config.model_type!r}), not a model of this "
-            f"package (one of {tuple(PRESETS)}){hint}."
-        )
-    check_recipe_agrees_with_saved_model(model_args, config)
-    return config
-
-
-def check_recipe_agrees_with_saved_model(model_args: ModelArguments, config) -> None:
-    """`ValueError` naming both values for a `model_type` or a `model_overrides` entry of the recipe that is not the
-    saved model's."""
-    path, what = model_args.model_name_or_path, "`model_name_or_path`"
-    problems = []
-    if model_args.model_type is not None and model_args.model_type != config.model_type:
-        problems.append(f"`model_type` is {model_args.model_type!r} but the saved model's is {config.model_type!r}")
-    missing = object()
-    for key, value in model_args.model_overrides.items():
-        saved = getattr(config, key, missing)
-        if saved is missing or saved != value:
-            shown = "no such setting" if saved is missing else repr(saved)
-            problems.append(f"`model_overrides.{key}` is {value!r} but the saved model has {shown}")
-    if problems:
-        raise ValueError(
-            f"The recipe contradicts the saved model {what} {path!r}: {'; '.join(problems)}. A saved model is "
-            "loaded as it was saved: remove these settings from the recipe or make them the saved model's."
-        )
-
-
-def build_model(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
+def build_model(
+    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, plan: RunPlan | None = None
+) -> DeepNMTForConditionalGeneration:
     """A fresh model from a named preset plus overrides, sized to the tokenizer; or the saved model of
-    `model_name_or_path` as saved (`check_saved_model`)."""
+    `model_name_or_path` as saved (`check_saved_model`). With the run's `plan`, `model_args` were checked there."""
+    if model_args.model_name_or_path and plan is not None:
+        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
     if model_args.model_name_or_path:
         check_local_path(model_args.model_name_or_path, "`model_name_or_path`")
         config = AutoConfig.from_pretrained(model_args.model_name_or_path)
         if type(config) in MODEL_CLASSES:  # anything else: AutoModelForSeq2SeqLM names what it cannot load
             check_recipe_agrees_with_saved_model(model_args, config)
         return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-    config = build_config(model_args, tokenizer)
+    config = build_config(model_args, tokenizer, checked=plan is not None)
     return MODEL_CLASSES[type(config)](config)
 
 
-def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None):
+def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None, checked: bool = False):
     """The preset's config with the overrides, sized to `tokenizer`; without one, to a joint tokenizer of
-    `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0, `<pad>`=1, `</s>`=2)."""
-    check_model_arguments(model_args)
+    `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0, `<pad>`=1, `</s>`=2). `checked`: the
+    arguments were checked by the run's plan (`check_model_arguments`)."""
+    if not checked:
+        check_model_arguments(model_args)
     config_class = PRESETS[model_args.model_type]
     if tokenizer is None:
         settings = {"vocab_size": model_args.tokenizer_vocab_size, "pad_token_id": 1, "bos_token_id": 0}
@@ -422,7 +308,9 @@ def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase 
     return config_class(**{**model_args.model_overrides, **settings})
 
 
-def configure_generation(model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments) -> None:
+def configure_generation(
+    model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments, plan: RunPlan | None = None
+) -> None:
     """Beam size, length penalty and the recipe's output cap at the longest allowed source; the tokenizer must fit the
     model (`check_tokenizer_matches`).
 
@@ -430,7 +318,10 @@ def configure_generation(model, tokenizer, data_args: DataArguments, export_args
     `translate` allows the longest source): not `max_new_tokens`, beside which `Seq2SeqTrainer` evaluation would fill
     in transformers' default `max_length` of 20, and which would override a caller's `generate(max_length=...)`."""
     check_tokenizer_matches(model, tokenizer)
-    settings = DecodingOptions.from_recipe(export_args).generation_settings(data_args.max_source_length)
+    if plan is not None:  # built when the plan checked the recipe
+        settings = plan.generation
+    else:
+        settings = DecodingOptions.from_recipe(export_args).generation_settings(data_args.max_source_length)
     for name, value in settings.items():  # a GNMT-form alpha is kept as the recipe's value (the card says which)
         setattr(model.generation_config, name, value)
     logger.warning(
@@ -474,17 +365,16 @@ def average_last_checkpoints(trainer, checkpoint_dir: str | Path, count: int, su
 def evaluate_and_export(
     trainer: Seq2SeqTrainer,
     prepared: Prepared,
-    data_args: DataArguments,
-    export_args: EvalExportArguments,
-    training_args: DeepNMTTrainingArguments,
+    plan: RunPlan,
     summary: dict[str, Any],
 ) -> dict[str, Any]:
-    """sacreBLEU/chrF on the validation split, a few translations, the curves, the Hub-ready folder and
-    `results.json`, all on the main process."""
+    """sacreBLEU/chrF on the validation split (decoded with the plan's options), a few translations, the curves, the
+    Hub-ready folder (never replacing the plan's protected folders) and `results.json`, all on the main process."""
     if not trainer.is_world_process_zero():
         return summary
+    _, data_args, export_args, training_args = plan.arguments
     if prepared.eval_dataset is not None:
-        summary.update(score_validation(trainer.model, prepared, export_args, training_args))
+        summary.update(score_validation(trainer.model, prepared, export_args, plan.decoding))
     output_dir = Path(training_args.output_dir)
     if export_args.plot_curves:
         claim_outputs(output_dir, output_dir / CURVES_FILE)
@@ -506,7 +396,7 @@ def evaluate_and_export(
             examples=summary.get("examples"),
             length_penalty_form=export_args.length_penalty_form,
             length_rule=(export_args.max_length_a, export_args.max_length_b),
-            protected=check_run_folders(training_args.output_dir, export_args.export_dir, data_args.corpus_files()),
+            protected=plan.protected,
         )
         summary["export_dir"] = export_args.export_dir
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -519,13 +409,12 @@ def evaluate_and_export(
 
 
 def score_validation(
-    model, prepared: Prepared, export_args: EvalExportArguments, training_args: DeepNMTTrainingArguments
+    model, prepared: Prepared, export_args: EvalExportArguments, options: DecodingOptions
 ) -> dict[str, Any]:
-    """Translate the validation split as the recipe decodes (`evaluation_options`) and score it; the first
-    `translate_examples` translations are kept and logged."""
+    """Translate the validation split as the recipe decodes (`options`: `evaluation_options`, checked by the plan)
+    and score it; the first `translate_examples` translations are kept and logged."""
     sources, references = prepared.raw["validation"][SOURCE], prepared.references
     started = time.perf_counter()
-    options = evaluation_options(export_args, training_args)
     hypotheses = translate(model, prepared.tokenizer, sources, options)
     scores = corpus_scores(hypotheses, references, export_args.tokenized_bleu_options())
     result = {**scores, "eval_seconds": round(time.perf_counter() - started, 1), "eval_pairs": len(references)}
