@@ -243,10 +243,13 @@ def parallel_files(path: str | Path, source_lang: str = "src", target_lang: str 
     return files
 
 
-def iter_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt"):
+def iter_parallel_file(
+    path: str | Path, source_lang: str = "src", target_lang: str = "tgt", files: list[Path] | tuple | None = None
+):
     """(line number, source, target), one pair at a time, dispatching on the file name: `.tsv`, `.jsonl`, or a
-    prefix with `{prefix}.{source_lang}` and `{prefix}.{target_lang}` beside it."""
-    files = parallel_files(path, source_lang, target_lang)
+    prefix with `{prefix}.{source_lang}` and `{prefix}.{target_lang}` beside it. `files`: what `parallel_files`
+    returned for `path`, when a run's plan already checked them."""
+    files = files or parallel_files(path, source_lang, target_lang)
     if files[0].suffix == ".tsv" and len(files) == 1:
         return iter_tsv(files[0])
     if len(files) == 1:
@@ -260,17 +263,22 @@ def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: 
 
 
 def write_parallel_arrow(
-    path: str | Path, destination: str | Path, name: str, source_lang: str = "src", target_lang: str = "tgt"
+    path: str | Path,
+    destination: str | Path,
+    name: str,
+    source_lang: str = "src",
+    target_lang: str = "tgt",
+    files: list[Path] | tuple | None = None,
 ) -> datasets.Dataset:
     """The corpus `read_parallel_file` reads, written to the Arrow file `destination` in batches as it is read (each
     line checked the same way) and returned memory-mapped: memory stays bounded whatever the corpus size. `name` is
-    the recipe field that named `path` (for the errors)."""
+    the recipe field that named `path` (for the errors); `files`, as for `iter_parallel_file`."""
     from datasets.arrow_writer import ArrowWriter
 
     features = datasets.Features({SOURCE: datasets.Value("string"), TARGET: datasets.Value("string")})
     batch: dict[str, list[str]] = {SOURCE: [], TARGET: []}
     with ArrowWriter(features=features, path=str(destination)) as writer:
-        for _, source, target in iter_parallel_file(path, source_lang, target_lang):
+        for _, source, target in iter_parallel_file(path, source_lang, target_lang, files):
             batch[SOURCE].append(source)
             batch[TARGET].append(target)
             if len(batch[SOURCE]) == WRITE_BATCH:

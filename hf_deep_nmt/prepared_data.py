@@ -319,7 +319,7 @@ def prepare_data(
             shutil.rmtree(stale, ignore_errors=True)
         building = folder.parent / f".{folder.name}.building-{os.getpid()}"
         try:
-            _build(building, model_args, data_args, seed, tokenizer, raw, inputs, expected, started)
+            _build(building, model_args, data_args, seed, tokenizer, raw, inputs, expected, started, corpus)
             if folder.is_dir():
                 folder.rmdir()  # an empty folder named by `prepared_data_dir`
             os.rename(building, folder)
@@ -448,13 +448,16 @@ def _build(
     inputs: dict[str, Any],
     expected: str,
     started: float,
+    corpus: dict | None = None,
 ) -> None:
     work = building / "work"
     work.mkdir(parents=True)
     source_lang, target_lang = data_args.source_lang, data_args.target_lang
     if raw is None:  # local files: read to Arrow on disk, in batches
         train_file, validation_file = data_args.corpus_paths()
-        train = write_parallel_arrow(train_file, work / "train.arrow", "train_file", source_lang, target_lang)
+        corpus, languages = corpus or {}, (source_lang, target_lang)
+        train_files = corpus.get(train_file)
+        train = write_parallel_arrow(train_file, work / "train.arrow", "train_file", *languages, train_files)
         splits = {"train": train}
         if validation_file:
             if Path(validation_file).resolve() == Path(train_file).resolve():
@@ -463,7 +466,7 @@ def _build(
                     "does on unseen text."
                 )
             splits["validation"] = write_parallel_arrow(
-                validation_file, work / "validation.arrow", "validation_file", source_lang, target_lang
+                validation_file, work / "validation.arrow", "validation_file", *languages, corpus.get(validation_file)
             )
     else:
         splits = dict(raw)

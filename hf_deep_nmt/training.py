@@ -216,8 +216,9 @@ def given_tokenizer(
     saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
         saved_config = plan.saved_config if plan is not None else None
-        if saved_config is None:  # not yet checked: a tokenizer beside a fresh preset, or no plan
+        if saved_config is None or model_args.tokenizer_name_or_path:  # the saved model's folder: checked there
             check_local_path(saved_tokenizer, "Tokenizer folder")
+        if saved_config is None:  # `check_saved_model` read the JSON files of both
             check_saved_json_files(saved_tokenizer, "Tokenizer folder")
         tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
         check_tokenizer_vocabulary(model_args, tokenizer, saved_config)
