@@ -1,11 +1,12 @@
 """`hf-deep-nmt train`: check everything first, then train, evaluate, translate a few sentences and export.
 
-`run` reads top to bottom: the recipe is parsed and checked (`hf_deep_nmt.arguments`), the run folder locked and
-recorded (`hf_deep_nmt.run_folder`), then `_run` does the work: `check_before_work` (settings and folders, nothing
-loaded) -> `prepare` (corpus, tokenizer, tokenized splits) -> `build_model` -> `configure_generation` ->
-`make_trainer` -> train, resuming where a killed run stopped -> `average_last_checkpoints` -> `evaluate_and_export`
-(sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`). `hf-deep-nmt train-staged`
-(`hf_deep_nmt.staged`) runs the same steps around its stages.
+`run` reads top to bottom: the recipe is parsed (`hf_deep_nmt.arguments`), the run folder locked, the recipe checked
+once into a `RunPlan` (`hf_deep_nmt.plan.plan_run`: settings, saved model, corpus files, folders, memory; nothing
+loaded), then `_run(plan, folder)` does the work with the plan's resolved values, checking nothing again: the run
+folder recorded (`hf_deep_nmt.run_folder`) -> `prepare` (corpus, tokenizer, tokenized splits) -> `build_model` ->
+`configure_generation` -> `make_trainer` -> train, resuming where a killed run stopped -> `average_last_checkpoints`
+-> `evaluate_and_export` (sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`). `hf-deep-nmt
+train-staged` (`hf_deep_nmt.staged`) runs the same steps around its stages.
 
 What the libraries do is left to them: argument parsing (`HfArgumentParser`), the training loop, mixed precision and
 multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollatorForSeq2Seq`), label smoothing
