@@ -257,9 +257,11 @@ def iter_parallel_file(
     return iter_two_files(*files)
 
 
-def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> dict[str, list[str]]:
+def read_parallel_file(
+    path: str | Path, source_lang: str = "src", target_lang: str = "tgt", files: list[Path] | tuple | None = None
+) -> dict[str, list[str]]:
     """`iter_parallel_file` as lists."""
-    return _as_lists(iter_parallel_file(path, source_lang, target_lang))
+    return _as_lists(iter_parallel_file(path, source_lang, target_lang, files))
 
 
 def write_parallel_arrow(

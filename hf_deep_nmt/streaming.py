@@ -305,9 +305,9 @@ class _FileReader:
 class FileSource:
     """A local parallel corpus (`train_file`: .tsv, .jsonl or a two-file prefix) read lazily."""
 
-    def __init__(self, path: str | Path, source_lang: str, target_lang: str):
+    def __init__(self, path: str | Path, source_lang: str, target_lang: str, files: tuple | None = None):
         self.name = str(path)
-        self.files = parallel_files(path, source_lang, target_lang)
+        self.files = list(files or parallel_files(path, source_lang, target_lang))
         self.kind = "two" if len(self.files) == 2 else ("tsv" if self.files[0].suffix == ".tsv" else "jsonl")
         self.languages = (source_lang, target_lang)
 
@@ -778,13 +778,13 @@ def streaming_dataloader(trainer) -> StreamLoader:
 # ---- preparing a streamed run ---------------------------------------------------------------------------------------
 
 
-def stream_source(data_args):
+def stream_source(data_args, corpus: dict | None = None):
     """The corpus a streamed run reads: `dataset_name`'s train split, else `train_file` (the precedence of
-    `hf_deep_nmt.data.load_parallel_dataset`)."""
+    `hf_deep_nmt.data.load_parallel_dataset`; `corpus`: its files as the run's plan checked them)."""
     languages = (data_args.source_lang, data_args.target_lang)
     if data_args.dataset_name:
         return HubSource(data_args.dataset_name, data_args.dataset_config, *languages)
-    return FileSource(data_args.train_file, *languages)
+    return FileSource(data_args.train_file, *languages, (corpus or {}).get(data_args.train_file))
 
 
 def _check_head(source, data_args) -> None:
@@ -797,7 +797,7 @@ def _check_head(source, data_args) -> None:
         check_read_pairs(source.name, "train_file", head, data_args.source_lang, data_args.target_lang)
 
 
-def read_validation(data_args) -> datasets.Dataset | None:
+def read_validation(data_args, corpus: dict | None = None) -> datasets.Dataset | None:
     """The validation pairs (`source`/`target` columns), read whole as without streaming: `validation_file`, or
     `dataset_name`'s `dataset_validation_split` (streamed and kept, at most `max_eval_samples` rows)."""
     if data_args.dataset_name:
@@ -826,16 +826,18 @@ def read_validation(data_args) -> datasets.Dataset | None:
             f"The validation file is the training file ({train_file}): the scores will not tell how the model does "
             "on unseen text."
         )
-    pairs = read_parallel_file(path, data_args.source_lang, data_args.target_lang)
+    files = (corpus or {}).get(path)
+    pairs = read_parallel_file(path, data_args.source_lang, data_args.target_lang, files)
     check_read_pairs(path, "validation_file", pairs, data_args.source_lang, data_args.target_lang)
     return datasets.Dataset.from_dict(pairs)
 
 
-def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path | None = None):
+def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path | None = None, plan=None):
     """`hf_deep_nmt.training.prepare` for `streaming: true`: the tokenizer (the recipe's, the one saved in
     `tokenizer_dir` by an earlier run, or one trained on the first `tokenizer_train_pairs` pairs of the stream and
     saved there; default `output_dir/tokenizer`), the validation split tokenized as without streaming, and the
-    training data as a `StreamedPairs` (read while training)."""
+    training data as a `StreamedPairs` (read while training). `plan`: the run's `hf_deep_nmt.plan.RunPlan`, whose
+    checked corpus files and saved model are used as they are."""
     from transformers import set_seed
 
     from hf_deep_nmt.data import tokenize_parallel
@@ -845,10 +847,11 @@ def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path 
     from hf_deep_nmt.translate import MAX_SOURCE_TOKENS
 
     set_seed(training_args.seed)
-    source = stream_source(data_args)
+    corpus = plan.corpus if plan is not None else None
+    source = stream_source(data_args, corpus)
     if isinstance(source, FileSource):
         _check_head(source, data_args)
-    validation = read_validation(data_args)
+    validation = read_validation(data_args, corpus)
     if validation is not None and data_args.max_eval_samples:
         validation = validation.select(range(min(data_args.max_eval_samples, len(validation))))
     tokenizer_dir = Path(tokenizer_dir or Path(training_args.output_dir) / "tokenizer")
@@ -861,7 +864,7 @@ def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path 
                 raise ValueError(f"The streamed corpus {source.name!r} holds no sentence pairs; give one with pairs.")
             sample = {"train": {SOURCE: head[SOURCE], TARGET: head[TARGET]}}
             logger.warning(f"Training the tokenizer on the first {len(head[SOURCE])} pairs of the stream.")
-        tokenizer = load_tokenizer(model_args, sample, tokenizer_dir)
+        tokenizer = load_tokenizer(model_args, sample, tokenizer_dir, plan)
     references, eval_dataset = [], None
     if validation is not None:  # the final evaluation translates each source in full: checked before step 1
         where = (

@@ -158,7 +158,7 @@ def prepare(
     if plan is not None:
         model_args, data_args, _, training_args = plan.arguments
     if data_args.streaming:  # read while training (`hf_deep_nmt.streaming`)
-        return prepare_streaming(model_args, data_args, training_args, tokenizer_dir)
+        return prepare_streaming(model_args, data_args, training_args, tokenizer_dir, plan)
     set_seed(training_args.seed)
     given = given_tokenizer(model_args, tokenizer_dir, plan)
     corpus = plan.corpus if plan is not None else None
@@ -236,10 +236,12 @@ def given_tokenizer(
     return None
 
 
-def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None = None) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    model_args: ModelArguments, raw, tokenizer_dir: Path | None = None, plan: RunPlan | None = None
+) -> PreTrainedTokenizerBase:
     """`given_tokenizer`, else a joint tokenizer trained on the training split of `raw` (and saved in
     `tokenizer_dir`)."""
-    tokenizer = given_tokenizer(model_args, tokenizer_dir)
+    tokenizer = given_tokenizer(model_args, tokenizer_dir, plan)
     if tokenizer is not None:
         return tokenizer
     tokenizer = train_joint_tokenizer(

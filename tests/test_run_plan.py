@@ -238,6 +238,14 @@ def test_train_runs_each_check_once_from_a_preset_and_from_a_saved_model(tmp_pat
     assert "check_local_path" not in calls  # `check_saved_model_folder` checked that path
 
 
+def test_a_streamed_train_run_reads_the_corpus_files_the_plan_checked(tmp_path, monkeypatch):
+    calls = spy_on_checks(monkeypatch)
+    path = recipe(tmp_path, streaming=True, max_steps=2, max_tokens=400, stream_buffer_pairs=16, save_strategy="no")
+    summary = training.run([str(path)])
+    assert summary["train_steps"] == 2
+    assert_each_once(calls, TRAIN_CHECKS - {"check_repo_id"} | {"check_config_overrides", "_sizes_of_preset"})
+
+
 def test_train_staged_runs_each_check_once(tmp_path, monkeypatch):
     calls = spy_on_checks(monkeypatch)
     path = recipe(tmp_path, stage_depths=[1, 2], stage_max_steps=2, schedule_warmup_steps=2, save_steps=1)
