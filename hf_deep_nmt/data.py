@@ -88,9 +88,11 @@ def _looks_utf16(raw: bytes) -> bool:
     return len(pairs) >= 4 and ({0} in (even, odd)) and even != odd
 
 
-def _lines(path: Path):
-    """(line number, text) of a UTF-8 file; a byte-order mark at its start is dropped, a NUL byte is an error."""
-    check_corpus_file(path)
+def _lines(path: Path, checked: bool = False):
+    """(line number, text) of a UTF-8 file; a byte-order mark at its start is dropped, a NUL byte is an error.
+    `checked`: `check_corpus_file` already ran on `path` (`parallel_files`)."""
+    if not checked:
+        check_corpus_file(path)
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             if number == 1 and _looks_utf16(raw):
@@ -115,11 +117,11 @@ def _lines(path: Path):
                 ) from None
 
 
-def _content_lines(path: Path):
+def _content_lines(path: Path, checked: bool = False):
     """`_lines` without blank lines at the end of the file; a blank line followed by more text is an error (it would
     otherwise be a pair dropped without a word)."""
     blank = None
-    for number, line in _lines(path):
+    for number, line in _lines(path, checked):
         if not line.strip():
             blank = blank or number
             continue
@@ -134,11 +136,11 @@ def _check_pair(path: Path, number: int, source: str, target: str) -> None:
         raise ValueError(f"{path}:{number}: empty {side} side.")
 
 
-def iter_tsv(path: str | Path):
+def iter_tsv(path: str | Path, checked: bool = False):
     """(line number, source, target) of a `source<TAB>target` file, one line at a time; blank final lines are
     allowed, a line without exactly one tab is not."""
     path = Path(path)
-    for number, line in _content_lines(path):
+    for number, line in _content_lines(path, checked):
         fields = line.split("\t")
         if len(fields) != 2:
             way_out = (
@@ -153,11 +155,11 @@ def iter_tsv(path: str | Path):
         yield number, fields[0], fields[1]
 
 
-def iter_jsonl(path: str | Path, source_key: str, target_key: str):
+def iter_jsonl(path: str | Path, source_key: str, target_key: str, checked: bool = False):
     """(line number, source, target) of a file with one JSON object per line with `source_key` and `target_key`
     string fields (or a `translation` dict), one line at a time."""
     path = Path(path)
-    for number, line in _content_lines(path):
+    for number, line in _content_lines(path, checked):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
@@ -179,13 +181,13 @@ def iter_jsonl(path: str | Path, source_key: str, target_key: str):
         yield number, record[source_key], record[target_key]
 
 
-def iter_two_files(source_path: str | Path, target_path: str | Path):
+def iter_two_files(source_path: str | Path, target_path: str | Path, checked: bool = False):
     """(line number, source, target) of line-aligned source and target files, one line at a time. Their line counts
     must match; that is checked first, as when the files are read whole: an empty line is reported only once both
     files are read to their end with the same count, and no pair is yielded after it."""
     source_path, target_path = Path(source_path), Path(target_path)
     empty, counts = None, [0, 0]
-    for source, target in itertools.zip_longest(_lines(source_path), _lines(target_path)):
+    for source, target in itertools.zip_longest(_lines(source_path, checked), _lines(target_path, checked)):
         if source is None or target is None:  # one file goes on: count its lines, then refuse
             counts = [counts[0] + (source is not None), counts[1] + (target is not None)]
             continue
@@ -250,11 +252,11 @@ def iter_parallel_file(
     prefix with `{prefix}.{source_lang}` and `{prefix}.{target_lang}` beside it. `files`: what `parallel_files`
     returned for `path`, when a run's plan already checked them."""
     files = files or parallel_files(path, source_lang, target_lang)
-    if files[0].suffix == ".tsv" and len(files) == 1:
-        return iter_tsv(files[0])
+    if files[0].suffix == ".tsv" and len(files) == 1:  # each file checked by `parallel_files`
+        return iter_tsv(files[0], checked=True)
     if len(files) == 1:
-        return iter_jsonl(files[0], source_lang, target_lang)
-    return iter_two_files(*files)
+        return iter_jsonl(files[0], source_lang, target_lang, checked=True)
+    return iter_two_files(*files, checked=True)
 
 
 def read_parallel_file(

@@ -153,6 +153,7 @@ CHECKS = [
     ("hf_deep_nmt.plan", "_sizes_of_preset"),
     ("hf_deep_nmt.plan", "recipe_inputs"),
     ("hf_deep_nmt.data", "parallel_files"),
+    ("hf_deep_nmt.data", "check_corpus_file"),
     ("hf_deep_nmt.folders", "check_run_folders"),
     ("hf_deep_nmt.memory", "check_training_size"),
     ("hf_deep_nmt.model_folders", "check_saved_model_folder"),
@@ -187,14 +188,18 @@ def spy_on_checks(monkeypatch) -> dict[str, list[tuple]]:
 
 
 def assert_each_once(calls: dict[str, list[tuple]], expected: set[str]) -> None:
-    """Each of `expected` called once, no other spied check called, and `parallel_files` once per corpus file."""
-    counts = {
-        name: len(made) for name, made in calls.items() if name not in ("parallel_files", "check_saved_json_files")
-    }
+    """Each of `expected` called once, no other spied check called, `parallel_files` once per corpus path and
+    `check_corpus_file` once per file (when the plan checks them, not again when they are read)."""
+    uncounted = ("parallel_files", "check_corpus_file", "check_saved_json_files")
+    counts = {name: len(made) for name, made in calls.items() if name not in uncounted}
     assert counts == dict.fromkeys(expected, 1)
     corpus_files = calls["plan_run"][0][1].corpus_files()
     assert len(corpus_files) == 2
     assert sorted(str(args[0]) for args in calls["parallel_files"]) == sorted(corpus_files)
+    data_args = calls["plan_run"][0][1]
+    train, prefix = corpus_files  # the .tsv, and the prefix of valid.es / valid.en
+    files = [train, f"{prefix}.{data_args.source_lang}", f"{prefix}.{data_args.target_lang}"]
+    assert sorted(str(args[0]) for args in calls["check_corpus_file"]) == sorted(files)  # checked once, not when read
     folders = [str(args[0]) for args in calls["check_saved_json_files"]]  # a saved model's, the checkpoints averaged
     assert len(folders) == len(set(folders)), folders
 
