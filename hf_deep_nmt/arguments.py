@@ -82,6 +82,13 @@ class ModelArguments:
     tokenizer_model: str | None = field(
         default=None, metadata={"help": "Subword model of a new tokenizer: bpe (default) or unigram."}
     )
+    tokenizer_train_pairs: int | None = field(
+        default=None,
+        metadata={
+            "help": "A new tokenizer is trained on at most this many training pairs, drawn for the seed (default "
+            "1000000; a smaller corpus is used whole)."
+        },
+    )
 
     def __post_init__(self):
         if self.model_type is None and not self.model_name_or_path:
@@ -113,6 +120,16 @@ class DataArguments:
     max_source_length: int = field(default=128, metadata={"help": "Longer source sentences are dropped (counted)."})
     max_target_length: int = field(default=128, metadata={"help": "Longer target sentences are dropped (counted)."})
     max_eval_samples: int | None = field(default=None, metadata={"help": "Evaluate on the first N pairs only."})
+    prepared_data_dir: str | None = field(
+        default=None,
+        metadata={
+            "help": "Folder of the prepared data (tokenizer + tokenized splits), built when missing; default: "
+            "$HF_DEEP_NMT_PREPARED_DATA/<fingerprint> or <HF_HOME>/hf_deep_nmt/prepared/<fingerprint>."
+        },
+    )
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "Processes that tokenize the corpus (default: the cores available)."}
+    )
 
     def corpus_paths(self) -> tuple[str | None, str | None]:
         """The training and validation files that are read: the bundled sample corpus when neither a file nor a
@@ -484,6 +501,8 @@ def check_model_arguments(model_args: ModelArguments) -> None:
                 f"{saved_tokenizer!r} and is used as it is; remove {'it' if len(given) == 1 else 'them'} from the "
                 "recipe."
             )
+    if model_args.tokenizer_train_pairs is not None and model_args.tokenizer_train_pairs < 1:
+        raise ValueError(f"`tokenizer_train_pairs` must be >= 1 or unset, got {model_args.tokenizer_train_pairs}.")
     if model_args.model_name_or_path:
         return
     if model_args.model_type not in PRESETS:
@@ -519,6 +538,7 @@ def check_arguments(
     at_least_one("eval_max_tokens", export_args.eval_max_tokens)
     at_least_one("max_source_length", data_args.max_source_length)
     at_least_one("max_target_length", data_args.max_target_length)
+    at_least_one("preprocessing_num_workers", getattr(data_args, "preprocessing_num_workers", None))
     for name in ("length_penalty", "max_length_a"):
         value = getattr(export_args, name)
         if not math.isfinite(value):

@@ -1,4 +1,4 @@
-"""`hf-deep-nmt train|train-staged|translate|average|push|inspect|doctor|export-ctranslate2|upgrade-code|
+"""`hf-deep-nmt train|train-staged|prepare|translate|average|push|inspect|doctor|export-ctranslate2|upgrade-code|
 convert-marian|grow`: thin command-line front ends over the library.
 
 Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
@@ -70,6 +70,22 @@ def _train_staged(argv: list[str]) -> int:
     summary = run_staged(argv)
     printable = {key: value for key, value in summary.items() if key != "examples"}
     print(json.dumps(printable, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _prepare(argv: list[str]) -> int:
+    from hf_deep_nmt.training import run_prepare
+
+    summary = run_prepare(argv)
+    print(f"Prepared data: {summary['folder']} ({'reused' if summary['reused'] else 'built'})")
+    print(
+        f"  pairs: {summary['pairs_read']} read, {summary['pairs_kept']} kept, {summary['pairs_dropped']} dropped "
+        f"(over the length limits); validation: {summary['validation_pairs']}"
+    )
+    tokens = f"{summary['source_tokens']} source, {summary['target_tokens']} target"
+    print(f"  tokens: {tokens} ({summary['id_dtype']} ids)")
+    print(f"  bytes on disk: {summary['bytes_on_disk']}; seconds: {summary['seconds']}")
+    print(json.dumps(summary, ensure_ascii=False))  # the last line: one JSON object, for scripts
     return 0
 
 
@@ -469,6 +485,7 @@ def _convert_marian(argv: list[str]) -> int:
 COMMANDS = {
     "train": _train,
     "train-staged": _train_staged,
+    "prepare": _prepare,
     "translate": _translate,
     "average": _average,
     "push": _push,
@@ -521,7 +538,7 @@ def main(argv: list[str] | None = None) -> int:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"hf-deep-nmt: unknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}.", file=sys.stderr)
         usage = (
-            "usage: hf-deep-nmt [--debug] {train | train-staged} CONFIG [--field value ...] | "
+            "usage: hf-deep-nmt [--debug] {train | train-staged | prepare} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
             "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite] | "

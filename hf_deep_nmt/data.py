@@ -6,6 +6,7 @@ Malformed input stops with the file and line at fault; nothing is dropped silent
 from __future__ import annotations
 
 import errno
+import itertools
 import json
 import os
 from importlib import resources
@@ -133,10 +134,10 @@ def _check_pair(path: Path, number: int, source: str, target: str) -> None:
         raise ValueError(f"{path}:{number}: empty {side} side.")
 
 
-def read_tsv(path: str | Path) -> dict[str, list[str]]:
-    """`source<TAB>target` per line; blank final lines are allowed, a line without exactly one tab is not."""
+def iter_tsv(path: str | Path):
+    """(line number, source, target) of a `source<TAB>target` file, one line at a time; blank final lines are
+    allowed, a line without exactly one tab is not."""
     path = Path(path)
-    pairs: dict[str, list[str]] = {SOURCE: [], TARGET: []}
     for number, line in _content_lines(path):
         fields = line.split("\t")
         if len(fields) != 2:
@@ -149,15 +150,13 @@ def read_tsv(path: str | Path) -> dict[str, list[str]]:
                 f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)} ({way_out})."
             )
         _check_pair(path, number, *fields)
-        pairs[SOURCE].append(fields[0])
-        pairs[TARGET].append(fields[1])
-    return pairs
+        yield number, fields[0], fields[1]
 
 
-def read_jsonl(path: str | Path, source_key: str, target_key: str) -> dict[str, list[str]]:
-    """One JSON object per line with `source_key` and `target_key` string fields (or a `translation` dict)."""
+def iter_jsonl(path: str | Path, source_key: str, target_key: str):
+    """(line number, source, target) of a file with one JSON object per line with `source_key` and `target_key`
+    string fields (or a `translation` dict), one line at a time."""
     path = Path(path)
-    pairs: dict[str, list[str]] = {SOURCE: [], TARGET: []}
     for number, line in _content_lines(path):
         try:
             record = json.loads(line)
@@ -177,25 +176,53 @@ def read_jsonl(path: str | Path, source_key: str, target_key: str) -> dict[str, 
                 "name the keys)."
             )
         _check_pair(path, number, record[source_key], record[target_key])
-        pairs[SOURCE].append(record[source_key])
-        pairs[TARGET].append(record[target_key])
+        yield number, record[source_key], record[target_key]
+
+
+def iter_two_files(source_path: str | Path, target_path: str | Path):
+    """(line number, source, target) of line-aligned source and target files, one line at a time. Their line counts
+    must match; that is checked first, as when the files are read whole: an empty line is reported only once both
+    files are read to their end with the same count, and no pair is yielded after it."""
+    source_path, target_path = Path(source_path), Path(target_path)
+    empty, counts = None, [0, 0]
+    for source, target in itertools.zip_longest(_lines(source_path), _lines(target_path)):
+        if source is None or target is None:  # one file goes on: count its lines, then refuse
+            counts = [counts[0] + (source is not None), counts[1] + (target is not None)]
+            continue
+        number, counts = source[0], [source[0], target[0]]
+        if empty is None and (not source[1].strip() or not target[1].strip()):
+            empty = (source_path if not source[1].strip() else target_path, number)
+        if empty is None:
+            yield number, source[1], target[1]
+    if counts[0] != counts[1]:
+        raise ValueError(
+            f"{source_path} has {counts[0]} lines but {target_path} has {counts[1]}; parallel files must align."
+        )
+    if empty is not None:
+        raise ValueError(f"{empty[0]}:{empty[1]}: empty line in a parallel file.")
+
+
+def _as_lists(rows) -> dict[str, list[str]]:
+    pairs: dict[str, list[str]] = {SOURCE: [], TARGET: []}
+    for _, source, target in rows:
+        pairs[SOURCE].append(source)
+        pairs[TARGET].append(target)
     return pairs
 
 
+def read_tsv(path: str | Path) -> dict[str, list[str]]:
+    """`source<TAB>target` per line (`iter_tsv`), as lists."""
+    return _as_lists(iter_tsv(path))
+
+
+def read_jsonl(path: str | Path, source_key: str, target_key: str) -> dict[str, list[str]]:
+    """One JSON object per line (`iter_jsonl`), as lists."""
+    return _as_lists(iter_jsonl(path, source_key, target_key))
+
+
 def read_two_files(source_path: str | Path, target_path: str | Path) -> dict[str, list[str]]:
-    """Line-aligned source and target files; their line counts must match."""
-    source_path, target_path = Path(source_path), Path(target_path)
-    sources = [line for _, line in _lines(source_path)]
-    targets = [line for _, line in _lines(target_path)]
-    if len(sources) != len(targets):
-        raise ValueError(
-            f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}; parallel files must align."
-        )
-    for number, (source, target) in enumerate(zip(sources, targets), start=1):
-        if not source.strip() or not target.strip():
-            bad = source_path if not source.strip() else target_path
-            raise ValueError(f"{bad}:{number}: empty line in a parallel file.")
-    return {SOURCE: sources, TARGET: targets}
+    """Line-aligned source and target files (`iter_two_files`), as lists."""
+    return _as_lists(iter_two_files(source_path, target_path))
 
 
 def parallel_files(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> list[Path]:
@@ -216,15 +243,62 @@ def parallel_files(path: str | Path, source_lang: str = "src", target_lang: str 
     return files
 
 
-def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> dict[str, list[str]]:
-    """Dispatch on the file name: `.tsv`, `.jsonl`, or a prefix with `{prefix}.{source_lang}` and
-    `{prefix}.{target_lang}` beside it."""
+def iter_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt"):
+    """(line number, source, target), one pair at a time, dispatching on the file name: `.tsv`, `.jsonl`, or a
+    prefix with `{prefix}.{source_lang}` and `{prefix}.{target_lang}` beside it."""
     files = parallel_files(path, source_lang, target_lang)
     if files[0].suffix == ".tsv" and len(files) == 1:
-        return read_tsv(files[0])
+        return iter_tsv(files[0])
     if len(files) == 1:
-        return read_jsonl(files[0], source_lang, target_lang)
-    return read_two_files(*files)
+        return iter_jsonl(files[0], source_lang, target_lang)
+    return iter_two_files(*files)
+
+
+def read_parallel_file(path: str | Path, source_lang: str = "src", target_lang: str = "tgt") -> dict[str, list[str]]:
+    """`iter_parallel_file` as lists."""
+    return _as_lists(iter_parallel_file(path, source_lang, target_lang))
+
+
+def write_parallel_arrow(
+    path: str | Path, destination: str | Path, name: str, source_lang: str = "src", target_lang: str = "tgt"
+) -> datasets.Dataset:
+    """The corpus `read_parallel_file` reads, written to the Arrow file `destination` in batches as it is read (each
+    line checked the same way) and returned memory-mapped: memory stays bounded whatever the corpus size. `name` is
+    the recipe field that named `path` (for the errors)."""
+    from datasets.arrow_writer import ArrowWriter
+
+    features = datasets.Features({SOURCE: datasets.Value("string"), TARGET: datasets.Value("string")})
+    batch: dict[str, list[str]] = {SOURCE: [], TARGET: []}
+    with ArrowWriter(features=features, path=str(destination)) as writer:
+        for _, source, target in iter_parallel_file(path, source_lang, target_lang):
+            batch[SOURCE].append(source)
+            batch[TARGET].append(target)
+            if len(batch[SOURCE]) == WRITE_BATCH:
+                writer.write_batch(batch)
+                batch = {SOURCE: [], TARGET: []}
+        if batch[SOURCE]:
+            writer.write_batch(batch)
+        writer.finalize()
+    dataset = datasets.Dataset.from_file(str(destination))
+    check_read_pairs(path, name, dataset, source_lang, target_lang)
+    return dataset
+
+
+WRITE_BATCH = 10_000  # pairs held in memory at once by `write_parallel_arrow`
+
+
+def check_read_pairs(path, name: str, pairs, source_lang: str, target_lang: str) -> None:
+    """`ValueError` for a corpus without pairs or with only a header line; a warning for a first line that looks like
+    a header. `pairs` is a `Dataset` or a dict of lists with `source` / `target`."""
+    count = len(pairs) if isinstance(pairs, datasets.Dataset) else len(pairs[SOURCE])
+    if not count:
+        raise ValueError(f"`{name}` {str(path)!r} holds no sentence pairs; give a corpus with at least one.")
+    first = (pairs[SOURCE][0], pairs[TARGET][0]) if isinstance(pairs, dict) else (pairs[0][SOURCE], pairs[0][TARGET])
+    if _warn_on_header(path, first, count, source_lang, target_lang) and count == 1:
+        raise ValueError(
+            f"`{name}` {str(path)!r} holds only a header line ({first[0]!r} / {first[1]!r}) and "
+            "no sentence pairs; give a corpus with at least one (a header line is not needed)."
+        )
 
 
 def _translation_pairs(dataset: datasets.Dataset, name: str, source_lang: str, target_lang: str) -> datasets.Dataset:
@@ -288,13 +362,7 @@ def load_parallel_dataset(
         if path is None:
             continue
         pairs = read_parallel_file(path, source_lang, target_lang)
-        if not pairs[SOURCE]:
-            raise ValueError(f"`{name}` {str(path)!r} holds no sentence pairs; give a corpus with at least one.")
-        if _warn_on_header(path, pairs, source_lang, target_lang) and len(pairs[SOURCE]) == 1:
-            raise ValueError(
-                f"`{name}` {str(path)!r} holds only a header line ({pairs[SOURCE][0]!r} / {pairs[TARGET][0]!r}) and "
-                "no sentence pairs; give a corpus with at least one (a header line is not needed)."
-            )
+        check_read_pairs(path, name, pairs, source_lang, target_lang)
         splits[split] = datasets.Dataset.from_dict(pairs)
     return datasets.DatasetDict(splits)
 
@@ -302,14 +370,13 @@ def load_parallel_dataset(
 HEADER_WORDS = {"source", "target", "src", "tgt", "source_text", "target_text", "input", "output"}
 
 
-def _warn_on_header(path, pairs: dict[str, list[str]], source_lang: str, target_lang: str) -> bool:
+def _warn_on_header(path, first: tuple[str, str], count: int, source_lang: str, target_lang: str) -> bool:
     """Whether the first pair looks like a header (column names); warned about when the file holds more."""
-    first = (pairs[SOURCE][0].strip().lower(), pairs[TARGET][0].strip().lower())
     names = HEADER_WORDS | {source_lang.lower(), target_lang.lower()}
-    header = first[0] in names and first[1] in names
-    if header and len(pairs[SOURCE]) > 1:
+    header = first[0].strip().lower() in names and first[1].strip().lower() in names
+    if header and count > 1:
         logger.warning(
-            f"{path}:1 looks like a header ({pairs[SOURCE][0]!r} / {pairs[TARGET][0]!r}) but is read as a sentence "
+            f"{path}:1 looks like a header ({first[0]!r} / {first[1]!r}) but is read as a sentence "
             "pair; remove it if it is not one."
         )
     return header

@@ -82,6 +82,8 @@ NOT_RECIPE = {
     "plot_curves",
     "translate_examples",
     "dataloader_num_workers",
+    "preprocessing_num_workers",  # how the data is prepared, not what it is
+    "prepared_data_dir",
     "use_cpu",
     "push_to_hub",
     "hub_model_id",

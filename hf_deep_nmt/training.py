@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import datasets
 from transformers import (
     AutoConfig,
     AutoModelForSeq2SeqLM,
@@ -52,14 +53,7 @@ from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
 from hf_deep_nmt.checkpoints import resolve_resume_checkpoint
 from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
-from hf_deep_nmt.data import (
-    SOURCE,
-    TARGET,
-    load_parallel_dataset,
-    parallel_files,
-    sample_corpus_dir,
-    tokenize_parallel,
-)
+from hf_deep_nmt.data import SOURCE, TARGET, parallel_files, sample_corpus_dir
 from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.hub import check_export_folder, export_hub_folder
@@ -73,6 +67,7 @@ from hf_deep_nmt.input_checks import (
 )
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.preemption import raise_if_preempted
+from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.trainer import DeepNMTTrainer
@@ -217,13 +212,20 @@ def _sizes_of_preset(model_args: ModelArguments):
 
 @dataclass
 class Prepared:
-    """Everything a training run needs besides the model: raw text, tokenizer, tokenized splits, references."""
+    """Everything a training run needs besides the model: the validation text (`raw["validation"]`), tokenizer,
+    tokenized splits (memory-mapped from the prepared-data folder), references, and that folder (`data`)."""
 
     raw: Any
     tokenizer: PreTrainedTokenizerBase
     train_dataset: Any
     eval_dataset: Any
     references: list[str]
+    data: PreparedData | None = None
+
+    @property
+    def train_pairs(self) -> int:
+        """Training pairs read (before the length filter)."""
+        return self.data.record["counts"]["train"]["pairs_read"] if self.data else len(self.raw["train"])
 
 
 def prepare(
@@ -232,52 +234,61 @@ def prepare(
     training_args: DeepNMTTrainingArguments,
     tokenizer_dir: Path | None = None,
 ) -> Prepared:
-    """Load the corpus, get a tokenizer (`load_tokenizer`), tokenize both splits. Callers check the settings first
-    (`check_before_work`)."""
+    """The prepared data of this recipe (`hf_deep_nmt.prepared_data.prepare_data`: built once, then reused by every
+    run and rank): tokenizer, tokenized splits, validation text. Under `torchrun` / `accelerate launch` the main
+    process prepares while the others wait, then every rank memory-maps the same folder. Callers check the settings
+    first (`check_before_work`)."""
     set_seed(training_args.seed)
-    train_file, validation_file = data_args.corpus_paths()
-    raw = load_parallel_dataset(
-        train_file=train_file,
-        validation_file=validation_file,
-        dataset_name=data_args.dataset_name,
-        dataset_config=data_args.dataset_config,
-        source_lang=data_args.source_lang,
-        target_lang=data_args.target_lang,
-        validation_split=data_args.dataset_validation_split,
-    )
-    if "validation" in raw and data_args.max_eval_samples:
-        raw["validation"] = raw["validation"].select(range(min(data_args.max_eval_samples, len(raw["validation"]))))
-    tokenizer = load_tokenizer(model_args, raw, tokenizer_dir)
-
-    train_dataset = tokenize_parallel(
-        raw["train"], tokenizer, data_args.max_source_length, data_args.max_target_length
-    )
-    if len(raw["train"]) == 0:
-        raise ValueError("The training data holds no sentence pairs; give a corpus with at least one.")
-    if len(train_dataset) == 0:
-        raise ValueError(
-            f"No training pair is within `max_source_length={data_args.max_source_length}` / "
-            f"`max_target_length={data_args.max_target_length}` tokens ({len(raw['train'])} pairs read); raise them."
-        )
-    if "validation" in raw:  # the final evaluation translates each source in full: checked before step 1
+    given = given_tokenizer(model_args, tokenizer_dir)
+    with training_args.main_process_first(desc="preparing the data"):
+        data = None
+        if given is not None and not model_args.saved_tokenizer():  # the tokenizer an earlier run of ours saved
+            data = prepare_data(model_args, data_args, training_args.seed, build=False)
+            if data is not None and tokenizer_digest(data.tokenizer) != tokenizer_digest(given):
+                data = None  # not the tokenizer these settings train now: the data is prepared with it
+        data = data or prepare_data(model_args, data_args, training_args.seed, given)
+    tokenizer = given or data.tokenizer
+    if given is None and tokenizer_dir is not None and training_args.process_index == 0:
+        claim_outputs(tokenizer_dir.parent, tokenizer_dir)
+        tokenizer.save_pretrained(tokenizer_dir)
+    raw = datasets.DatasetDict()
+    eval_dataset, references = None, []
+    if data.validation is not None:  # the final evaluation translates each source in full: checked before step 1
+        raw["validation"] = data.validation.select_columns([SOURCE, TARGET])
         validation_file = data_args.corpus_paths()[1]
         where = f"`validation_file` {validation_file!r}" if validation_file else f"{data_args.dataset_name!r}"
         if not validation_file:
             where += f" split {data_args.dataset_validation_split!r}, counting rows as lines from 1,"
         check_source_lengths(raw["validation"][SOURCE], tokenizer, MAX_SOURCE_TOKENS, where)
-    references = raw["validation"][TARGET] if "validation" in raw else []
-    eval_dataset = None
-    if "validation" in raw:
+        references = raw["validation"][TARGET]
         # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
-        eval_dataset = tokenize_parallel(
-            raw["validation"], tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
-        )
-    return Prepared(raw, tokenizer, train_dataset, eval_dataset, references)
+        eval_dataset = data.validation.select_columns(list(ID_COLUMNS))
+    return Prepared(raw, tokenizer, data.train, eval_dataset, references, data)
 
 
-def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None = None) -> PreTrainedTokenizerBase:
-    """The saved model's or the given tokenizer; else the one saved in `tokenizer_dir` by an earlier run; else a joint
-    tokenizer trained on the training split (and saved in `tokenizer_dir`)."""
+def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
+    """`hf-deep-nmt prepare RECIPE [--field value ...]`: build (or find) the recipe's prepared data ahead of training,
+    e.g. on a CPU node before the GPUs are booked; `train` / `train-staged` of the same data and settings then reuse
+    it. The recipe is read as `train` (or `train-staged`) reads it; only its data and tokenizer settings are used and
+    no output folder is touched. Returns `PreparedData.summary()`."""
+    from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments
+
+    model_args, data_args, export_args, training_args, _ = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
+    check_model_arguments(model_args)
+    if model_args.model_name_or_path:
+        check_saved_model(model_args)
+    check_arguments(data_args, export_args, training_args)
+    for corpus in data_args.corpus_files():
+        parallel_files(corpus, data_args.source_lang, data_args.target_lang)
+    given = given_tokenizer(model_args)
+    with training_args.main_process_first(desc="preparing the data"):
+        data = prepare_data(model_args, data_args, training_args.seed, given)
+    return data.summary()
+
+
+def given_tokenizer(model_args: ModelArguments, tokenizer_dir: Path | None = None) -> PreTrainedTokenizerBase | None:
+    """The saved model's or the given tokenizer; else the one saved in `tokenizer_dir` by an earlier run; else None
+    (a joint tokenizer is trained with the prepared data)."""
     saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
         check_local_path(saved_tokenizer, "Tokenizer folder")
@@ -294,6 +305,15 @@ def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None =
                 f"{str(tokenizer_dir)!r}, where this run saves the tokenizer it trains, already holds files but no "
                 "tokenizer.json; move them away, or name a tokenizer with `tokenizer_name_or_path`."
             )
+    return None
+
+
+def load_tokenizer(model_args: ModelArguments, raw, tokenizer_dir: Path | None = None) -> PreTrainedTokenizerBase:
+    """`given_tokenizer`, else a joint tokenizer trained on the training split of `raw` (and saved in
+    `tokenizer_dir`)."""
+    tokenizer = given_tokenizer(model_args, tokenizer_dir)
+    if tokenizer is not None:
+        return tokenizer
     tokenizer = train_joint_tokenizer(
         zip(raw["train"][SOURCE], raw["train"][TARGET]),
         vocab_size=model_args.tokenizer_vocab_size,
@@ -478,7 +498,7 @@ def evaluate_and_export(
             languages=(data_args.source_lang, data_args.target_lang),
             metrics=summary,
             dataset_name=data_args.dataset_name or _corpus_name(train_file),
-            training_data=_describe_data(data_args, len(prepared.raw["train"]), summary),
+            training_data=_describe_data(data_args, prepared.train_pairs, summary),
             examples=summary.get("examples"),
             length_penalty_form=export_args.length_penalty_form,
             length_rule=(export_args.max_length_a, export_args.max_length_b),
@@ -544,6 +564,7 @@ __all__ = [
     "check_before_work",
     "configure_generation",
     "evaluate_and_export",
+    "given_tokenizer",
     "load_tokenizer",
     "make_trainer",
     "prepare",

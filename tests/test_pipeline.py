@@ -366,7 +366,7 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypa
     config = tmp_path / "run.json"
     recipe = {"model_type": "deep_nmt", "output_dir": str(tmp_path / "run"), "export_dir": str(tmp_path / "export")}
     config.write_text(json.dumps(recipe))
-    monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("data loaded before check"))
+    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         training.run([str(config)])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["export", "run.json"]
@@ -428,7 +428,7 @@ def test_checks_and_preparation_leave_the_arguments_as_given(tmp_path):
     check_before_work(model_args, data_args, export_args, training_args)
     prepared = prepare(model_args, data_args, training_args)
     assert run_recipe(*arguments) == given and data_args.train_file is None  # the bundled sample was read
-    assert len(prepared.raw["train"]) == 8000 and len(prepared.references) == 3
+    assert prepared.train_pairs == 8000 and len(prepared.references) == 3
 
 
 def test_a_misspelt_override_is_refused_before_the_corpus_is_read(tmp_path, monkeypatch):
@@ -437,6 +437,6 @@ def test_a_misspelt_override_is_refused_before_the_corpus_is_read(tmp_path, monk
     recipe = tmp_path / "recipe.json"
     settings = {"model_type": "deep_nmt", "model_overrides": {"dropuot": 0.2}, "output_dir": str(tmp_path / "run")}
     recipe.write_text(json.dumps(settings))
-    monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("data loaded before check"))
+    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(ValueError, match=r"not DeepNMTConfig fields: 'dropuot' \(did you mean 'dropout'\?\)"):
         training.run([str(recipe)])

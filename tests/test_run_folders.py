@@ -92,7 +92,7 @@ def old_run(finished_run, tmp_path):
 def fail_on_training(monkeypatch):
     from hf_deep_nmt import training
 
-    monkeypatch.setattr(training, "load_parallel_dataset", lambda **kwargs: pytest.fail("work started"))
+    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("work started"))
 
 
 # ---- one run per output folder -------------------------------------------------------------------------------------

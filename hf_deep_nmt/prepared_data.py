@@ -1,0 +1,525 @@
+"""Prepared data: the tokenizer and the tokenized corpus, built once and memory-mapped by every later run and rank.
+
+A prepared-data folder holds
+
+* `tokenizer/`: the tokenizer (trained on a bounded, seeded sample of the training pairs, or the one given);
+* `train/` and `validation/`: `datasets.Dataset.save_to_disk` folders with `input_ids` and `labels` in the smallest id
+  type that holds the vocabulary (uint16 under 65,536 entries, else int32; the collator pads them and derives the
+  attention mask), the validation split with its `source` / `target` text as well (for scoring);
+* `prepared.json`: the record: the fingerprint and what it was computed from, the counts (pairs read, kept, dropped,
+  tokens per side), the bytes on disk, the seconds taken, the library versions and the size of every file.
+
+The fingerprint (sha256) covers everything the contents depend on: the corpus files' bytes (or a Hub dataset's own
+`datasets` fingerprint), the languages, the tokenizer (its training settings, or the given tokenizer's files), the
+length limits, `max_eval_samples` and `FORMAT_VERSION`. The folder is `$HF_DEEP_NMT_PREPARED_DATA/<fingerprint[:16]>`
+(default root: `<HF_HOME or ~/.cache/huggingface>/hf_deep_nmt/prepared`), or the recipe's `prepared_data_dir`.
+
+A folder is built under a temporary name beside its final one and renamed when complete, while holding an exclusive
+lock (`<folder>.lock`, `fcntl.flock`): a second preparer of the same data waits for the first and then reuses its
+folder; a half-written folder is never read. A folder whose record does not match (another fingerprint, a missing or
+resized file) is refused, naming the folder and what differs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import datasets
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, parallel_files, write_parallel_arrow
+from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+logger = logging.get_logger(__name__)
+
+FORMAT_VERSION = 1
+RECORD = "prepared.json"
+ENVIRONMENT_VARIABLE = "HF_DEEP_NMT_PREPARED_DATA"
+DEFAULT_TOKENIZER_TRAIN_PAIRS = 1_000_000
+PAIRS_PER_WORKER = 5_000  # fewer pairs than this per worker are tokenized in fewer processes (starting one costs more)
+ID_COLUMNS = ("input_ids", "labels")
+
+
+class PreparedDataError(ValueError):
+    """A prepared-data folder that cannot be used as it is (another fingerprint, files missing or changed)."""
+
+
+@dataclass
+class PreparedData:
+    """A prepared-data folder, opened: the tokenizer, the memory-mapped splits and the record."""
+
+    folder: Path
+    reused: bool
+    tokenizer: PreTrainedTokenizerBase
+    train: datasets.Dataset
+    validation: datasets.Dataset | None  # `source`, `target`, `input_ids`, `labels`
+    record: dict[str, Any]
+    seconds: float
+
+    def summary(self) -> dict[str, Any]:
+        """The one-line report of `hf-deep-nmt prepare` (train split counts)."""
+        counts = self.record["counts"]["train"]
+        return {
+            "folder": str(self.folder),
+            "reused": self.reused,
+            "fingerprint": self.record["fingerprint"],
+            **{key: counts[key] for key in ("pairs_read", "pairs_kept", "pairs_dropped")},
+            **{key: counts[key] for key in ("source_tokens", "target_tokens")},
+            "validation_pairs": self.record["counts"].get("validation", {}).get("pairs_kept", 0),
+            "id_dtype": self.record["id_dtype"],
+            "bytes_on_disk": self.record["bytes_on_disk"],
+            "build_seconds": self.record["seconds"],
+            "seconds": round(self.seconds, 2),
+        }
+
+
+# ---- what determines the folder ------------------------------------------------------------------------------------
+
+
+def file_digest(path: str | Path, chunk: int = 1 << 20) -> str:
+    """sha256 of a file's bytes, read in chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def tokenizer_digest(tokenizer: PreTrainedTokenizerBase) -> str:
+    """sha256 of the files `save_pretrained` writes for `tokenizer` (names and bytes)."""
+    digest = hashlib.sha256()
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        for path in sorted(Path(folder).rglob("*")):
+            if path.is_file():
+                digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+                digest.update(file_digest(path).encode())
+    return digest.hexdigest()
+
+
+def _corpus_inputs(path: str, source_lang: str, target_lang: str) -> dict[str, Any]:
+    files = parallel_files(path, source_lang, target_lang)
+    kind = "two files" if len(files) == 2 else files[0].suffix.lstrip(".")
+    return {"kind": kind, "sha256": [file_digest(file) for file in files]}
+
+
+def preparation_inputs(
+    model_args,
+    data_args,
+    seed: int,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    raw: datasets.DatasetDict | None = None,
+) -> dict[str, Any]:
+    """What a prepared folder's contents depend on (its fingerprint is the sha256 of this, as sorted JSON): the
+    corpus (file contents, or `raw`'s `datasets` fingerprints for a `dataset_name`), the languages, the tokenizer
+    (`tokenizer`'s files when one is given, else the training settings), the length limits, `max_eval_samples`."""
+    if data_args.dataset_name:
+        corpus: dict[str, Any] = {
+            "dataset_name": data_args.dataset_name,
+            "dataset_config": data_args.dataset_config,
+            "validation_split": data_args.dataset_validation_split,
+            "fingerprints": {split: raw[split]._fingerprint for split in sorted(raw)},
+        }
+    else:
+        train_file, validation_file = data_args.corpus_paths()
+        corpus = {"train": _corpus_inputs(train_file, data_args.source_lang, data_args.target_lang)}
+        if validation_file:
+            corpus["validation"] = _corpus_inputs(validation_file, data_args.source_lang, data_args.target_lang)
+    if tokenizer is not None:
+        tokenizer_inputs: dict[str, Any] = {"given": tokenizer_digest(tokenizer)}
+    else:
+        tokenizer_inputs = {
+            "vocab_size": model_args.tokenizer_vocab_size,
+            "model": model_args.tokenizer_model,
+            "train_pairs": tokenizer_train_pairs(model_args),
+            "seed": seed,
+        }
+    return {
+        "format": FORMAT_VERSION,
+        "corpus": corpus,
+        "languages": [data_args.source_lang, data_args.target_lang],
+        "tokenizer": tokenizer_inputs,
+        "max_source_length": data_args.max_source_length,
+        "max_target_length": data_args.max_target_length,
+        "drop_long": True,
+        "max_eval_samples": data_args.max_eval_samples,
+    }
+
+
+def fingerprint(inputs: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
+def tokenizer_train_pairs(model_args) -> int:
+    return getattr(model_args, "tokenizer_train_pairs", None) or DEFAULT_TOKENIZER_TRAIN_PAIRS
+
+
+def default_root() -> Path:
+    """`$HF_DEEP_NMT_PREPARED_DATA`, else `<HF_HOME or ~/.cache/huggingface>/hf_deep_nmt/prepared`."""
+    if os.environ.get(ENVIRONMENT_VARIABLE):
+        return Path(os.environ[ENVIRONMENT_VARIABLE]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.join("~", ".cache")), "huggingface"
+    )
+    return Path(home).expanduser() / "hf_deep_nmt" / "prepared"
+
+
+def prepared_folder(data_args, fingerprint_: str) -> Path:
+    """The recipe's `prepared_data_dir`, else `default_root() / fingerprint[:16]`."""
+    named = getattr(data_args, "prepared_data_dir", None)
+    return Path(named).expanduser() if named else default_root() / fingerprint_[:16]
+
+
+def preprocessing_workers(data_args) -> int:
+    """The recipe's `preprocessing_num_workers`, else the cores this process may run on."""
+    return getattr(data_args, "preprocessing_num_workers", None) or len(os.sched_getaffinity(0))
+
+
+# ---- opening a folder ----------------------------------------------------------------------------------------------
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {
+        path.relative_to(folder).as_posix(): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file() and path.name != RECORD
+    }
+
+
+def check_prepared_folder(folder: Path, expected: str | None = None) -> dict[str, Any]:
+    """The record of a complete prepared folder, after checking it against its files (every recorded file there with
+    its size, none added) and, given `expected`, the fingerprint. `PreparedDataError` naming the folder and what
+    differs otherwise."""
+    record_path = folder / RECORD
+    try:
+        record = json.loads(record_path.read_text())
+        recorded_files = record["files"]
+        recorded = record["fingerprint"]
+    except FileNotFoundError:
+        raise PreparedDataError(
+            f"{folder} is not a prepared-data folder (no {RECORD}); remove it or name another `prepared_data_dir`."
+        ) from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise PreparedDataError(
+            f"{record_path} is damaged ({type(error).__name__}: {error}); remove {folder} and prepare again."
+        ) from None
+    problems = []
+    if record.get("format") != FORMAT_VERSION:
+        problems.append(f"format {record.get('format')!r}, this version reads {FORMAT_VERSION}")
+    if expected is not None and recorded != expected:
+        problems.append(f"fingerprint {str(recorded)[:16]}, the recipe's data is {expected[:16]}")
+    found = _files(folder)
+    for name, size in recorded_files.items():
+        if name not in found:
+            problems.append(f"{name} is missing")
+        elif found[name] != size:
+            problems.append(f"{name} has {found[name]} bytes, {size} recorded")
+    added = sorted(set(found) - set(recorded_files))
+    if added:
+        problems.append(f"files not written by the preparation: {added[:3]}")
+    if problems:
+        raise PreparedDataError(
+            f"Prepared data folder {folder} does not match: {'; '.join(problems)}. Remove it (it is rebuilt) or "
+            "name another `prepared_data_dir`."
+        )
+    return record
+
+
+def _mismatch(record: dict[str, Any], inputs: dict[str, Any]) -> str:
+    """The top-level inputs that differ between a record and the recipe (e.g. 'max_source_length: 64 -> 128')."""
+    recorded = record.get("inputs", {})
+    keys = sorted(set(recorded) | set(inputs))
+    return ", ".join(
+        f"{key}: {json.dumps(recorded.get(key))[:80]} -> {json.dumps(inputs.get(key))[:80]}"
+        for key in keys
+        if recorded.get(key) != inputs.get(key)
+    )
+
+
+def open_prepared(folder: Path, expected: str, inputs: dict[str, Any], reused: bool, started: float) -> PreparedData:
+    try:
+        record = check_prepared_folder(folder, expected)
+    except PreparedDataError as error:
+        try:
+            recorded = json.loads((folder / RECORD).read_text())
+        except (OSError, ValueError):
+            raise error from None
+        differs = _mismatch(recorded, inputs) if recorded.get("fingerprint") != expected else ""
+        raise PreparedDataError(f"{error}{f' Differs: {differs}.' if differs else ''}") from None
+    tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
+    train = datasets.load_from_disk(str(folder / "train"))
+    validation = datasets.load_from_disk(str(folder / "validation")) if (folder / "validation").is_dir() else None
+    return PreparedData(folder, reused, tokenizer, train, validation, record, time.perf_counter() - started)
+
+
+# ---- building one --------------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _lock(folder: Path):
+    """An exclusive `fcntl.flock` on `<folder>.lock` (released when the holder ends, however it ends)."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    lock = folder.parent / f"{folder.name}.lock"
+    with open(lock, "a+") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            logger.warning(f"Another process is preparing {folder}; waiting for it.")
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def prepare_data(
+    model_args,
+    data_args,
+    seed: int = 42,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    build: bool = True,
+) -> PreparedData | None:
+    """The prepared folder of this recipe's data: opened when it exists (checked against its record), else built
+    (else None, with `build=False`). `tokenizer`: a given tokenizer (a saved model's, `tokenizer_name_or_path`, an
+    earlier run's); None trains one."""
+    started = time.perf_counter()
+    raw = None
+    if data_args.dataset_name:
+        raw = _named_pairs(data_args)
+    inputs = preparation_inputs(model_args, data_args, seed, tokenizer, raw)
+    expected = fingerprint(inputs)
+    folder = prepared_folder(data_args, expected)
+    if not (folder / RECORD).is_file() and os.path.lexists(folder) and not _is_empty_dir(folder):
+        check_prepared_folder(folder, expected)  # refuses it, naming what is there
+    if (folder / RECORD).is_file():
+        return _log_use(open_prepared(folder, expected, inputs, True, started))
+    if not build:
+        return None
+    with _lock(folder):
+        if (folder / RECORD).is_file():  # built by another process while this one waited
+            return _log_use(open_prepared(folder, expected, inputs, True, started))
+        for stale in folder.parent.glob(f".{folder.name}.building-*"):  # left by a preparer that was killed
+            shutil.rmtree(stale, ignore_errors=True)
+        building = folder.parent / f".{folder.name}.building-{os.getpid()}"
+        try:
+            _build(building, model_args, data_args, seed, tokenizer, raw, inputs, expected, started)
+            if folder.is_dir():
+                folder.rmdir()  # an empty folder named by `prepared_data_dir`
+            os.rename(building, folder)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
+        return _log_use(open_prepared(folder, expected, inputs, False, started))
+
+
+def _is_empty_dir(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
+def _log_use(prepared: PreparedData) -> PreparedData:
+    counts = prepared.record["counts"]["train"]
+    limits = prepared.record["inputs"]
+    if counts["pairs_dropped"]:
+        logger.warning(
+            f"Dropped {counts['pairs_dropped']} of {counts['pairs_read']} pairs longer than "
+            f"{limits['max_source_length']} source / {limits['max_target_length']} target tokens."
+        )
+    how = "reused" if prepared.reused else f"built in {prepared.record['seconds']} s"
+    logger.warning(
+        f"Prepared data {prepared.folder} ({how}): {counts['pairs_kept']} training pairs, "
+        f"{counts['source_tokens']} + {counts['target_tokens']} tokens, {prepared.record['bytes_on_disk']} bytes."
+    )
+    return prepared
+
+
+def _named_pairs(data_args) -> datasets.DatasetDict:
+    raw = load_parallel_dataset(
+        dataset_name=data_args.dataset_name,
+        dataset_config=data_args.dataset_config,
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+        validation_split=data_args.dataset_validation_split,
+    )
+    return raw
+
+
+def id_dtype(vocabulary: int) -> str:
+    """The smallest id type for a vocabulary of `vocabulary` entries: uint16 under 65,536, else int32."""
+    return "uint16" if vocabulary < 65_536 else "int32"
+
+
+def tokenizer_sample(dataset: datasets.Dataset, pairs: int, seed: int):
+    """(source, target) pairs to train the tokenizer on: all of them, in order, when there are at most `pairs`; else
+    `pairs` of them drawn without replacement for `seed` (the same for the same seed), in corpus order."""
+    if len(dataset) > pairs:
+        dataset = dataset.select(sorted(random.Random(seed).sample(range(len(dataset)), pairs)))
+    for batch in dataset.iter(batch_size=1000):
+        yield from zip(batch[SOURCE], batch[TARGET])
+
+
+def tokenize_split(
+    dataset: datasets.Dataset,
+    tokenizer: PreTrainedTokenizerBase,
+    max_source_length: int,
+    max_target_length: int,
+    drop_long: bool,
+    workers: int,
+    cache_file: Path,
+    keep_text: bool = False,
+) -> datasets.Dataset:
+    """`input_ids` and `labels` in the smallest id type (`id_dtype`), tokenized in `workers` processes, written to
+    `cache_file`; pairs over the length limits dropped (`drop_long`) or truncated. `keep_text` keeps the text."""
+    ids = datasets.List(datasets.Value(id_dtype(len(tokenizer))))
+    features = {SOURCE: datasets.Value("string"), TARGET: datasets.Value("string")} if keep_text else {}
+    features = datasets.Features({**features, "input_ids": ids, "labels": ids})
+    truncate = not drop_long
+
+    def encode(batch):
+        options = {"truncation": truncate, "return_attention_mask": False, "verbose": False}
+        sources = tokenizer(batch[SOURCE], max_length=max_source_length if truncate else None, **options)
+        targets = tokenizer(text_target=batch[TARGET], max_length=max_target_length if truncate else None, **options)
+        sources, targets = sources["input_ids"], targets["input_ids"]
+        keep = range(len(sources))
+        if drop_long:
+            keep = [i for i in keep if len(sources[i]) <= max_source_length and len(targets[i]) <= max_target_length]
+        rows = {"input_ids": [sources[i] for i in keep], "labels": [targets[i] for i in keep]}
+        if keep_text:
+            rows = {SOURCE: [batch[SOURCE][i] for i in keep], TARGET: [batch[TARGET][i] for i in keep], **rows}
+        return rows
+
+    workers = max(1, min(workers, len(dataset) // PAIRS_PER_WORKER))
+    parallelism = os.environ.get("TOKENIZERS_PARALLELISM")
+    if workers > 1:  # each worker tokenizes on one thread (and `tokenizers` says nothing about the fork)
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        return dataset.map(
+            encode,
+            batched=True,
+            batch_size=1000,
+            remove_columns=dataset.column_names,
+            features=features,
+            num_proc=workers if workers > 1 else None,
+            cache_file_name=str(cache_file),
+            desc="Tokenizing",
+        )
+    finally:
+        if workers > 1:
+            if parallelism is None:
+                os.environ.pop("TOKENIZERS_PARALLELISM", None)
+            else:
+                os.environ["TOKENIZERS_PARALLELISM"] = parallelism
+
+
+def _token_counts(dataset: datasets.Dataset, pairs_read: int) -> dict[str, int]:
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")[:]
+    tokens = {
+        name: int(pc.sum(pc.list_value_length(table[column])).as_py() or 0)
+        for name, column in (("source_tokens", "input_ids"), ("target_tokens", "labels"))
+    }
+    kept = len(dataset)
+    return {"pairs_read": pairs_read, "pairs_kept": kept, "pairs_dropped": pairs_read - kept, **tokens}
+
+
+def _build(
+    building: Path,
+    model_args,
+    data_args,
+    seed: int,
+    tokenizer: PreTrainedTokenizerBase | None,
+    raw: datasets.DatasetDict | None,
+    inputs: dict[str, Any],
+    expected: str,
+    started: float,
+) -> None:
+    work = building / "work"
+    work.mkdir(parents=True)
+    source_lang, target_lang = data_args.source_lang, data_args.target_lang
+    if raw is None:  # local files: read to Arrow on disk, in batches
+        train_file, validation_file = data_args.corpus_paths()
+        train = write_parallel_arrow(train_file, work / "train.arrow", "train_file", source_lang, target_lang)
+        splits = {"train": train}
+        if validation_file:
+            if Path(validation_file).resolve() == Path(train_file).resolve():
+                logger.warning(
+                    f"The validation file is the training file ({train_file}): the scores will not tell how the model "
+                    "does on unseen text."
+                )
+            splits["validation"] = write_parallel_arrow(
+                validation_file, work / "validation.arrow", "validation_file", source_lang, target_lang
+            )
+    else:
+        splits = dict(raw)
+    if len(splits["train"]) == 0:
+        raise ValueError("The training data holds no sentence pairs; give a corpus with at least one.")
+    if "validation" in splits and data_args.max_eval_samples:
+        validation = splits["validation"]
+        splits["validation"] = validation.select(range(min(data_args.max_eval_samples, len(validation))))
+    if tokenizer is None:
+        sample = tokenizer_train_pairs(model_args)
+        if len(splits["train"]) > sample:
+            logger.warning(f"Training the tokenizer on {sample} of {len(splits['train'])} pairs (seed {seed}).")
+        tokenizer = train_joint_tokenizer(
+            tokenizer_sample(splits["train"], sample, seed),
+            vocab_size=model_args.tokenizer_vocab_size,
+            model=model_args.tokenizer_model,
+        )
+    tokenizer.save_pretrained(building / "tokenizer")
+    workers = preprocessing_workers(data_args)
+    limits = (data_args.max_source_length, data_args.max_target_length)
+    train = tokenize_split(splits["train"], tokenizer, *limits, True, workers, work / "train-tokens.arrow")
+    counts = {"train": _token_counts(train, len(splits["train"]))}
+    if len(train) == 0:
+        raise ValueError(
+            f"No training pair is within `max_source_length={limits[0]}` / `max_target_length={limits[1]}` tokens "
+            f"({len(splits['train'])} pairs read); raise them."
+        )
+    train.save_to_disk(str(building / "train"))
+    if "validation" in splits:
+        # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
+        validation = tokenize_split(
+            splits["validation"], tokenizer, *limits, False, workers, work / "validation-tokens.arrow", keep_text=True
+        )
+        counts["validation"] = _token_counts(validation, len(splits["validation"]))
+        validation.save_to_disk(str(building / "validation"))
+    del train, splits
+    shutil.rmtree(work)
+    files = _files(building)
+    record = {
+        "format": FORMAT_VERSION,
+        "fingerprint": expected,
+        "inputs": inputs,
+        "counts": counts,
+        "id_dtype": id_dtype(len(tokenizer)),
+        "vocab_size": len(tokenizer),
+        "bytes_on_disk": sum(files.values()),
+        "seconds": round(time.perf_counter() - started, 2),
+        "workers": workers,
+        "versions": _versions(),
+        "files": files,
+    }
+    (building / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("hf-deep-nmt", "datasets", "tokenizers", "transformers", "pyarrow"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            found[package] = "unknown"
+    return found
