@@ -50,6 +50,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve()
 RESULTS = HERE.parent / "results"
+RUNS = ("second", "resume", "ranks")  # besides the first runs, which every other run starts from
 CHUNK_PAIRS = 10_000  # the generator draws each chunk from its own seed, so a size is a prefix of every larger one
 VALIDATION_PAIRS = 1_000
 SMOKE_PAIRS = 2_000
@@ -247,6 +248,9 @@ def child_project_cli(options: dict) -> None:
     print(text, end="")
     lines = [line for line in text.splitlines() if line.strip()]
     summary = json.loads(lines[-1]) if code in (0, None) and lines else None
+    if summary:  # the training split alone (the folder's total also holds the tokenizer and the validation text)
+        summary["folder_bytes_on_disk"] = summary["bytes_on_disk"]
+        summary["bytes_on_disk"] = _disk_bytes([Path(summary["folder"]) / "train"])
     _write_result(options["result"], meter.report(exit_code=code, summary=summary))
 
 
@@ -507,7 +511,7 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
         return env
 
     run_flags = ["--output_dir", str(work / "run")]
-    ranks_here = args.ranks_up_to is None or pairs <= args.ranks_up_to
+    ranks_here = "ranks" in args.runs and (args.ranks_up_to is None or pairs <= args.ranks_up_to)
     repeat_here = args.repeat_up_to is None or pairs <= args.repeat_up_to
     if "project" in args.contenders:
         if not facts["prepare_command"]:
@@ -527,14 +531,15 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
                 env_with(root),
             )
         flags = [*run_flags, "--preprocessing_num_workers", str(args.workers[-1])]
-        record(
-            "project",
-            "second run",
-            str(args.workers[-1]),
-            "project_cli",
-            {"recipe": str(recipe), "flags": flags},
-            env_with(root),
-        )
+        if "second" in args.runs:
+            record(
+                "project",
+                "second run",
+                str(args.workers[-1]),
+                "project_cli",
+                {"recipe": str(recipe), "flags": flags},
+                env_with(root),
+            )
         resume_flags = [
             "--output_dir",
             str(work / "run_resumed"),
@@ -543,14 +548,15 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
             "--preprocessing_num_workers",
             str(args.workers[-1]),
         ]
-        record(
-            "project",
-            "resume (train's prepare())",
-            str(args.workers[-1]),
-            "inprocess",
-            {"recipe": str(recipe), "flags": resume_flags},
-            env_with(root),
-        )
+        if "resume" in args.runs:
+            record(
+                "project",
+                "resume (train's prepare())",
+                str(args.workers[-1]),
+                "inprocess",
+                {"recipe": str(recipe), "flags": resume_flags},
+                env_with(root),
+            )
         if ranks_here:
             root = fresh(work / "prepared_ranks")
             record(
@@ -567,8 +573,9 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
         root = fresh(work / "prepared_inprocess")
         options = {"recipe": str(recipe), "flags": [*run_flags, *extra]}
         record("inprocess", "first", "1", "inprocess", options, env_with(root))
-        if repeat_here:
+        if repeat_here and "second" in args.runs:
             record("inprocess", "second run", "1", "inprocess", options, env_with(root))
+        if repeat_here and "resume" in args.runs:
             resume = {
                 "recipe": str(recipe),
                 "flags": ["--output_dir", str(work / "run_resumed"), "--resume_from_checkpoint", "true", *extra],
@@ -587,7 +594,7 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
         for workers in args.workers:
             options = {**lean, "workers": workers, "work": str(fresh(work / f"lean_w{workers}"))}
             record("lean", f"first, {workers} worker{'s' * (workers > 1)}", str(workers), "lean", options, base_env)
-        if repeat_here:
+        if repeat_here and "second" in args.runs:
             record("lean", "second run", str(workers), "lean", options, base_env)
         if ranks_here:
             options = {**lean, "workers": args.workers[-1], "work": str(fresh(work / "lean_ranks"))}
@@ -659,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
         "--contenders", nargs="+", choices=("project", "inprocess", "lean"), default=["project", "lean"]
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="first runs with each count")
+    parser.add_argument(
+        "--runs", nargs="+", choices=RUNS, default=list(RUNS), help="which runs (the first runs always happen)"
+    )
     parser.add_argument("--ranks-up-to", type=int, help="2-rank runs only for sizes up to this (default: all)")
     parser.add_argument("--repeat-up-to", type=int, help="inprocess, lean: repeat runs only up to this size")
     parser.add_argument(
