@@ -467,7 +467,14 @@ def fresh(folder: Path) -> Path:
     return folder
 
 
-def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
+def load_average() -> list[float]:
+    with open("/proc/loadavg") as handle:
+        return [float(x) for x in handle.read().split()[:3]]
+
+
+def run_size(pairs: int, args, facts: dict, work: Path, rows: list[dict], save) -> None:
+    """Measure every run asked for at this size; each row is appended to `rows` and saved (`save()`) when done, so
+    an interrupted run keeps what it measured."""
     train, valid = make_corpus(Path(args.corpus_dir), pairs, args.seed, args.types)
     corpus_bytes = train.stat().st_size
     work = fresh(work / f"pairs{pairs}")
@@ -481,7 +488,6 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
         HF_HUB_OFFLINE="1",
         PYTHONUNBUFFERED="1",
     )
-    rows: list[dict] = []
 
     def record(contender: str, run: str, processes: str, kind: str, options: dict, env: dict, ranks: int = 1) -> dict:
         name = f"{contender}-{run}".replace(" ", "_").replace(",", "")
@@ -495,7 +501,9 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
         row["bytes_per_pair_on_disk"] = disk / kept if disk and kept else None
         row["reused"] = summary.get("reused")
         row["corpus_bytes_per_pair"] = corpus_bytes / pairs
+        row["load_average"] = load_average()
         rows.append(row)
+        save()
         print(
             f"    cpu {row['cpu_s']:.1f} s, wall {row['wall_s']:.1f} s, peak above imports "
             f"{', '.join(f'{mb:.0f}' for mb in row['peak_above_imports_mb'])} MB, "
@@ -603,7 +611,6 @@ def run_size(pairs: int, args, facts: dict, work: Path) -> list[dict]:
         for folder in work.glob("*"):
             if folder.is_dir():
                 shutil.rmtree(folder, ignore_errors=True)
-    return rows
 
 
 def markdown(rows: list[dict]) -> str:
@@ -637,8 +644,6 @@ def machine() -> dict:
     import datasets
     import tokenizers
 
-    with open("/proc/loadavg") as handle:
-        load = handle.read().split()[:3]
     try:
         import hf_deep_nmt
 
@@ -648,7 +653,7 @@ def machine() -> dict:
     return {
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
-        "load_average": [float(x) for x in load],
+        "load_average": load_average(),
         "datasets": datasets.__version__,
         "tokenizers": tokenizers.__version__,
         "package": package,
@@ -701,19 +706,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     started = time.perf_counter()
     rows: list[dict] = []
-    for pairs in args.sizes:
-        rows.extend(run_size(pairs, args, facts, Path(args.work_dir)))
-    result = {
-        "settings": {key: value for key, value in vars(args).items() if key not in ("child", "options")},
-        "code": facts,
-        "machine": about,
-        "load_average_after": machine()["load_average"],
-        "seconds": time.perf_counter() - started,
-        "rows": rows,
-    }
     out = Path(args.json or RESULTS / ("data_scale_smoke.json" if args.smoke else "data_scale.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+
+    def save(complete: bool = False) -> None:
+        result = {
+            "settings": {key: value for key, value in vars(args).items() if key not in ("child", "options")},
+            "code": facts,
+            "machine": about,
+            "load_average_now": load_average(),
+            "seconds": time.perf_counter() - started,
+            "complete": complete,
+            "rows": rows,
+        }
+        out.write_text(json.dumps(result, indent=1))
+
+    for pairs in args.sizes:
+        run_size(pairs, args, facts, Path(args.work_dir), rows, save)
+    save(complete=True)
     print(f"\n{markdown(rows)}\n\nwrote {out}")
     return 0
 
