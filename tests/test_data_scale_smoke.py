@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "data_scale.py"
 
 
@@ -40,7 +38,6 @@ def test_generated_corpus_is_wmt_like_seeded_and_written_once(tmp_path):
 
 
 def test_smoke_run_reports_reuse_compact_ids_and_the_lean_pipeline(tmp_path):
-    pytest.importorskip("hf_deep_nmt.prepared_data", reason="needs the prepared-data path (`hf-deep-nmt prepare`)")
     out = tmp_path / "data_scale.json"
     command = [
         sys.executable, str(SCRIPT), "--smoke", "--contenders", "project", "lean", "--workers", "1",
