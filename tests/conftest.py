@@ -125,8 +125,6 @@ ARCHITECTURES = [
 ]
 
 
-
-
 def method_families(every_check: bool = False) -> dict[str, tuple[type, dict]]:
     """The registered methods (`METHODS` in the model code) as tiny families for the tests that run every method, by
     check name: each method's first `checks` variant (every variant with `every_check=True`), as its config class

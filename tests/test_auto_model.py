@@ -7,9 +7,9 @@ import sys
 
 import pytest
 import torch
+from conftest import method_families
 from transformers import AutoModel
 
-from conftest import method_families
 from hf_deep_nmt import BASE_MODEL_CLASSES
 
 FAMILIES = method_families()  # one per registered method

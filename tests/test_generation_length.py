@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
+from conftest import method_families
 from transformers import AutoModelForSeq2SeqLM, GenerationConfig, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from conftest import method_families
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig
 from hf_deep_nmt.hub import export_hub_folder, settle_output_cap
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
