@@ -297,12 +297,13 @@ def training_flops(size: dict, batch: int, source_length: int, target_length: in
     return 3 * forward_flops(size, batch, source_length, target_length, encoder_layers)
 
 
-def counted_forward_flops(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> int:
-    """FLOPs of one forward pass as `torch.utils.flop_counter` counts them: on CPU it has no rule for the fused
-    attention kernel, so this is the count of the other matrix products only."""
+def counted_forward_flops(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, int]:
+    """FLOPs of one forward pass as `torch.utils.flop_counter` counts them, by operator (`"aten.mm"`, ...). Which
+    operators the counter has a rule for depends on the torch release: torch 2.13 has none for the fused CPU attention
+    kernel (so only the other matrix products are counted), later releases count that kernel too."""
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(**batch)
-    return counter.get_total_flops()
+    return {str(operator): flops for operator, flops in counter.get_flop_counts()["Global"].items()}
 
 
 def gemm_peak(n: int, repeats: int) -> float:

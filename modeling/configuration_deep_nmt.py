@@ -748,9 +748,12 @@ class DeepNMTConfig(PreTrainedConfig):
 
     def to_dict(self) -> dict:
         output = super().to_dict()
-        defaults = DeepNMTConfig.__dataclass_fields__
+        # Left out only at the default of the base config and of this class alike: a named config that switches a
+        # later setting on by default (DeepNorm) writes it either way, or a switched-off one loads with the class
+        # default, and readers of `to_dict` (the exporters' allow-lists) see it on.
+        defaults, own = DeepNMTConfig.__dataclass_fields__, type(self).__dataclass_fields__
         for field in LATER_SETTINGS:
-            if field in output and output[field] == defaults[field].default:
+            if field in output and output[field] == defaults[field].default == own[field].default:
                 del output[field]
         return output
 

@@ -125,6 +125,25 @@ ARCHITECTURES = [
 ]
 
 
+def method_families(every_check: bool = False) -> dict[str, tuple[type, dict]]:
+    """The registered methods (`METHODS` in the model code) as tiny families for the tests that run every method, by
+    check name: each method's first `checks` variant (every variant with `every_check=True`), as its config class
+    and the settings to add to `TINY_SIZES` (`tiny_config(config_class, **settings)`; an MSC variant takes its
+    encoder depth from its blocks). A method added to `METHODS` joins every such test without a new line; the
+    exhaustive matrix of settings across methods is `ARCHITECTURES` above."""
+    from hf_deep_nmt import METHODS
+
+    families = {}
+    for method in METHODS.values():
+        for name, settings in method.checks.items():
+            if settings.get("msc_block_layers") is not None:
+                settings = {**settings, "encoder_layers": None}
+            families[name] = (method.config_class, dict(settings))
+            if not every_check:
+                break
+    return families
+
+
 # No test may reach the network: connections to anything but this machine are refused (subprocesses get
 # HF_HUB_OFFLINE=1 from the environment above).
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "", None}

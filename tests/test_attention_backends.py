@@ -4,20 +4,17 @@ pointed at the CPU device type so that it is taken here as it is on CUDA."""
 
 import pytest
 import torch
+from conftest import method_families
 from torch.nn import functional as F
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, MscConfig
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig
 from hf_deep_nmt.modeling import kernels_deep_nmt, modeling_deep_nmt
 
 PAD = 1  # the tiny configs' padding id
 
-FAMILIES = [
-    pytest.param((DeepNMTConfig, {}), id="prenorm"),
-    pytest.param((DeepNMTConfig, dict(pre_norm=False, layer_aggregation="dlcl")), id="dlcl-postnorm"),
-    pytest.param((DeepNMTConfig, dict(decoder_self_attention="merged_average", init_scheme="ds_init")), id="matt"),
-    pytest.param((DeepNMTConfig, dict(layer_aggregation="sparse", relative_position_window=2)), id="sdt-rpr"),
-    pytest.param((MscConfig, dict(msc_block_layers=[2, 1])), id="msc"),
-]
+# every registered method's tiny variants (`METHODS`): plain pre- and post-norm, the AAN, DLCL both ways, DS-Init
+# with MAtt, SDT's sparse blocks with relative keys, MSC, DeepNorm
+FAMILIES = [pytest.param(family, id=name) for name, family in method_families(every_check=True).items()]
 
 
 def backend_flags() -> dict[str, bool]:

@@ -7,17 +7,12 @@ import sys
 
 import pytest
 import torch
+from conftest import method_families
 from transformers import AutoModel
 
-from hf_deep_nmt import BASE_MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import BASE_MODEL_CLASSES
 
-FAMILIES = {
-    "deep_nmt": (DeepNMTConfig, {}),
-    "dlcl": (DlclConfig, {}),
-    "dsinit": (DsInitConfig, {}),
-    "sdt": (SdtConfig, {"sparse_block_size": 2, "relative_position_window": 2}),
-    "msc": (MscConfig, {"msc_block_layers": [2, 1]}),
-}
+FAMILIES = method_families()  # one per registered method
 INPUTS = dict(
     input_ids=torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]]),
     attention_mask=torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]),
@@ -76,7 +71,7 @@ def test_saved_auto_map_names_the_encoder_decoder(saved):
 
 def test_auto_model_loads_saved_folders_as_remote_code_without_the_package(tiny_config, random_model, tmp_path):
     folders, expected = [], {}
-    for family in ("dlcl", "msc"):
+    for family in ("dlcl-prenorm", "msc"):
         config_class, overrides = FAMILIES[family]
         model = random_model(tiny_config(config_class, **overrides))
         folder = tmp_path / family

@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from conftest import method_families
 from transformers import AutoModelForSeq2SeqLM, BertConfig, BertModel
 
 from hf_deep_nmt import (
@@ -13,7 +14,6 @@ from hf_deep_nmt import (
     DeepNMTForConditionalGeneration,
     DlclConfig,
     DlclForConditionalGeneration,
-    MscConfig,
     MscForConditionalGeneration,
 )
 from hf_deep_nmt.arguments import ModelArguments, parse_arguments
@@ -32,10 +32,7 @@ def tokenizer():
     return train_joint_tokenizer(pairs, vocab_size=70)
 
 
-@pytest.fixture(
-    params=[(DeepNMTConfig, {}), (DlclConfig, {}), (MscConfig, {"msc_block_layers": [1, 2]})],
-    ids=["deep_nmt", "dlcl", "msc"],
-)
+@pytest.fixture(params=list(method_families().values()), ids=list(method_families()))  # one per registered method
 def model(request, tiny_config, random_model):
     config_class, overrides = request.param
     return random_model(tiny_config(config_class, **overrides))

@@ -157,14 +157,19 @@ def test_operator_calls_grow_linearly_with_depth(perf):
 
 def test_flop_formula_matches_torch_flop_counter(perf):
     """The harness's FLOP formula (used for FLOP/s against the GEMM peak): its matrix products against torch's own
-    count of a forward pass of this package's model and of Marian (source 5, target 4 tokens), its attention
-    products against a hand count (torch's counter has no rule for the CPU attention kernel)."""
+    count of a forward pass of this package's model and of Marian (source 5, target 4 tokens), exactly, operator by
+    operator; its attention products against a hand count, and against torch's count where the counter has a rule
+    for the fused CPU attention kernel (torch 2.13 has none, later releases count it: 46,848 FLOPs here, exactly the
+    hand count below). Comparing each part on its own keeps the check exact on every counter release."""
     size = perf.SIZES["smoke"]
     inputs = perf.training_batch(size, 3, 5)
     inputs["labels"] = inputs["labels"][:, :4].contiguous()
     linear, attention = perf.forward_flops_parts(size, 3, 5, 4, size["layers"])
-    assert perf.counted_forward_flops(perf.own_model(size), inputs) == linear
-    assert perf.counted_forward_flops(perf.marian_model(size), inputs) == linear
+    for model in (perf.own_model(size), perf.marian_model(size)):
+        counted = perf.counted_forward_flops(model, inputs)
+        fused = {operator for operator in counted if "scaled_dot_product" in operator}
+        assert sum(flops for operator, flops in counted.items() if operator not in fused) == linear, counted
+        assert sum(counted[operator] for operator in fused) in (0, attention), counted
     # QK^T and AV, 2 * batch * query_len * key_len * d each: 2 encoder self (5x5), 2 decoder self (4x4), 2 cross (4x5)
     assert attention == 2 * 2 * 3 * 32 * (2 * 25 + 2 * 16 + 2 * 20)
     assert perf.training_flops(size, 3, 5, 4, size["layers"]) == 3 * (linear + attention)

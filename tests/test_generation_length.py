@@ -6,9 +6,10 @@ import json
 
 import pytest
 import torch
+from conftest import method_families
 from transformers import AutoModelForSeq2SeqLM, GenerationConfig, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig
 from hf_deep_nmt.hub import export_hub_folder, settle_output_cap
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
@@ -17,13 +18,7 @@ from hf_deep_nmt.translate import MAX_OUTPUT_TOKENS
 
 EOS = 2
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 6, 2, 1]])
-FAMILIES = {
-    "deep_nmt": (DeepNMTConfig, {}),
-    "dlcl": (DlclConfig, {}),
-    "dsinit": (DsInitConfig, {}),
-    "sdt": (SdtConfig, {"sparse_block_size": 2, "relative_position_window": 2}),
-    "msc": (MscConfig, {"msc_block_layers": [2, 1]}),
-}
+FAMILIES = method_families()  # one per registered method
 
 
 def saved_generation_config(folder) -> dict:

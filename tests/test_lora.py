@@ -3,24 +3,20 @@ what is adapted, a few training steps, an adapter saved and loaded back with ide
 
 import pytest
 import torch
+from conftest import method_families
 from torch import nn
 from transformers import AutoModelForSeq2SeqLM, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from hf_deep_nmt import DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import DlclConfig, MscConfig
 from hf_deep_nmt.adapters import GRU_PARAMETERS
 
 peft = pytest.importorskip("peft")
 from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
 from peft.tuners.lora import LoraLayer  # noqa: E402
 
-FAMILIES = {
-    "deep_nmt-postnorm": (DeepNMTConfig, {"pre_norm": False}),
-    "dlcl": (DlclConfig, {}),
-    "dsinit-matt": (DsInitConfig, {}),
-    "sdt": (SdtConfig, {"sparse_block_size": 2, "relative_position_window": 2}),
-    "msc": (MscConfig, {"msc_block_layers": [2, 1]}),
-    "aan-ffn": (DeepNMTConfig, {"decoder_self_attention": "average", "aan_ffn": True}),
-}
+# every registered method's tiny variants (`METHODS`): plain pre- and post-norm, the AAN with its FFN, DLCL both
+# ways, DS-Init with MAtt, SDT's sparse blocks with relative keys, MSC (GRU parameters), DeepNorm
+FAMILIES = method_families(every_check=True)
 
 
 def batch(padded_batch):

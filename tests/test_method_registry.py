@@ -3,6 +3,8 @@ added in this process must reach the package's class maps and auto classes, `doc
 the exporters and growing, which use allow-lists of the settings they can express, must refuse its new setting by
 name rather than carry it along unread."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
@@ -123,3 +125,30 @@ def test_every_method_runs_through_the_architecture_tests():
 
     covered = {param.values[0][0] for param in ARCHITECTURES}
     assert {method.config_class for method in METHODS.values()} <= covered
+
+
+def test_adding_a_method_in_the_docs_names_every_table_a_method_touches():
+    """docs/methods.md's "Adding a method" names every table a new method may have to join: the config module's
+    tables of fields by name (found here, not listed: `LATER_SETTINGS` was once missed), its rules, the model's
+    tables of classes, `METHODS`, the exporters' and growing's allow-lists and the test matrix. Tables of one method's
+    own switches (`MSC_...`) are that method's business."""
+    from hf_deep_nmt.modeling import configuration_deep_nmt, modeling_deep_nmt
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "methods.md").read_text()
+    section = text[text.index("## Adding a method") :]
+    section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else None]
+    fields = set(DeepNMTConfig.__annotations__)
+    field_tables = [
+        name
+        for name, value in vars(configuration_deep_nmt).items()
+        if name.isupper()
+        and not name.startswith(("_", "MSC_"))
+        and isinstance(value, (dict, tuple, list, frozenset))
+        and any(isinstance(key, str) and key in fields for key in value)
+    ]
+    assert {"FIELD_KINDS", "LATER_SETTINGS"} <= set(field_tables)
+    class_tables = [name for name in vars(modeling_deep_nmt) if name.isupper() and name.endswith("_CLASSES")]
+    assert class_tables
+    expected = [*field_tables, "DEPENDS_ON", "STRUCTURAL_RULES", *class_tables, "METHODS", "SETTINGS", "GROWABLE"]
+    expected += ["ARCHITECTURES", "valid_configs"]
+    assert [name for name in expected if f"`{name}`" not in section] == []

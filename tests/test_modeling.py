@@ -10,19 +10,13 @@ from torch.nn import functional as F
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_deep_nmt import (
+    METHODS,
     MODEL_CLASSES,
     DeepNMTConfig,
     DeepNMTForConditionalGeneration,
-    DeepNormConfig,
-    DeepNormForConditionalGeneration,
     DlclConfig,
     DlclForConditionalGeneration,
-    DsInitConfig,
-    DsInitForConditionalGeneration,
     MscConfig,
-    MscForConditionalGeneration,
-    SdtConfig,
-    SdtForConditionalGeneration,
 )
 from hf_deep_nmt.modeling.configuration_deep_nmt import DECODER_SELF_ATTENTIONS, LAYER_AGGREGATIONS
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
@@ -34,12 +28,9 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (
 )
 
 LOSS_KEYS = ("missing_keys", "unexpected_keys", "mismatched_keys")
+# the named classes of the registered methods (`METHODS`), each with the config it takes
 NAMED_MODEL_CLASSES = {
-    DeepNormForConditionalGeneration: DeepNormConfig,
-    DlclForConditionalGeneration: DlclConfig,
-    DsInitForConditionalGeneration: DsInitConfig,
-    SdtForConditionalGeneration: SdtConfig,
-    MscForConditionalGeneration: MscConfig,
+    method.model_class: method.config_class for method in METHODS.values() if method.config_class is not DeepNMTConfig
 }
 
 

@@ -7,20 +7,28 @@ save and load exactly, and run beam search. Invalid draws change one field of a 
 raise `ValueError` naming that field.
 """
 
+import ast
 import math
 import tempfile
+from collections import defaultdict
 
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import AutoModelForSeq2SeqLM
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import METHODS, MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, MscConfig
+from hf_deep_nmt.modeling.configuration_deep_nmt import BOOL, FIELD_KINDS
 
 VOCAB, DECODER_VOCAB, PAD = 37, 29, 1
 SETTINGS = dict(
     deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True
 )
+# The config classes of the registered methods (`METHODS`): MSC's takes the MSC draws, every other one the plain
+# draws (a class only changes defaults, and every field a draw leaves out takes the base default, see `build`).
+PLAIN_CONFIG_CLASSES = [
+    method.config_class for method in METHODS.values() if method.config_class().msc_block_layers is None
+]
 
 
 @st.composite
@@ -52,6 +60,10 @@ def valid_configs(draw, msc: bool | None = None):
         share_embeddings=draw(st.booleans()),
         relative_position_window=draw(st.integers(0, 3)),
         layer_norm_eps=draw(st.sampled_from([1e-5, 1e-6])),
+        output_bias=draw(st.booleans()),
+        sdpa_avoid_cudnn=draw(st.booleans()),
+        sinusoid_frequencies=draw(st.sampled_from(["fairseq", "marian"])),
+        deepnorm=False,
     )
     if not fields["share_embeddings"]:
         fields["decoder_vocab_size"] = DECODER_VOCAB
@@ -59,7 +71,11 @@ def valid_configs(draw, msc: bool | None = None):
     attention_choices = ["multi_head", "average"] + ([] if use_msc else ["merged_average"])
     fields["decoder_self_attention"] = draw(st.sampled_from(attention_choices))
     fields["aan_ffn"] = fields["decoder_self_attention"] == "average" and draw(st.booleans())
-    if draw(st.booleans()):
+    fields["init_scheme"] = "default"
+    use_deepnorm = not use_msc and draw(st.booleans())
+    if use_deepnorm:  # DeepNorm: post-norm with its own initialisation, plain stacks (not MSC)
+        fields["deepnorm"], fields["pre_norm"] = True, False
+    elif draw(st.booleans()):
         fields["init_scheme"] = "ds_init"
         fields["ds_init_alpha"] = draw(st.sampled_from([1.0, 0.5, 0.1]))
         fields["ds_init_mode"] = draw(st.sampled_from(["paper", "code"]))
@@ -79,7 +95,8 @@ def valid_configs(draw, msc: bool | None = None):
     else:
         fields["encoder_layers"] = draw(st.integers(1, 3))
         encoder_aggregation = draw(st.sampled_from(["residual", "dlcl", "sparse"]))
-        fields["config_class"] = draw(st.sampled_from([DeepNMTConfig, DlclConfig, DsInitConfig, SdtConfig]))
+        # any class, DeepNorm's own with `deepnorm=False` included (it once lost that setting on save)
+        fields["config_class"] = draw(st.sampled_from(PLAIN_CONFIG_CLASSES))
     decoder_aggregation = draw(st.sampled_from(["residual", "dlcl", "sparse"]))
     fields["encoder_layer_aggregation"] = encoder_aggregation
     fields["decoder_layer_aggregation"] = decoder_aggregation
@@ -175,20 +192,31 @@ def test_any_valid_msc_layout_decodes_consistently_and_round_trips(fields, seed)
     check_model(fields, seed)
 
 
+def test_a_deepnorm_default_switched_off_survives_save_and_load():
+    """Found by the property tests: `to_dict` left out a later setting equal to the base config's default, so
+    `DeepNormConfig(deepnorm=False)` was saved without `deepnorm` and loaded with the class default, True."""
+    config = DeepNormConfig(deepnorm=False, encoder_layers=2, decoder_layers=2, d_model=8, encoder_ffn_dim=8)
+    assert DeepNormConfig.from_dict(config.to_dict()).deepnorm is False
+
+
 # ---- invalid configurations -----------------------------------------------------------------------------------------
 
 SIZE_FIELDS = ("vocab_size", "d_model", "decoder_layers", "encoder_ffn_dim", "decoder_ffn_dim")
 HEAD_FIELDS = ("encoder_attention_heads", "decoder_attention_heads")
 PROBABILITY_FIELDS = ("dropout", "attention_dropout", "activation_dropout")
-BOOL_FIELDS = ("pre_norm", "scale_embedding", "share_embeddings", "tie_word_embeddings", "aan_ffn")
+# every boolean field of the config (`FIELD_KINDS`), DeepNorm's included
+BOOL_FIELDS = tuple(field for field, kind in FIELD_KINDS.items() if kind is BOOL)
 MSC_CHOICE_FIELDS = ("msc_context", "msc_context_sides", "msc_fusion")
-CHOICE_FIELDS = (
-    "activation_function",
-    "layer_aggregation",
-    "encoder_layer_aggregation",
-    "decoder_layer_aggregation",
-    "decoder_self_attention",
-    "init_scheme",
+# every field that takes one of a fixed set of values (`FIELD_KINDS`), with the choices it admits
+CHOICES = {
+    field: ast.literal_eval(kind.description.removeprefix("one of "))
+    for field, kind in FIELD_KINDS.items()
+    if kind.description.startswith("one of (")
+}
+# the choice fields with a kind of their own below (their field only applies beside another one, which that kind sets)
+CHOICE_FIELDS_WITH_THEIR_OWN_KIND = ("ds_init_mode", "dlcl_weights")
+CHOICE_FIELDS = tuple(
+    field for field in CHOICES if field not in MSC_CHOICE_FIELDS and field not in CHOICE_FIELDS_WITH_THEIR_OWN_KIND
 )
 NOT_A_SIZE = (0, -2, 2.5, "8", True, None)
 
@@ -233,7 +261,7 @@ def invalid_configs(draw):
     elif kind == "l2":
         field, value = "encoder_l2_lambda", draw(st.sampled_from([-1e-5, math.inf, math.nan, "0", True]))
     elif kind == "ds_init":
-        fields["init_scheme"] = "ds_init"
+        fields["init_scheme"], fields["deepnorm"] = "ds_init", False  # DeepNorm brings its own initialisation
         field = draw(st.sampled_from(["ds_init_alpha", "ds_init_mode"]))
         value = draw(st.sampled_from([0.0, 1.5, -1, "1"] if field == "ds_init_alpha" else ["gaussian", None]))
     elif kind == "boundaries":  # a sparse decoder whose block boundaries do not run 0 < ... < decoder_layers
@@ -289,6 +317,32 @@ def test_any_invalid_field_raises_value_error_naming_it(drawn):
     assert repr(value) in message or str(value) in message, (field, value, message)
 
 
+def test_every_bool_and_choice_field_is_drawn_with_each_of_its_values_and_made_invalid():
+    """The strategies follow the config: every boolean field of `FIELD_KINDS` is drawn True and False by the valid
+    strategy, every choice field with each of its choices, and every one of them is made invalid by some kind of the
+    invalid strategy (a field added to the config without a draw here fails this test)."""
+    assert "deepnorm" in BOOL_FIELDS and "sinusoid_frequencies" in CHOICES
+    # the activation's choices are transformers' whole table; three of them are drawn. `layer_aggregation` only
+    # gives the per-stack fields their default, and every draw sets both, so it keeps its default there.
+    wanted = {field: set(choices) for field, choices in CHOICES.items()}
+    wanted |= {field: {True, False} for field in BOOL_FIELDS}
+    wanted["activation_function"] = {"relu", "gelu", "swish"}
+    wanted["layer_aggregation"] = {"residual"}
+    seen = defaultdict(set)
+
+    @settings(max_examples=600, derandomize=True, database=None, deadline=None)
+    @given(fields=valid_configs())
+    def collect(fields):
+        for field in wanted:
+            if field in fields:
+                seen[field].add(fields[field])
+
+    collect()
+    assert {field: values - seen[field] for field, values in wanted.items() if values - seen[field]} == {}
+    made_invalid = {*BOOL_FIELDS, *CHOICE_FIELDS, *MSC_CHOICE_FIELDS, "ds_init_mode", "dlcl_weights"}
+    assert set(wanted) <= made_invalid
+
+
 def test_the_strategies_cover_every_switch():
     """The valid-config strategy reaches every choice of every switch (checked over a fixed set of draws)."""
     from hypothesis import find
@@ -303,6 +357,11 @@ def test_the_strategies_cover_every_switch():
         lambda f: f.get("msc_context") == "none",
         lambda f: f.get("msc_fusion") == "add" and f.get("msc_context_sides") == "encoder",
         lambda f: f.get("msc_context") == "block_output" and f["decoder_self_attention"] == "average",
+        lambda f: (
+            f["deepnorm"] and f["config_class"] is not DeepNMTConfig and f["decoder_self_attention"] != "multi_head"
+        ),
+        lambda f: f["deepnorm"] and "dlcl" in (f["encoder_layer_aggregation"], f["decoder_layer_aggregation"]),
+        lambda f: f["sinusoid_frequencies"] == "marian" and f["output_bias"] and not f["sdpa_avoid_cudnn"],
         *(
             lambda f, context=context: f.get("msc_context") == context
             for context in ("gru", "gru_per_block", "ffn", "ffn_per_block")

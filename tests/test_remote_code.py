@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import method_families
 
 import hf_deep_nmt.modeling.configuration_deep_nmt
 import hf_deep_nmt.modeling.contract_deep_nmt
 import hf_deep_nmt.modeling.kernels_deep_nmt
 import hf_deep_nmt.modeling.modeling_deep_nmt
-from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
 CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py")
@@ -52,13 +52,11 @@ with open("results.json", "w") as handle:
 
 
 @pytest.fixture(
-    scope="module",
-    params=[(DlclConfig, {}), (DsInitConfig, {}), (MscConfig, {"msc_block_layers": [2, 1]})],
-    ids=["dlcl", "dsinit", "msc"],
-)
+    scope="module", params=list(method_families().values()), ids=list(method_families())
+)  # one per registered method
 def saved_model(request, tmp_path_factory, tiny_config, random_model):
-    """A perturbed tiny model (DLCL; DS-Init + MAtt; MSC with its context cache layer) saved with save_pretrained, the
-    inputs used, its logits and its beam-search output."""
+    """A perturbed tiny model of each registered method (DS-Init with MAtt, MSC with its context cache layer, ...)
+    saved with save_pretrained, the inputs used, its logits and its beam-search output."""
     config_class, overrides = request.param
     model = random_model(tiny_config(config_class, **overrides))
     source = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])

@@ -48,6 +48,8 @@ def tokenizer():
     return train_joint_tokenizer(PAIRS * 20, vocab_size=60, min_frequency=1)
 
 
+# Not a table of today's methods: models that the 0.1.0 code can run (it had no SDT relative keys, no DeepNorm), one
+# per kind of layer it shipped (MAtt, MSC's context cache, DLCL post-norm under its 0.1.0 key)
 FAMILIES = {
     "dsinit": (DsInitConfig, {}),
     "msc": (MscConfig, {"msc_block_layers": [2, 1]}),
