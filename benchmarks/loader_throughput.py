@@ -1,0 +1,141 @@
+"""What the training loader delivers: real target tokens per CPU second, from the prepared data (memory-mapped Arrow,
+uint16 ids, no stored attention mask) beside the in-memory tokenized dataset that `train` built before (int64 labels,
+a stored attention mask), in one process at one thread.
+
+Both go through what `hf-deep-nmt train` uses with `max_tokens`: `TokenBudgetBatchSampler` over `pair_lengths`, a
+`DataLoader` with `DataCollatorForSeq2Seq` (padding, the attention mask, `decoder_input_ids` from the labels). The
+same corpus and the same tokenizer for both; the time of building the sampler (lengths read from Arrow) is reported
+apart from the time of iterating the batches. Ratios, not absolute figures, are the result: `after / before`.
+
+    python benchmarks/loader_throughput.py                     # 100,000 WMT-like pairs (data_scale's generator)
+    python benchmarks/loader_throughput.py --pairs 5000 --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import datasets  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from transformers import DataCollatorForSeq2Seq  # noqa: E402
+
+from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
+from hf_deep_nmt.arguments import DataArguments, ModelArguments  # noqa: E402
+from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
+from hf_deep_nmt.data import read_parallel_file, tokenize_parallel  # noqa: E402
+from hf_deep_nmt.prepared_data import prepare_data  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+def corpus_generator():
+    """`benchmarks/data_scale.py`'s WMT-like corpus generator (one definition of the synthetic corpus)."""
+    spec = importlib.util.spec_from_file_location("data_scale", HERE / "data_scale.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def iterate(dataset, tokenizer, model, max_tokens: int, seed: int) -> dict:
+    """Build the sampler, then collate every batch once; CPU seconds of each part and the real target tokens."""
+    started = time.process_time()
+    sampler = TokenBudgetBatchSampler(pair_lengths(dataset), max_tokens, seed=seed)
+    sampler_seconds = time.process_time() - started
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=0)
+    tokens = padded = batches = 0
+    started = time.process_time()
+    for batch in loader:
+        labels = batch["labels"]
+        tokens += int(labels.ne(-100).sum())
+        padded += labels.numel()
+        batches += 1
+    seconds = time.process_time() - started
+    return {
+        "batches": batches,
+        "target_tokens": tokens,
+        "real_fraction": round(tokens / padded, 4),
+        "sampler_cpu_s": round(sampler_seconds, 3),
+        "iterate_cpu_s": round(seconds, 3),
+        "tokens_per_cpu_s": round(tokens / seconds),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=100_000)
+    parser.add_argument("--vocab", type=int, default=8000)
+    parser.add_argument("--max-tokens", type=int, default=4096)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true", help="a tiny run: checks the script, measures nothing")
+    parser.add_argument("--json", default=None, help="write the result here")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    datasets.disable_progress_bars()
+    generator = corpus_generator()
+    with tempfile.TemporaryDirectory(prefix="loader-throughput-") as work:
+        work = Path(work)
+        train, _ = generator.make_corpus(work / "corpus", args.pairs, args.seed, 50_000)
+        model_args = ModelArguments(tokenizer_vocab_size=args.vocab)
+        data_args = DataArguments(train_file=str(train), prepared_data_dir=str(work / "prepared"))
+        after = prepare_data(model_args, data_args, seed=args.seed)
+        tokenizer = after.tokenizer
+        # what `train` held before: the text read into lists, tokenized in memory (int64 labels, attention mask)
+        before = tokenize_parallel(datasets.Dataset.from_dict(read_parallel_file(train)), tokenizer, 128, 128)
+        before = datasets.Dataset.from_dict(before.to_dict())  # in memory, as `from_dict` + `map` kept it
+        config = DeepNMTConfig(
+            vocab_size=len(tokenizer),
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=16,
+            decoder_ffn_dim=16,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            decoder_start_token_id=tokenizer.bos_token_id,
+        )
+        model = DeepNMTForConditionalGeneration(config)
+        if len(before) != len(after.train):
+            raise SystemExit(f"the two paths kept {len(before)} and {len(after.train)} pairs: not the same data")
+        rows = {
+            "before (in memory)": iterate(before, tokenizer, model, args.max_tokens, args.seed),
+            "after (prepared, memory-mapped)": iterate(after.train, tokenizer, model, args.max_tokens, args.seed),
+        }
+    first, second = rows.values()
+    if first["target_tokens"] != second["target_tokens"] or first["batches"] != second["batches"]:
+        raise SystemExit(f"the two loaders gave different batches: {first} vs {second}")
+    result = {
+        "pairs": args.pairs,
+        "max_tokens": args.max_tokens,
+        "torch_threads": torch.get_num_threads(),
+        "rows": rows,
+        "after_over_before": round(second["tokens_per_cpu_s"] / first["tokens_per_cpu_s"], 3),
+    }
+    print("| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, row in rows.items():
+        print(
+            f"| {name} | {row['batches']} | {row['target_tokens']:,} | {row['real_fraction']:.1%} | "
+            f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} |"
+        )
+    print(f"after / before: {result['after_over_before']}")
+    if args.json and not args.smoke:
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
