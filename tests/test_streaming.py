@@ -430,6 +430,14 @@ def test_train_staged_refuses_streaming(corpus, tmp_path):
         run_staged(argv)
 
 
+def test_prepare_refuses_a_streaming_recipe(corpus, tmp_path):
+    """A streamed corpus is read while training and may not fit the disk: `hf-deep-nmt prepare` has nothing to do."""
+    argv = train_argv(corpus, tmp_path / "run")
+    with pytest.raises(ValueError, match=r"`streaming: true` reads the corpus while training: there is nothing to"):
+        training.run_prepare(argv)
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_streamed_datasets_name_trains_with_its_validation_split(tmp_path):
     lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:40]
     rows = [tuple(line.split("\t")) for line in lines]
