@@ -23,10 +23,23 @@ def _live_tensors() -> int:
     return sum(1 for item in gc.get_objects() if isinstance(item, torch.Tensor))
 
 
+def _grows(models, batch, steps: int = 3) -> bool:
+    """Whether the live tensors grow in each of two rounds of `steps` training steps of every model: a leak adds
+    tensors at every step, whereas something the process allocates once (a lazily built cache of torch or of
+    another test in the same process) shows in one round only."""
+    counts = [_live_tensors()]
+    for _ in range(2):
+        for model in models:
+            for _ in range(steps):
+                _training_step(model, batch)
+        counts.append(_live_tensors())
+    return counts[2] > counts[1] > counts[0]
+
+
 def test_training_steps_do_not_accumulate_tensors(tiny_config, padded_batch):
-    """Every architecture of the shared matrix (`ARCHITECTURES`), counted together: the heap is scanned twice for all
-    of them rather than twice per architecture (a scan of a whole test session's heap takes seconds); a failure scans
-    again per architecture to name the ones whose steps left tensors behind."""
+    """Every architecture of the shared matrix (`ARCHITECTURES`), counted together: the heap is scanned three times
+    for all of them rather than per architecture (a scan of a whole test session's heap takes seconds); a failure
+    scans again per architecture to name the ones whose steps left tensors behind."""
     batch = {key: padded_batch[key] for key in ("input_ids", "attention_mask", "labels", "decoder_attention_mask")}
     models = {}
     for param in ARCHITECTURES:
@@ -34,18 +47,8 @@ def test_training_steps_do_not_accumulate_tensors(tiny_config, padded_batch):
         model = MODEL_CLASSES[config_class](tiny_config(config_class, **overrides)).train()
         _training_step(model, batch)  # the first step creates the .grad tensors
         models[param.id] = model
-    before = _live_tensors()
-    for model in models.values():
-        for _ in range(3):
-            _training_step(model, batch)
-    if _live_tensors() != before:
-        leaking = []
-        for name, model in models.items():
-            alone = _live_tensors()
-            for _ in range(3):
-                _training_step(model, batch)
-            if _live_tensors() != alone:
-                leaking.append(name)
+    if _grows(models.values(), batch):
+        leaking = [name for name, model in models.items() if _grows([model], batch)]
         raise AssertionError(f"training steps left tensors behind: {leaking}")
 
 
