@@ -88,33 +88,39 @@ def _looks_utf16(raw: bytes) -> bool:
     return len(pairs) >= 4 and ({0} in (even, odd)) and even != odd
 
 
+def decode_line(path: Path, number: int, raw: bytes) -> str:
+    """Line `number` of `path` as text: UTF-16 and a byte-order mark on line 1, NUL bytes and invalid UTF-8 are
+    errors naming the file and line (one definition for the readers here and the streaming reader)."""
+    if number == 1 and _looks_utf16(raw):
+        raise ValueError(
+            f"{path} is UTF-16 text, not UTF-8; convert it first, keeping every character: "
+            f"`iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`."
+        )
+    if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    if NUL in raw:
+        raise ValueError(
+            f"{path}:{number}: NUL byte at column {raw.index(NUL) + 1}; a text corpus holds none (remove "
+            "them, e.g. `tr -d '\\000'`, or fix the tool that wrote the file)."
+        )
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line, "
+            f"0x{raw[error.start]:02x}); find the file's encoding (`file -i {path}`) and convert it "
+            f"(`iconv -f ENCODING -t UTF-8`)."
+        ) from None
+
+
 def _lines(path: Path, checked: bool = False):
-    """(line number, text) of a UTF-8 file; a byte-order mark at its start is dropped, a NUL byte is an error.
-    `checked`: `check_corpus_file` already ran on `path` (`parallel_files`)."""
+    """(line number, text) of a UTF-8 file (`decode_line`). `checked`: `check_corpus_file` already ran on `path`
+    (`parallel_files`)."""
     if not checked:
         check_corpus_file(path)
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            if number == 1 and _looks_utf16(raw):
-                raise ValueError(
-                    f"{path} is UTF-16 text, not UTF-8; convert it first, keeping every character: "
-                    f"`iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`."
-                )
-            if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                raw = raw[3:]
-            if NUL in raw:
-                raise ValueError(
-                    f"{path}:{number}: NUL byte at column {raw.index(NUL) + 1}; a text corpus holds none (remove "
-                    "them, e.g. `tr -d '\\000'`, or fix the tool that wrote the file)."
-                )
-            try:
-                yield number, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as error:
-                raise ValueError(
-                    f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line, "
-                    f"0x{raw[error.start]:02x}); find the file's encoding (`file -i {path}`) and convert it "
-                    f"(`iconv -f ENCODING -t UTF-8`)."
-                ) from None
+            yield number, decode_line(path, number, raw)
 
 
 def _content_lines(path: Path, checked: bool = False):
@@ -136,23 +142,52 @@ def _check_pair(path: Path, number: int, source: str, target: str) -> None:
         raise ValueError(f"{path}:{number}: empty {side} side.")
 
 
+def tsv_pair(path: Path, number: int, line: str) -> tuple[str, str]:
+    """Line `number` of a `source<TAB>target` file as a checked pair: exactly one tab, no empty side."""
+    fields = line.split("\t")
+    if len(fields) != 2:
+        way_out = (
+            "no tab: separate source and target with one tab, or name a two-file corpus by its prefix"
+            if len(fields) == 1
+            else "a tab inside a sentence: replace it with a space"
+        )
+        raise ValueError(
+            f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)} ({way_out})."
+        )
+    _check_pair(path, number, *fields)
+    return fields[0], fields[1]
+
+
+def jsonl_pair(path: Path, number: int, line: str, source_key: str, target_key: str) -> tuple[str, str]:
+    """Line `number` of a JSONL file as a checked pair: an object with `source_key` and `target_key` string fields (or
+    a `translation` dict holding them), no empty side."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}:{number}: invalid JSON ({error.msg}).") from None
+    record = record.get("translation", record) if isinstance(record, dict) else record
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get(source_key), str)
+        or not isinstance(record.get(target_key), str)
+    ):
+        found = sorted(record) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
+        raise ValueError(
+            f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}, got {found}; each line "
+            f"must be an object like {{{source_key!r}: ..., {target_key!r}: ...}} or "
+            f"{{'translation': {{{source_key!r}: ..., {target_key!r}: ...}}}} (`source_lang` / `target_lang` "
+            "name the keys)."
+        )
+    _check_pair(path, number, record[source_key], record[target_key])
+    return record[source_key], record[target_key]
+
+
 def iter_tsv(path: str | Path, checked: bool = False):
     """(line number, source, target) of a `source<TAB>target` file, one line at a time; blank final lines are
     allowed, a line without exactly one tab is not."""
     path = Path(path)
     for number, line in _content_lines(path, checked):
-        fields = line.split("\t")
-        if len(fields) != 2:
-            way_out = (
-                "no tab: separate source and target with one tab, or name a two-file corpus by its prefix"
-                if len(fields) == 1
-                else "a tab inside a sentence: replace it with a space"
-            )
-            raise ValueError(
-                f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)} ({way_out})."
-            )
-        _check_pair(path, number, *fields)
-        yield number, fields[0], fields[1]
+        yield number, *tsv_pair(path, number, line)
 
 
 def iter_jsonl(path: str | Path, source_key: str, target_key: str, checked: bool = False):
@@ -160,25 +195,7 @@ def iter_jsonl(path: str | Path, source_key: str, target_key: str, checked: bool
     string fields (or a `translation` dict), one line at a time."""
     path = Path(path)
     for number, line in _content_lines(path, checked):
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: invalid JSON ({error.msg}).") from None
-        record = record.get("translation", record) if isinstance(record, dict) else record
-        if (
-            not isinstance(record, dict)
-            or not isinstance(record.get(source_key), str)
-            or not isinstance(record.get(target_key), str)
-        ):
-            found = sorted(record) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
-            raise ValueError(
-                f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}, got {found}; each line "
-                f"must be an object like {{{source_key!r}: ..., {target_key!r}: ...}} or "
-                f"{{'translation': {{{source_key!r}: ..., {target_key!r}: ...}}}} (`source_lang` / `target_lang` "
-                "name the keys)."
-            )
-        _check_pair(path, number, record[source_key], record[target_key])
-        yield number, record[source_key], record[target_key]
+        yield number, *jsonl_pair(path, number, line, source_key, target_key)
 
 
 def iter_two_files(source_path: str | Path, target_path: str | Path, checked: bool = False):

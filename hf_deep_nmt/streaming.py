@@ -73,15 +73,15 @@ from transformers.utils import logging
 from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.checkpoints import ChecksumRecorder, _write_json_atomically
 from hf_deep_nmt.data import (
-    NUL,
     SOURCE,
     TARGET,
-    _check_pair,
-    _looks_utf16,
     _translation_pairs,
     check_read_pairs,
+    decode_line,
+    jsonl_pair,
     parallel_files,
     read_parallel_file,
+    tsv_pair,
 )
 
 logger = logging.get_logger(__name__)
@@ -152,9 +152,8 @@ def _open_corpus(path: Path):
 
 
 class _Lines:
-    """The lines of one UTF-8 corpus file from byte `offset` (line `number` there), with the checks of
-    `hf_deep_nmt.data._lines`: UTF-16 and a byte-order mark on line 1, NUL bytes, invalid UTF-8, each error naming the
-    file and line. `offset` and `number` are those of the next line to read."""
+    """The lines of one UTF-8 corpus file from byte `offset` (line `number` there), each checked and decoded by
+    `hf_deep_nmt.data.decode_line`. `offset` and `number` are those of the next line to read."""
 
     def __init__(self, path: Path, offset: int = 0, number: int = 1):
         self.path, self.offset, self.number = path, offset, number
@@ -166,71 +165,13 @@ class _Lines:
         raw = self.handle.readline()
         if not raw:
             return None
-        path, number = self.path, self.number
+        number = self.number
         self.offset += len(raw)
         self.number += 1
-        if number == 1 and _looks_utf16(raw):
-            raise ValueError(
-                f"{path} is UTF-16 text, not UTF-8; convert it first, keeping every character: "
-                f"`iconv -f UTF-16 -t UTF-8 {path} > {path.stem}.utf8{path.suffix}`."
-            )
-        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        if NUL in raw:
-            raise ValueError(
-                f"{path}:{number}: NUL byte at column {raw.index(NUL) + 1}; a text corpus holds none (remove "
-                "them, e.g. `tr -d '\\000'`, or fix the tool that wrote the file)."
-            )
-        try:
-            return raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line, "
-                f"0x{raw[error.start]:02x}); find the file's encoding (`file -i {path}`) and convert it "
-                f"(`iconv -f ENCODING -t UTF-8`)."
-            ) from None
+        return decode_line(self.path, number, raw)
 
     def close(self) -> None:
         self.handle.close()
-
-
-def _tsv_pair(path: Path, number: int, line: str) -> tuple[str, str]:
-    """One `source<TAB>target` line, checked as `hf_deep_nmt.data.read_tsv` checks it."""
-    fields = line.split("\t")
-    if len(fields) != 2:
-        way_out = (
-            "no tab: separate source and target with one tab, or name a two-file corpus by its prefix"
-            if len(fields) == 1
-            else "a tab inside a sentence: replace it with a space"
-        )
-        raise ValueError(
-            f"{path}:{number}: expected 2 tab-separated fields (source, target), got {len(fields)} ({way_out})."
-        )
-    _check_pair(path, number, *fields)
-    return fields[0], fields[1]
-
-
-def _jsonl_pair(path: Path, number: int, line: str, source_key: str, target_key: str) -> tuple[str, str]:
-    """One JSON object line, checked as `hf_deep_nmt.data.read_jsonl` checks it."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}:{number}: invalid JSON ({error.msg}).") from None
-    record = record.get("translation", record) if isinstance(record, dict) else record
-    if (
-        not isinstance(record, dict)
-        or not isinstance(record.get(source_key), str)
-        or not isinstance(record.get(target_key), str)
-    ):
-        found = sorted(record) if isinstance(record, dict) else f"a JSON {type(record).__name__}"
-        raise ValueError(
-            f"{path}:{number}: expected string fields {source_key!r} and {target_key!r}, got {found}; each line "
-            f"must be an object like {{{source_key!r}: ..., {target_key!r}: ...}} or "
-            f"{{'translation': {{{source_key!r}: ..., {target_key!r}: ...}}}} (`source_lang` / `target_lang` "
-            "name the keys)."
-        )
-    _check_pair(path, number, record[source_key], record[target_key])
-    return record[source_key], record[target_key]
 
 
 class _FileReader:
@@ -273,8 +214,8 @@ class _FileReader:
                     f"{lines.path}:{blank}: empty line inside the file (only trailing blank lines are allowed)."
                 )
             if self.kind == "tsv":
-                return _tsv_pair(lines.path, number, line)
-            return _jsonl_pair(lines.path, number, line, *self.languages)
+                return tsv_pair(lines.path, number, line)
+            return jsonl_pair(lines.path, number, line, *self.languages)
 
     def _next_aligned(self) -> tuple[str, str]:
         """As `hf_deep_nmt.data.read_two_files`: the same line of both files, none of them empty."""
