@@ -81,9 +81,16 @@ def saved_tensors_of_a_compiled_training_forward(model, batch) -> list[torch.Ten
 
 def test_a_compiled_cpu_training_graph_saves_no_boolean_activation_mask():
     """With dropout everywhere and a ReLU feed-forward, Inductor's training graph saves the kept positions as uint8
-    and no boolean tensor as large as a layer's activations (those are slow to write on the CPU)."""
+    and no boolean tensor as large as a layer's activations (those are slow to write on the CPU). One layer a stack:
+    every layer traces the same dropout and ReLU, and Inductor's compile time grows with the layers."""
     model = doctor.family_model(
-        "dlcl-prenorm", "cpu", dropout=0.1, activation_dropout=0.1, activation_function="relu"
+        "dlcl-prenorm",
+        "cpu",
+        dropout=0.1,
+        activation_dropout=0.1,
+        activation_function="relu",
+        encoder_layers=1,
+        decoder_layers=1,
     ).train()
     batch = doctor.padded_batch("cpu", [9, 6], model.config.vocab_size)
     activations = min(batch["input_ids"].numel(), batch["labels"].numel()) * model.config.d_model

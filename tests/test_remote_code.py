@@ -30,60 +30,74 @@ sys.modules["hf_deep_nmt"] = None  # an installed, registered package would win 
 import torch
 from transformers import AutoModelForSeq2SeqLM
 
-source, modes = sys.argv[1], sys.argv[2:]
 inputs = torch.load("inputs.pt", weights_only=True)
 results = {}
-for mode in modes:
-    kwargs = {} if mode == "default" else {"trust_remote_code": mode == "true"}
-    try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(source, **kwargs)
-    except ValueError as error:
-        results[mode] = {"error": str(error)}
-        continue
-    with torch.no_grad():
-        torch.save(model.eval()(**inputs).logits, f"logits-{mode}.pt")
-        source = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
-        beams = model.generate(**source, num_beams=4, num_return_sequences=2, max_new_tokens=6)
-        torch.save(beams, f"beams-{mode}.pt")
-    results[mode] = {"class": type(model).__name__, "module": type(model).__module__}
+for key, source, modes in json.load(open("jobs.json")):
+    for mode in modes:
+        kwargs = {} if mode == "default" else {"trust_remote_code": mode == "true"}
+        try:
+            model = AutoModelForSeq2SeqLM.from_pretrained(source, **kwargs)
+        except ValueError as error:
+            results.setdefault(key, {})[mode] = {"error": str(error)}
+            continue
+        with torch.no_grad():
+            torch.save(model.eval()(**inputs).logits, f"logits-{key}-{mode}.pt")
+            encoded = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+            beams = model.generate(**encoded, num_beams=4, num_return_sequences=2, max_new_tokens=6)
+            torch.save(beams, f"beams-{key}-{mode}.pt")
+        results.setdefault(key, {})[mode] = {"class": type(model).__name__, "module": type(model).__module__}
 with open("results.json", "w") as handle:
     json.dump(results, handle)
 """
 
-
-@pytest.fixture(
-    scope="module", params=list(method_families().values()), ids=list(method_families())
-)  # one per registered method
-def saved_model(request, tmp_path_factory, tiny_config, random_model):
-    """A perturbed tiny model of each registered method (DS-Init with MAtt, MSC with its context cache layer, ...)
-    saved with save_pretrained, the inputs used, its logits and its beam-search output."""
-    config_class, overrides = request.param
-    model = random_model(tiny_config(config_class, **overrides))
-    source = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
-    inputs = dict(
-        input_ids=source,
-        attention_mask=source.ne(1).long(),
-        decoder_input_ids=torch.tensor([[0, 6, 8, 12], [0, 13, 4, 4]]),
-    )
-    with torch.no_grad():
-        logits = model(**inputs).logits
-        beams = model.generate(
-            input_ids=source,
-            attention_mask=inputs["attention_mask"],
-            num_beams=4,
-            num_return_sequences=2,
-            max_new_tokens=6,
-        )
-    folder = tmp_path_factory.mktemp("saved")
-    model.save_pretrained(folder)
-    return folder, inputs, logits, beams, type(model).__name__
+FAMILIES = method_families()  # one per registered method
+SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
+INPUTS = dict(
+    input_ids=SOURCE,
+    attention_mask=SOURCE.ne(1).long(),
+    decoder_input_ids=torch.tensor([[0, 6, 8, 12], [0, 13, 4, 4]]),
+)
 
 
-def load_in_clean_process(tmp_path: Path, source: str, modes: list[str], hf_home: Path, inputs: dict) -> dict:
-    """Load `source` in a subprocess that cannot import hf_deep_nmt (cwd: an empty folder, Hub offline)."""
+@pytest.fixture(scope="module")
+def saved_models(tmp_path_factory, tiny_config, random_model):
+    """By family: a perturbed tiny model of each registered method (DS-Init with MAtt, MSC with its context cache
+    layer, ...) saved with save_pretrained, the inputs used, its logits and its beam-search output."""
+    saved = {}
+    for family, (config_class, overrides) in FAMILIES.items():
+        model = random_model(tiny_config(config_class, **overrides))
+        with torch.no_grad():
+            logits = model(**INPUTS).logits
+            beams = model.generate(
+                input_ids=SOURCE,
+                attention_mask=INPUTS["attention_mask"],
+                num_beams=4,
+                num_return_sequences=2,
+                max_new_tokens=6,
+            )
+        folder = tmp_path_factory.mktemp(f"saved-{family}")
+        model.save_pretrained(folder)
+        saved[family] = folder, INPUTS, logits, beams, type(model).__name__
+    return saved
+
+
+@pytest.fixture(params=list(FAMILIES))
+def family(request):
+    return request.param
+
+
+@pytest.fixture
+def saved_model(saved_models, family):
+    return saved_models[family]
+
+
+def load_in_clean_process(tmp_path: Path, jobs: list[tuple[str, str, list[str]]], hf_home: Path, inputs: dict) -> dict:
+    """Run `jobs` (key, folder or repo id, load modes) in ONE subprocess that cannot import hf_deep_nmt (cwd: an empty
+    folder, Hub offline): one interpreter start for every family, the way a user's process loads several models."""
     workdir = tmp_path / "workdir"
     workdir.mkdir()
     (workdir / "load.py").write_text(LOAD_SCRIPT)
+    (workdir / "jobs.json").write_text(json.dumps(jobs))
     torch.save(inputs, workdir / "inputs.pt")
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))
@@ -91,21 +105,22 @@ def load_in_clean_process(tmp_path: Path, source: str, modes: list[str], hf_home
     env.pop("PYTHONPATH", None)
     env.update(HF_HUB_OFFLINE="1", HF_HOME=str(hf_home), HF_MODULES_CACHE=str(tmp_path / "modules"))
     completed = subprocess.run(
-        [sys.executable, "load.py", source, *modes],
+        [sys.executable, "load.py"],
         check=False,
         cwd=workdir,
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     results = json.loads((workdir / "results.json").read_text())
-    for mode, result in results.items():
-        if "error" not in result:
-            result["logits"] = torch.load(workdir / f"logits-{mode}.pt", weights_only=True)
-            result["beams"] = torch.load(workdir / f"beams-{mode}.pt", weights_only=True)
+    for key, modes in results.items():
+        for mode, result in modes.items():
+            if "error" not in result:
+                result["logits"] = torch.load(workdir / f"logits-{key}-{mode}.pt", weights_only=True)
+                result["beams"] = torch.load(workdir / f"beams-{key}-{mode}.pt", weights_only=True)
     return results
 
 
@@ -120,27 +135,32 @@ def assert_remote_class_with_identical_outputs(result: dict, saved_model) -> Non
 
 
 @pytest.fixture(scope="module")
-def folder_results(saved_model, tmp_path_factory):
-    folder, inputs = saved_model[:2]
-    tmp_path = tmp_path_factory.mktemp("folder-load")
-    return load_in_clean_process(tmp_path, str(folder), ["default", "false", "true"], tmp_path / "hf_home", inputs)
+def clean_process_results(saved_models, tmp_path_factory, hub_cache):
+    """Every family loaded in a process without the package: from its saved folder (no flag, `trust_remote_code=False`
+    and `True`) and by repo id from a Hub cache laid out on disk (no flag and `True`)."""
+    tmp_path = tmp_path_factory.mktemp("clean-process")
+    hf_home = tmp_path / "hf_home"
+    jobs = []
+    for family, (folder, *_) in saved_models.items():
+        jobs.append((f"folder-{family}", str(folder), ["default", "false", "true"]))
+        hub_cache(folder, hf_home / "hub", f"org/{family}")
+        jobs.append((f"hub-{family}", f"org/{family}", ["default", "true"]))
+    return load_in_clean_process(tmp_path, jobs, hf_home, INPUTS)
 
 
-def test_saved_folder_loads_as_remote_code_with_identical_logits(saved_model, folder_results):
-    assert_remote_class_with_identical_outputs(folder_results["true"], saved_model)
+def test_saved_folder_loads_as_remote_code_with_identical_logits(saved_model, family, clean_process_results):
+    assert_remote_class_with_identical_outputs(clean_process_results[f"folder-{family}"]["true"], saved_model)
 
 
 @pytest.mark.parametrize("mode", ["default", "false"])
-def test_saved_folder_needs_trust_remote_code_without_the_package(folder_results, mode):
-    assert "error" in folder_results[mode]
-    assert "trust_remote_code=True" in folder_results[mode]["error"]
+def test_saved_folder_needs_trust_remote_code_without_the_package(family, clean_process_results, mode):
+    result = clean_process_results[f"folder-{family}"][mode]
+    assert "error" in result
+    assert "trust_remote_code=True" in result["error"]
 
 
-def test_hub_cache_loads_by_repo_id_offline_with_identical_logits(saved_model, tmp_path, hub_cache):
-    folder, inputs = saved_model[:2]
-    hf_home = tmp_path / "hf_home"
-    hub_cache(folder, hf_home / "hub", "org/name")
-    results = load_in_clean_process(tmp_path, "org/name", ["default", "true"], hf_home, inputs)
+def test_hub_cache_loads_by_repo_id_offline_with_identical_logits(saved_model, family, clean_process_results):
+    results = clean_process_results[f"hub-{family}"]
     assert "trust_remote_code=True" in results["default"]["error"]
     assert_remote_class_with_identical_outputs(results["true"], saved_model)
 
