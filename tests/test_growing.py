@@ -1,6 +1,7 @@
 """Growing a trained model (SDT stacking): copied layers equal their sources tensor by tensor, everything else is
 unchanged, the combination weights grow by a uniform row, and the grown model saves, loads and decodes."""
 
+import copy
 import json
 import os
 import subprocess
@@ -13,12 +14,14 @@ import torch
 from hf_deep_nmt import (
     DeepNMTConfig,
     DeepNMTForConditionalGeneration,
+    DeepNormConfig,
+    DeepNormForConditionalGeneration,
     MscConfig,
     MscForConditionalGeneration,
     SdtConfig,
     SdtForConditionalGeneration,
 )
-from hf_deep_nmt.growing import grow_encoder, source_layers, with_layer_aggregation
+from hf_deep_nmt.growing import deepnorm_output_scale, grow_encoder, source_layers, with_layer_aggregation
 
 SIZES = dict(
     vocab_size=37,
@@ -113,6 +116,38 @@ def test_dense_dlcl_grows_one_uniform_row_per_new_layer():
     torch.testing.assert_close(weight[4], torch.full((5,), 0.2))
     with torch.no_grad():
         grown.eval()(input_ids=SOURCE, decoder_input_ids=torch.tensor([[0, 5], [0, 6]]))
+
+
+@pytest.mark.parametrize(("strategy", "new", "aggregation"), [("top", 2, None), ("double", 3, "dlcl")])
+def test_a_grown_deepnorm_encoder_layer_computes_what_its_source_did(strategy, new, aggregation):
+    """DeepNorm's encoder alpha grows with the depth: each copied layer, given the same input, returns what its source
+    returned with the LayerNorm epsilon divided by c^2 = (alpha_new / alpha_old)^2 (`deepnorm_output_scale`); a copy
+    left unscaled does not."""
+    model = trained_like(DeepNormForConditionalGeneration(DeepNormConfig(**{**SIZES, "encoder_layers": 3})))
+    grown = grow_encoder(model, new, strategy, aggregation=aggregation)
+    old_alpha, new_alpha = (m.config.deepnorm_constants("encoder")[0] for m in (model, grown))
+    scale = deepnorm_output_scale(model.config, grown.config)
+    assert new_alpha > old_alpha and scale == pytest.approx(new_alpha / old_alpha)
+    assert scale**2 == pytest.approx((grown.config.encoder_layers / 3) ** 0.5)
+    hidden = torch.randn(2, 5, SIZES["d_model"], generator=torch.Generator().manual_seed(3))
+    old_layers, layers = model.get_encoder().layers, grown.get_encoder().layers
+    for layer, source in zip(layers, source_layers(3, new, strategy)):
+        assert layer.final_layer_norm.residual_scale == pytest.approx(new_alpha)
+        reference = copy.deepcopy(old_layers[source])
+        for norm in (reference.self_attn_layer_norm, reference.final_layer_norm):
+            norm.eps = model.config.layer_norm_eps / scale**2
+        with torch.no_grad():
+            torch.testing.assert_close(layer(hidden), reference(hidden), rtol=0, atol=2e-6)
+            assert (layer(hidden) - old_layers[source](hidden)).abs().max() < 1e-4  # epsilon alone: a small change
+            unscaled = copy.deepcopy(old_layers[source])
+            for norm in (unscaled.self_attn_layer_norm, unscaled.final_layer_norm):
+                norm.residual_scale = new_alpha  # copied without the rescaling
+            assert (unscaled(hidden) - reference(hidden)).abs().max() > 0.05
+    assert (
+        grown.model.decoder.layers[0].final_layer_norm.residual_scale == model.config.deepnorm_constants("decoder")[0]
+    )
+    for name, tensor in model.model.decoder.state_dict().items():
+        assert torch.equal(grown.model.decoder.state_dict()[name], tensor), name
 
 
 def test_grown_model_saves_reloads_through_remote_code_and_decodes(sdt, tmp_path):
