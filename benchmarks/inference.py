@@ -301,6 +301,7 @@ def run(size_name: str, families: list[str], workdir: Path) -> dict:
         tokenizer.save_pretrained(workdir / "plain")
         export_ctranslate2(model, tokenizer, workdir / "plain-e2e-ct2", overwrite=True)
         results["end_to_end"] = end_to_end(workdir / "plain", workdir / "plain-e2e-ct2", size, workdir)
+    results["load_average_at_end"] = os.getloadavg()
     return results
 
 
@@ -395,7 +396,9 @@ def print_table(results: dict) -> None:
     print(
         f"size {size['name']}: d {size['d_model']}, {size['layers']} + {size['layers']} layers, vocabulary "
         f"{size['vocab_size']}, {size['new_tokens']} forced output tokens; 1 thread; load average "
-        f"{', '.join(f'{value:.2f}' for value in results['load_average'])} on {results['cpu_count']} cores"
+        f"{', '.join(f'{value:.2f}' for value in results['load_average'])} at the start, "
+        f"{', '.join(f'{value:.2f}' for value in results['load_average_at_end'])} at the end, on "
+        f"{results['cpu_count']} cores"
     )
     print("tokens per CPU second (wall-clock tokens per second in brackets)")
     print(f"| {'family / backend':26} | " + " | ".join(f"{column:>18}" for column in columns) + " |")
