@@ -150,6 +150,33 @@ def test_a_grown_deepnorm_encoder_layer_computes_what_its_source_did(strategy, n
         assert torch.equal(grown.model.decoder.state_dict()[name], tensor), name
 
 
+def test_a_grown_deepnorm_model_with_the_output_row_set_by_hand_keeps_its_function():
+    """As for the other methods (docs/serving.md, "Which growth keeps the function"): a DLCL encoder grown with its
+    output row set by hand to the old top layer computes the old model's function (4.8e-6 nats here), only because
+    each copied layer is rescaled to the new alpha (up to the epsilon change); without the rescaling it moves by
+    0.96 nats."""
+    model = trained_like(DeepNormForConditionalGeneration(DeepNormConfig(**{**SIZES, "encoder_layers": 3})))
+    batch = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(1), decoder_input_ids=torch.tensor([[0, 5, 9], [0, 6, 4]]))
+
+    def log_probs(network):
+        with torch.no_grad():
+            return torch.log_softmax(network(**batch).logits, dim=-1)
+
+    grown = grow_encoder(model, 2, "top", aggregation="dlcl")
+    with torch.no_grad():
+        weight = grown.model.encoder.history.weight
+        weight[-1].zero_()
+        weight[-1, 3] = 1.0  # the old top layer's output (index 0 is the embedding)
+    assert (log_probs(grown) - log_probs(model)).abs().max() < 1e-4
+    scale = deepnorm_output_scale(model.config, grown.config)
+    with torch.no_grad():
+        for layer in grown.model.encoder.layers:
+            for output_map in (layer.self_attn.out_proj, layer.fc2):
+                output_map.weight.div_(scale)
+                output_map.bias.div_(scale)
+    assert (log_probs(grown) - log_probs(model)).abs().max() > 0.05
+
+
 def test_grown_model_saves_reloads_through_remote_code_and_decodes(sdt, tmp_path):
     grown = grow_encoder(sdt)
     with torch.no_grad():
