@@ -51,8 +51,12 @@ def own_forward(model: PreTrainedModel) -> Callable:
     graphs, and counts recompilations against `torch._dynamo.config.recompile_limit` (8), per code object, and every
     model of this package (every transformers model, through its decorators) runs the same `forward` code: compiled
     as it is, the fifth model compiled in a process hit the limit after the first four's two graphs each and failed
-    under `fullgraph=True` (ran eager without it). With its own code object each model's graphs are its own."""
-    function = type(model).forward
+    under `fullgraph=True` (ran eager without it). With its own code object each model's graphs are its own.
+    A forward set on the instance that is not a method of the model (a hook's wrapper, say) is returned as it is."""
+    bound = model.forward
+    function = getattr(bound, "__func__", None)
+    if getattr(bound, "__self__", None) is not model or not isinstance(function, types.FunctionType):
+        return bound
     twin = types.FunctionType(
         function.__code__.replace(),
         function.__globals__,
