@@ -175,6 +175,13 @@ def _translate(argv: list[str]) -> int:
         action="store_true",
         help="decode with the static cache and a compiled decoding step (CUDA graphs on a GPU); same output",
     )
+    parser.add_argument(
+        "--threads",
+        type=_at_least(1),
+        default=None,
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the usable cores less the 1-minute load "
+        "average, at least 1, so that no thread waits for a core other work holds)",
+    )
     args = parser.parse_args(argv)
 
     from hf_deep_nmt.decoding import DecodingOptions
@@ -186,9 +193,10 @@ def _translate(argv: list[str]) -> int:
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
-    from hf_deep_nmt.translate import check_output_path, read_lines, write_translations
+    from hf_deep_nmt.translate import check_output_path, read_lines, set_threads, write_translations
 
     check_output_path(args.output, args.input, args.overwrite)
+    set_threads(args.threads)
     device = _device(args.device)
     lines = read_lines(args.input)
     _check_model_source(args.model)

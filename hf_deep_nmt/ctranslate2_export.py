@@ -1,6 +1,7 @@
 """Export to CTranslate2 (a C++ inference engine): the models its Transformer specification expresses exactly.
 
-What it expresses: pre- or post-norm stacks of residual layers, multi-head decoder self-attention, this package's
+What it expresses: pre- or post-norm stacks of residual layers (DeepNorm's as well, rescaled into plain post-norm
+ones, see below), multi-head decoder self-attention, this package's
 sinusoidal positions in either frequency setting (written into the model as a table, see below), scaled or unscaled
 token embeddings, shared or separate source/target embeddings, a tied or separate output layer with or without a bias
 (`output_bias`), and the ReLU/GELU/SiLU/tanh/sigmoid activations.
@@ -17,6 +18,15 @@ Details that make the outputs match (`tests/test_ctranslate2.py` compares them):
 * embeddings are multiplied by sqrt(d) (or 1), then the position added, in both stacks;
 * the pre-norm stacks end with their final LayerNorm; post-norm stacks have none (each sublayer ends in one);
 * self-attention Q, K, V are fused into one matrix, cross-attention K, V into another, as CTranslate2 stores them;
+* DeepNorm, x <- LN(alpha * x + F(x)) with alpha per stack, becomes plain post-norm, x <- LN(x + F(x)): a LayerNorm
+  ignores a positive factor of its input up to its epsilon, LN(c * y; eps * c^2) = LN(y; eps), and CTranslate2 has one
+  epsilon for the whole model. With `a` the decoder's alpha, every block's output maps (attention `out_proj`, `fc2`,
+  weights and biases) are divided by `a` and the epsilon written is eps / a^2: a decoder block then normalises
+  `(alpha * x + F(x)) / a` with eps / a^2, exactly the model's LN. An encoder whose alpha `e` differs runs its residual
+  stream scaled by r = e / a (its embeddings, position table and LayerNorm weights and biases times r, the matrices
+  that read the stream, Q/K/V, `fc1` and the decoder's cross-attention K/V, divided by r), so that its blocks too
+  normalise `(e * x + F(x)) / a`. Exact in real arithmetic; in float32 the logits agree to rounding
+  (`tests/test_ctranslate2.py`);
 * decoding starts from `decoder_start_token_id` (`<s>`), the source is given as the tokenizer encodes it (with its
   `</s>`; CTranslate2 adds nothing), and the vocabulary is the tokenizer's, id for id.
 """
@@ -25,7 +35,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -53,8 +63,8 @@ ACTIVATIONS = {
 # token included), as `translate` allows (`DEFAULT_MAX_OUTPUT_TOKENS` tokens and `</s>`).
 DEFAULT_MAX_POSITIONS = DEFAULT_MAX_OUTPUT_TOKENS + 2
 SERVABLE = (
-    "pre- or post-norm, residual layers in both stacks, multi-head decoder self-attention, no relative position keys, "
-    "no MSC"
+    "pre- or post-norm (DeepNorm included), residual layers in both stacks, multi-head decoder self-attention, no "
+    "relative position keys, no MSC"
 )
 
 
@@ -138,6 +148,8 @@ SETTINGS: dict[str, SettingCheck | None] = {
             "converted_from",
             "tokenizer_fingerprint",
             "growth",
+            # DeepNorm's skip weight alpha is folded into the weights and the epsilon (`deepnorm_scales`)
+            "deepnorm",
             # settings of a feature refused through another setting (the layer histories, the AAN, MSC)
             "layer_aggregation",
             "dlcl_weights",
@@ -170,11 +182,6 @@ SETTINGS: dict[str, SettingCheck | None] = {
         None if value in ACTIVATIONS else f"CTranslate2 computes {sorted(ACTIVATIONS)}"
     ),
     "eos_token_id": _eos_problem,
-    "deepnorm": lambda value: (
-        None
-        if not value
-        else "DeepNorm: CTranslate2 adds a residual's skip unweighted, x + F(x), where DeepNorm weighs it by alpha"
-    ),
 }
 
 
@@ -230,6 +237,16 @@ def _token(tokens: list[str], token_id: int | list[int] | None, name: str) -> st
     return tokens[token_id]
 
 
+def deepnorm_scales(config) -> tuple[dict[str, float], float, float]:
+    """How the export folds DeepNorm's skip weights into a plain post-norm model (module docstring): `(stream scale
+    r of each stack, the factor on every block's output maps, the LayerNorm epsilon to write)`; `({encoder: 1,
+    decoder: 1}, 1, layer_norm_eps)` without DeepNorm."""
+    alphas = {side: config.deepnorm_constants(side)[0] for side in ("encoder", "decoder")}
+    top = alphas["decoder"]
+    streams = {side: alpha / top for side, alpha in alphas.items()}
+    return streams, 1.0 / top, float(config.layer_norm_eps) / top**2
+
+
 def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_positions: int):
     """The CTranslate2 `TransformerSpec` holding `model`'s weights, with its vocabularies and config."""
     from ctranslate2.specs import common_spec, transformer_spec
@@ -252,20 +269,26 @@ def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenize
         sinusoids = DeepNMTSinusoidalPositions(config.d_model, config.sinusoid_frequencies)
         positions = sinusoids(torch.arange(max_positions))
     scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
-    for stack_spec, stack in ((spec.encoder, network.encoder), (spec.decoder, network.decoder)):
+    streams, output_scale, epsilon = deepnorm_scales(config)
+    for side, stack_spec, stack in (
+        ("encoder", spec.encoder, network.encoder),
+        ("decoder", spec.decoder, network.decoder),
+    ):
         embeddings = stack_spec.embeddings[0] if isinstance(stack_spec.embeddings, list) else stack_spec.embeddings
         embeddings.weight = stack.embed_tokens.weight
-        stack_spec.scale_embeddings = scale
-        stack_spec.position_encodings.encodings = positions
+        stack_spec.scale_embeddings = scale * streams[side]
+        stack_spec.position_encodings.encodings = positions * streams[side]
         if config.pre_norm:
             _set_layer_norm(stack_spec.layer_norm, stack.layer_norm)
+    encoder = Scales(streams["encoder"], output_scale)
+    decoder = Scales(streams["decoder"], output_scale, memory=streams["encoder"])
     for layer_spec, layer in zip(spec.encoder.layer, network.encoder.layers):
-        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm, self_attention=True)
-        _set_feed_forward(layer_spec.ffn, layer)
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm, True, encoder)
+        _set_feed_forward(layer_spec.ffn, layer, encoder)
     for layer_spec, layer in zip(spec.decoder.layer, network.decoder.layers):
-        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm, self_attention=True)
-        _set_attention(layer_spec.attention, layer.encoder_attn, layer.encoder_attn_layer_norm, self_attention=False)
-        _set_feed_forward(layer_spec.ffn, layer)
+        _set_attention(layer_spec.self_attention, layer.self_attn, layer.self_attn_layer_norm, True, decoder)
+        _set_attention(layer_spec.attention, layer.encoder_attn, layer.encoder_attn_layer_norm, False, decoder)
+        _set_feed_forward(layer_spec.ffn, layer, decoder)
     spec.decoder.projection.weight = model.get_output_embeddings().weight
     if model.get_output_embeddings().bias is not None:  # `output_bias` (a converted Marian model's logits bias)
         spec.decoder.projection.bias = model.get_output_embeddings().bias
@@ -284,36 +307,51 @@ def build_ctranslate2_spec(model: PreTrainedModel, tokenizer: PreTrainedTokenize
         )
     spec.config.unk_token = unk
     spec.config.add_source_bos = spec.config.add_source_eos = False
-    spec.config.layer_norm_epsilon = float(config.layer_norm_eps)
+    spec.config.layer_norm_epsilon = epsilon
     return spec
 
 
-def _set_layer_norm(spec, module: torch.nn.LayerNorm) -> None:
-    spec.gamma = module.weight
-    spec.beta = module.bias
+class Scales(NamedTuple):
+    """The factors a stack's weights are written with (all 1 but for DeepNorm, see `deepnorm_scales`): `stream`, the
+    scale of the stack's residual stream (its LayerNorms' outputs are multiplied by it, the matrices reading it
+    divided), `output` on each block's output maps, and `memory`, the stream scale of the encoder output that
+    cross-attention reads."""
+
+    stream: float
+    output: float
+    memory: float = 1.0
 
 
-def _set_linear(spec, *modules: torch.nn.Linear) -> None:
-    """One CTranslate2 linear layer from one or more of ours stacked along the output dimension (fused Q/K/V)."""
-    spec.weight = torch.cat([module.weight for module in modules])
+def _set_layer_norm(spec, module: torch.nn.LayerNorm, scale: float = 1.0) -> None:
+    spec.gamma = module.weight * scale if scale != 1.0 else module.weight
+    spec.beta = module.bias * scale if scale != 1.0 else module.bias
+
+
+def _set_linear(spec, *modules: torch.nn.Linear, reads: float = 1.0, output: float = 1.0) -> None:
+    """One CTranslate2 linear layer from one or more of ours stacked along the output dimension (fused Q/K/V), for
+    an input `reads` times ours (the weight divided by it) and an output `output` times ours (weight and bias times
+    it)."""
+    weight = torch.cat([module.weight for module in modules])
+    spec.weight = weight * (output / reads) if (output, reads) != (1.0, 1.0) else weight
     if modules[0].bias is not None:
-        spec.bias = torch.cat([module.bias for module in modules])
+        bias = torch.cat([module.bias for module in modules])
+        spec.bias = bias * output if output != 1.0 else bias
 
 
-def _set_attention(spec, attention, layer_norm: torch.nn.LayerNorm, self_attention: bool) -> None:
-    _set_layer_norm(spec.layer_norm, layer_norm)
+def _set_attention(spec, attention, layer_norm: torch.nn.LayerNorm, self_attention: bool, scales: Scales) -> None:
+    _set_layer_norm(spec.layer_norm, layer_norm, scales.stream)
     if self_attention:
-        _set_linear(spec.linear[0], attention.q_proj, attention.k_proj, attention.v_proj)
+        _set_linear(spec.linear[0], attention.q_proj, attention.k_proj, attention.v_proj, reads=scales.stream)
     else:
-        _set_linear(spec.linear[0], attention.q_proj)
-        _set_linear(spec.linear[1], attention.k_proj, attention.v_proj)
-    _set_linear(spec.linear[-1], attention.out_proj)
+        _set_linear(spec.linear[0], attention.q_proj, reads=scales.stream)
+        _set_linear(spec.linear[1], attention.k_proj, attention.v_proj, reads=scales.memory)
+    _set_linear(spec.linear[-1], attention.out_proj, output=scales.output)
 
 
-def _set_feed_forward(spec, layer) -> None:
-    _set_layer_norm(spec.layer_norm, layer.final_layer_norm)
-    _set_linear(spec.linear_0, layer.fc1)
-    _set_linear(spec.linear_1, layer.fc2)
+def _set_feed_forward(spec, layer, scales: Scales) -> None:
+    _set_layer_norm(spec.layer_norm, layer.final_layer_norm, scales.stream)
+    _set_linear(spec.linear_0, layer.fc1, reads=scales.stream)
+    _set_linear(spec.linear_1, layer.fc2, output=scales.output)
 
 
 def export_ctranslate2(

@@ -14,6 +14,14 @@ the old top block's (optionally the old one is then reset, as the reference code
 row per new layer the same way, each new LayerNorm copied from the one of the layer it copies. `"interleave"` moves
 every old layer, so it is only offered for residual and sparse encoders.
 
+DeepNorm: the encoder's skip weight alpha = 0.81 (N^4 M)^(1/16) grows with its depth N, so a copied layer would
+weigh its skip by another alpha than it was trained with. A LayerNorm ignores a positive factor of its input up to its
+epsilon, LN(c * y; eps) = LN(y; eps / c^2), so every encoder layer of the grown model has its output maps
+(self-attention `out_proj`, `fc2`, weights and biases) multiplied by c = alpha_new / alpha_old: it computes
+LN(alpha_new * x + c * F(x)) = LN(alpha_old * x + F(x); eps / c^2), what it computed before but for an epsilon smaller
+by c^2 = sqrt(N_new / N_old) (`deepnorm_output_scale`). The decoder's alpha depends on its own depth only and is
+unchanged.
+
 `with_layer_aggregation` turns a residual stack into a DLCL or sparse one that computes exactly the same function
 (the combination weights the identity, no history LayerNorms), so a residual model, e.g. a converted Marian one, can
 be grown and trained with layer connections: `grow_encoder(..., aggregation="dlcl")` does it before growing.
@@ -64,7 +72,7 @@ def _msc_problem(value) -> str | None:
 
 # Every setting growing knows (an allow-list: a setting missing here, a new method's say, is refused by name): the
 # encoder's layers are copied as they are, so every setting of a layer carries over; the layer histories grow as the
-# module docstring says; MSC is refused.
+# module docstring says, DeepNorm's layers are rescaled to its new alpha; MSC is refused.
 GROWABLE: dict[str, SettingCheck | None] = {
     **dict.fromkeys(
         (
@@ -78,16 +86,11 @@ GROWABLE: dict[str, SettingCheck | None] = {
             *("encoder_l2_lambda", "msc_context", "msc_context_sides", "msc_fusion", "decoder_layer_types"),
             *("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id", "use_cache"),
             *("sdpa_avoid_cudnn", "converted_from", "growth", "tokenizer_fingerprint"),
+            "deepnorm",  # its alpha follows the depth: the copied layers are rescaled (`deepnorm_output_scale`)
         ),
         None,
     ),
     "msc_block_layers": _msc_problem,
-    "deepnorm": lambda value: (
-        None
-        if not value
-        else "DeepNorm: its alpha and beta depend on the number of layers, so a grown model would compute with other "
-        "constants than the ones its layers were trained with"
-    ),
 }
 
 
@@ -217,6 +220,13 @@ def grow_encoder(
     _copy_all_but(model, grown, (old_encoder.layers, old_encoder.history), (encoder.layers, encoder.history))
     for layer, source in zip(encoder.layers, sources):
         layer.load_state_dict(old_encoder.layers[source].state_dict())
+    scale = deepnorm_output_scale(config, grown.config)
+    if scale != 1.0:
+        with torch.no_grad():
+            for layer in encoder.layers:
+                for output_map in (layer.self_attn.out_proj, layer.fc2):
+                    output_map.weight.mul_(scale)
+                    output_map.bias.mul_(scale)
     if strategy == "interleave":  # the same blocks, each twice as long: the combination is unchanged
         encoder.history.load_state_dict(old_encoder.history.state_dict())
     elif aggregation != "residual":
@@ -226,6 +236,12 @@ def grow_encoder(
             if isinstance(previous, torch.nn.LayerNorm):
                 previous.reset_parameters()
     return grown.train(model.training)  # same mode as the source: a fresh module would come back with dropout on
+
+
+def deepnorm_output_scale(old: DeepNMTConfig, grown: DeepNMTConfig) -> float:
+    """The factor on the output maps of every encoder layer copied from `old` into `grown` (module docstring): the
+    ratio of DeepNorm's encoder alphas, 1 without DeepNorm."""
+    return grown.deepnorm_constants("encoder")[0] / old.deepnorm_constants("encoder")[0]
 
 
 def _copy_all_but(source: nn.Module, target: nn.Module, source_parts: tuple, target_parts: tuple) -> None:

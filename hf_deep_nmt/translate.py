@@ -14,7 +14,8 @@ import dataclasses
 import os
 import stat
 import sys
-from collections.abc import Iterator, Sequence
+import types
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -45,6 +46,30 @@ from hf_deep_nmt.weights import check_finite_weights, check_missing_weights
 STATIC_CACHE_BUCKET = 64
 
 
+def own_forward(model: PreTrainedModel) -> Callable:
+    """`model.forward` bound to a copy of its function with a code object of its own. torch.compile keeps compiled
+    graphs, and counts recompilations against `torch._dynamo.config.recompile_limit` (8), per code object, and every
+    model of this package (every transformers model, through its decorators) runs the same `forward` code: compiled
+    as it is, the fifth model compiled in a process hit the limit after the first four's two graphs each and failed
+    under `fullgraph=True` (ran eager without it). With its own code object each model's graphs are its own.
+    A forward set on the instance that is not a method of the model (a hook's wrapper, say) is returned as it is."""
+    bound = model.forward
+    function = getattr(bound, "__func__", None)
+    if getattr(bound, "__self__", None) is not model or not isinstance(function, types.FunctionType):
+        return bound
+    twin = types.FunctionType(
+        function.__code__.replace(),
+        function.__globals__,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
+    twin.__kwdefaults__ = function.__kwdefaults__
+    twin.__dict__.update(function.__dict__)  # `__wrapped__` among them: the signature generate() inspects
+    twin.__qualname__, twin.__doc__, twin.__module__ = function.__qualname__, function.__doc__, function.__module__
+    return types.MethodType(twin, model)
+
+
 @contextlib.contextmanager
 def compiled_decoding(model: PreTrainedModel, longest_output: int, backend: str = "inductor") -> Iterator[dict]:
     """Inside: `model.forward` compiled as one graph (CUDA graphs on CUDA through `mode="reduce-overhead"`, Inductor
@@ -52,13 +77,15 @@ def compiled_decoding(model: PreTrainedModel, longest_output: int, backend: str 
     kept; yields the `generate()` options that go with it, the static cache sized to a multiple of
     `STATIC_CACHE_BUCKET` slots above `longest_output`. Compiling the forward itself, rather than transformers'
     `compile_config` route, covers beam search, which that route leaves eager. The first decoding call of each batch
-    (an empty cache) and each new shape compile once; the rest replays."""
+    (an empty cache) and each new shape compile once; the rest replays. Each model compiles its own graphs
+    (`own_forward`), so any number of models, of any families, can be compiled in one process."""
     kept = model.__dict__.setdefault("_hf_deep_nmt_compiled_forward", {})
     compiled = kept.get(backend)
     if compiled is None:
         device = next(model.parameters()).device
         mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
-        compiled = kept[backend] = torch.compile(model.forward, fullgraph=True, backend=backend, mode=mode)
+        forward = own_forward(model)
+        compiled = kept[backend] = torch.compile(forward, fullgraph=True, backend=backend, mode=mode)
     own = model.__dict__.get("forward")
     model.forward = compiled
     bucket = -(-(longest_output + 1) // STATIC_CACHE_BUCKET) * STATIC_CACHE_BUCKET
@@ -69,6 +96,45 @@ def compiled_decoding(model: PreTrainedModel, longest_output: int, backend: str 
             del model.forward
         else:
             model.forward = own
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the platform has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """The thread count `translate` uses unless told (`--threads`): `OMP_NUM_THREADS` when set; else the cores this
+    process may use less the load average of the last minute (the runnable work already there), at least 1. On an
+    idle machine that is every usable core; on a busy one it keeps torch's threads from waiting on each other for
+    cores the other work holds (a 2-thread run on a loaded 2-core machine was measured burning 6x the CPU time of a
+    1-thread one, issue 39)."""
+    configured = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    cores = usable_cores()
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this platform
+        busy = 0.0
+    return max(1, min(cores, cores - round(busy)))
+
+
+def set_threads(threads: int | None = None) -> int:
+    """Run torch's CPU operations on `threads` threads (`default_threads()` when None), intra-op and inter-op alike,
+    and return the count. The inter-op pool can only be sized before its first use in the process; after that it is
+    left as it is (`generate()` does not use it)."""
+    if threads is None:
+        threads = default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"`threads` must be a positive integer, got {threads!r}.")
+    torch.set_num_threads(threads)
+    if torch.get_num_interop_threads() != threads:
+        with contextlib.suppress(
+            RuntimeError
+        ):  # "cannot set number of interop threads after parallel work has started"
+            torch.set_num_interop_threads(threads)
+    return threads
 
 
 class SourceRelativeMaxLength(LogitsProcessor):

@@ -266,3 +266,41 @@ def test_marian_warm_start_smoke_run_reports_the_three_models(tmp_path):
         torch.set_num_threads(threads)
     assert given["pretrain_losses_every_50_steps"] is None
     assert given["models"]["converted"]["validation_loss"] == models["converted"]["validation_loss"]
+
+
+def test_the_inference_table_covers_every_family_and_backend(tmp_path):
+    """benchmarks/inference.py at its quick size: a torch row per family, CTranslate2 rows exactly for the families it
+    expresses (plain, DeepNorm), each figure the forced token count over its CPU seconds, the end-to-end row with the
+    same output on both sides; and the beam-search profile's parts do not overlap (the remainder is not negative)."""
+    spec = importlib.util.spec_from_file_location("inference", PERF.parent / "inference.py")
+    inference = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(inference)
+    threads = torch.get_num_threads()
+    results = inference.main(["--quick", "--json", str(tmp_path / "inference.json"), "--workdir", str(tmp_path)])
+    assert torch.get_num_threads() == threads  # restored
+    assert json.loads((tmp_path / "inference.json").read_text()) == json.loads(json.dumps(results))
+    rows = set(results["rows"])
+    expected = {f"{family} torch" for family in inference.FAMILIES}
+    if importlib.util.find_spec("ctranslate2") is not None:
+        expected |= {f"{family} {kind}" for family in ("plain", "deepnorm") for kind in ("ct2_fp32", "ct2_int8")}
+        assert results["end_to_end"]["same_output"] is True and results["end_to_end"]["lines"] == 12
+    if importlib.util.find_spec("torchao") is not None:
+        expected |= {f"{family} torch_int8" for family in inference.FAMILIES}
+    assert rows == expected
+    size = results["size"]
+    for figures in results["rows"].values():
+        assert set(figures) == {f"{search}_b{size['batch']}" for search in ("greedy", "beam4")} | {
+            "greedy_b1",
+            "beam4_b1",
+        }
+        batch = figures[f"beam4_b{size['batch']}"]
+        assert batch["tokens_per_cpu_second"] == pytest.approx(
+            size["batch"] * size["new_tokens"] / batch["cpu_seconds"]
+        )
+        single = figures["greedy_b1"]
+        assert single["tokens_per_cpu_second"] == pytest.approx(
+            size["single_sentences"] * size["new_tokens"] / single["cpu_seconds"]
+        )
+    profile = inference.main(["--quick", "--profile", "deepnorm"])
+    assert 0 < profile["forward_seconds"] < profile["total_seconds"]
+    assert all(seconds >= 0 for seconds in profile["parts"].values()), profile["parts"]

@@ -296,3 +296,23 @@ def test_translate_refuses_a_compile_setting_that_is_not_a_bool(tiny_export):
     _, model, tokenizer = tiny_export
     with pytest.raises(ValueError, match=r"`compile` must be True or False, got 'yes'"):
         translate(model, tokenizer, ["el sol"], compile="yes")
+
+
+def test_models_of_several_families_compile_in_one_process_each_its_own_graphs():
+    """Every model runs the same `forward` code, and torch.compile counts recompilations per code object: compiled as
+    it is, the fifth model in a process failed under fullgraph (the recompile limit, 8, spent by four models' two
+    graphs each). `compiled_decoding` gives each model a code object of its own; with the limit lowered to one
+    model's two graphs, two families in a row still compile, each into two new graphs, and decode as eager."""
+    from torch._dynamo.utils import counters
+
+    from hf_deep_nmt.translate import compiled_decoding
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=2):
+        for family in ("dsinit-matt", "prenorm"):
+            model = doctor.family_model(family, "cpu", encoder_layers=1, decoder_layers=1)  # cheap to trace
+            eager = generate(model)
+            graphs = counters["stats"]["unique_graphs"]
+            with compiled_decoding(model, 12, backend="eager") as options:
+                assert torch.equal(generate(model, **options), eager), family
+            assert counters["stats"]["unique_graphs"] - graphs == 2, family

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
 from hf_deep_nmt.hub import WRITTEN_MARKER
@@ -154,6 +154,53 @@ def test_ctranslate2_decodes_and_scores_as_this_package(name, tokenizer, tmp_pat
     generator = torch.Generator().manual_seed(0)
     targets = [torch.randint(4, len(tokenizer), (length,), generator=generator).tolist() for length in (3, 9, 14)]
     scores = translator.score_batch(source_tokens[:3], [tokenizer.convert_ids_to_tokens(t) for t in targets])
+    for ids, target, score in zip(encoded, targets, scores):
+        decoder_input = torch.tensor([[model.config.decoder_start_token_id, *target]])
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids]), decoder_input_ids=decoder_input).logits[0]
+        labels = torch.tensor([*target, tokenizer.eos_token_id])
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(score.log_probs), log_probs, rtol=0, atol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def deepnorm_export(tokenizer, tmp_path_factory):
+    """A trained DeepNorm model (its encoder's alpha 1.006, the decoder's 1.565: the export scales the encoder's
+    residual stream by their ratio) and its CTranslate2 translator."""
+    import ctranslate2
+
+    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+
+    model = trained(DeepNormConfig, {}, tokenizer)
+    folder = tmp_path_factory.mktemp("deepnorm") / "ct2"
+    export_ctranslate2(model, tokenizer, folder)
+    return model, ctranslate2.Translator(str(folder), device="cpu", intra_threads=1), folder
+
+
+@needs_ctranslate2
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_deepnorm_exports_as_a_plain_post_norm_model_decoding_the_same_tokens(deepnorm_export, tokenizer, num_beams):
+    model, translator, folder = deepnorm_export
+    alpha = model.config.deepnorm_constants("decoder")[0]
+    assert json.loads((folder / "config.json").read_text())["layer_norm_epsilon"] == pytest.approx(1e-5 / alpha**2)
+    sentences = [source for source, _ in PAIRS] + ["el mundo es grande", "gracias perro", "noches"]
+    encoded = [tokenizer(sentence)["input_ids"] for sentence in sentences]
+    batch = tokenizer.pad({"input_ids": encoded}, return_tensors="pt")
+    with torch.no_grad():
+        ours = model.generate(**batch, num_beams=num_beams, do_sample=False, max_length=31)
+    expected = []
+    for row in ours[:, 1:].tolist():
+        expected.append(row[: row.index(tokenizer.eos_token_id)] if tokenizer.eos_token_id in row else row)
+    source_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in encoded]
+    results = translator.translate_batch(source_tokens, beam_size=num_beams, max_decoding_length=30)
+    assert [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results] == expected
+    assert len({tuple(row) for row in expected}) > 3
+
+    # the log-probabilities of arbitrary targets agree as closely as a plain model's do
+    targets = [
+        torch.randint(4, len(tokenizer), (9,), generator=torch.Generator().manual_seed(i)).tolist() for i in (0, 1)
+    ]
+    scores = translator.score_batch(source_tokens[:2], [tokenizer.convert_ids_to_tokens(t) for t in targets])
     for ids, target, score in zip(encoded, targets, scores):
         decoder_input = torch.tensor([[model.config.decoder_start_token_id, *target]])
         with torch.no_grad():

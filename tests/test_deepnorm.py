@@ -191,11 +191,7 @@ def test_what_deepnorm_does_not_combine_with_is_refused_by_name(overrides, messa
         DeepNormConfig(**settings)
 
 
-def test_the_exporter_and_growing_refuse_deepnorm_by_name():
-    config = tiny_deepnorm().config
-    assert ctranslate2_blockers(config) == [
-        "`deepnorm=True` (DeepNorm: CTranslate2 adds a residual's skip unweighted, x + F(x), where DeepNorm weighs it "
-        "by alpha)"
-    ]
-    with pytest.raises(ValueError, match=r"`deepnorm=True` \(DeepNorm: its alpha and beta depend on the number"):
-        grow_encoder(tiny_deepnorm(), 1)
+def test_the_exporter_and_growing_take_deepnorm():
+    # both fold alpha into the output maps (tests/test_ctranslate2.py, tests/test_growing.py check the function)
+    assert ctranslate2_blockers(tiny_deepnorm().config) == []
+    assert grow_encoder(tiny_deepnorm(), 1).config.encoder_layers == 4

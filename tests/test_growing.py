@@ -1,6 +1,7 @@
 """Growing a trained model (SDT stacking): copied layers equal their sources tensor by tensor, everything else is
 unchanged, the combination weights grow by a uniform row, and the grown model saves, loads and decodes."""
 
+import copy
 import json
 import os
 import subprocess
@@ -13,12 +14,14 @@ import torch
 from hf_deep_nmt import (
     DeepNMTConfig,
     DeepNMTForConditionalGeneration,
+    DeepNormConfig,
+    DeepNormForConditionalGeneration,
     MscConfig,
     MscForConditionalGeneration,
     SdtConfig,
     SdtForConditionalGeneration,
 )
-from hf_deep_nmt.growing import grow_encoder, source_layers, with_layer_aggregation
+from hf_deep_nmt.growing import deepnorm_output_scale, grow_encoder, source_layers, with_layer_aggregation
 
 SIZES = dict(
     vocab_size=37,
@@ -113,6 +116,65 @@ def test_dense_dlcl_grows_one_uniform_row_per_new_layer():
     torch.testing.assert_close(weight[4], torch.full((5,), 0.2))
     with torch.no_grad():
         grown.eval()(input_ids=SOURCE, decoder_input_ids=torch.tensor([[0, 5], [0, 6]]))
+
+
+@pytest.mark.parametrize(("strategy", "new", "aggregation"), [("top", 2, None), ("double", 3, "dlcl")])
+def test_a_grown_deepnorm_encoder_layer_computes_what_its_source_did(strategy, new, aggregation):
+    """DeepNorm's encoder alpha grows with the depth: each copied layer, given the same input, returns what its source
+    returned with the LayerNorm epsilon divided by c^2 = (alpha_new / alpha_old)^2 (`deepnorm_output_scale`); a copy
+    left unscaled does not."""
+    model = trained_like(DeepNormForConditionalGeneration(DeepNormConfig(**{**SIZES, "encoder_layers": 3})))
+    grown = grow_encoder(model, new, strategy, aggregation=aggregation)
+    old_alpha, new_alpha = (m.config.deepnorm_constants("encoder")[0] for m in (model, grown))
+    scale = deepnorm_output_scale(model.config, grown.config)
+    assert new_alpha > old_alpha and scale == pytest.approx(new_alpha / old_alpha)
+    assert scale**2 == pytest.approx((grown.config.encoder_layers / 3) ** 0.5)
+    hidden = torch.randn(2, 5, SIZES["d_model"], generator=torch.Generator().manual_seed(3))
+    old_layers, layers = model.get_encoder().layers, grown.get_encoder().layers
+    for layer, source in zip(layers, source_layers(3, new, strategy)):
+        assert layer.final_layer_norm.residual_scale == pytest.approx(new_alpha)
+        reference = copy.deepcopy(old_layers[source])
+        for norm in (reference.self_attn_layer_norm, reference.final_layer_norm):
+            norm.eps = model.config.layer_norm_eps / scale**2
+        with torch.no_grad():
+            torch.testing.assert_close(layer(hidden), reference(hidden), rtol=0, atol=2e-6)
+            assert (layer(hidden) - old_layers[source](hidden)).abs().max() < 1e-4  # epsilon alone: a small change
+            unscaled = copy.deepcopy(old_layers[source])
+            for norm in (unscaled.self_attn_layer_norm, unscaled.final_layer_norm):
+                norm.residual_scale = new_alpha  # copied without the rescaling
+            assert (unscaled(hidden) - reference(hidden)).abs().max() > 0.05
+    assert (
+        grown.model.decoder.layers[0].final_layer_norm.residual_scale == model.config.deepnorm_constants("decoder")[0]
+    )
+    for name, tensor in model.model.decoder.state_dict().items():
+        assert torch.equal(grown.model.decoder.state_dict()[name], tensor), name
+
+
+def test_a_grown_deepnorm_model_with_the_output_row_set_by_hand_keeps_its_function():
+    """As for the other methods (docs/serving.md, "Which growth keeps the function"): a DLCL encoder grown with its
+    output row set by hand to the old top layer computes the old model's function (4.8e-6 nats here), only because
+    each copied layer is rescaled to the new alpha (up to the epsilon change); without the rescaling it moves by
+    0.96 nats."""
+    model = trained_like(DeepNormForConditionalGeneration(DeepNormConfig(**{**SIZES, "encoder_layers": 3})))
+    batch = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(1), decoder_input_ids=torch.tensor([[0, 5, 9], [0, 6, 4]]))
+
+    def log_probs(network):
+        with torch.no_grad():
+            return torch.log_softmax(network(**batch).logits, dim=-1)
+
+    grown = grow_encoder(model, 2, "top", aggregation="dlcl")
+    with torch.no_grad():
+        weight = grown.model.encoder.history.weight
+        weight[-1].zero_()
+        weight[-1, 3] = 1.0  # the old top layer's output (index 0 is the embedding)
+    assert (log_probs(grown) - log_probs(model)).abs().max() < 1e-4
+    scale = deepnorm_output_scale(model.config, grown.config)
+    with torch.no_grad():
+        for layer in grown.model.encoder.layers:
+            for output_map in (layer.self_attn.out_proj, layer.fc2):
+                output_map.weight.div_(scale)
+                output_map.bias.div_(scale)
+    assert (log_probs(grown) - log_probs(model)).abs().max() > 0.05
 
 
 def test_grown_model_saves_reloads_through_remote_code_and_decodes(sdt, tmp_path):

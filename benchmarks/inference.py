@@ -1,0 +1,465 @@
+"""Inference speed of every family on every backend, in one run (issue 39's table): tokens per CPU second.
+
+Families (random weights, the same sizes): ``plain`` (pre-norm), ``dlcl`` (dense DLCL, both stacks), ``matt``
+(DS-Init + merged attention), ``sdt_relative`` (sparse blocks, relative position keys), ``msc`` (one encoder layer per
+decoder layer, GRU context, gated fusion), ``deepnorm``.
+
+Backends, each where it applies:
+
+* ``torch``: `generate()` with the dynamic cache, eager, fp32;
+* ``torch_int8``: the same after torchao's `quantize_(model, Int8DynamicActivationInt8WeightConfig())` (the route
+  docs/serving.md gives), when torchao is installed;
+* ``ct2_fp32`` / ``ct2_int8``: the model's CTranslate2 export (`export_ctranslate2`) loaded with compute type
+  float32 / int8, for the families it expresses (plain and DeepNorm), when ctranslate2 is installed;
+* ONNX Runtime has no decoding path in this package (the ONNX export is the whole forward without a cache, see
+  docs/serving.md), so it has no row.
+
+Every decoding is forced to `new_tokens` output tokens (`ForcedLength` / `min_decoding_length`), so every contender
+does the same work; batch 32 decodes one batch of 24-token sources, batch 1 decodes `single_sentences` sentences one
+at a time. Timings are process CPU time (`time.process_time`, every thread of the process) at one thread (torch and
+CTranslate2 alike), which a shared machine's load distorts far less than wall time; wall time is reported beside it.
+One warm-up, then the median of `repeats` runs.
+
+The end-to-end row translates `lines` sentences of the sample corpus with `hf-deep-nmt translate` (in-process,
+`--threads 1`, beam 4, batch 32, model loading included) and with the plain model's CTranslate2 export (tokenizer,
+`translate_batch`, detokenisation, the same caps), and reports whether the two outputs are the same.
+
+`--profile FAMILY` instead breaks one beam-4 batch-32 `generate()` of that family down (cProfile): the model's forward
+against the search around it (top-k, finished beams, cache reordering, logits processors).
+
+    python benchmarks/inference.py --size reduced   # d 256, 3 + 3 layers (benchmarks/README.md)
+    python benchmarks/inference.py                  # base: d 512, 6 + 6, 32k vocabulary
+    python benchmarks/inference.py --quick          # tiny, one repeat: checks that it runs (CI)
+    python benchmarks/inference.py --profile plain --size reduced
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import importlib.util
+import io
+import json
+import math
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
+
+SIZES = {
+    "quick": dict(
+        d_model=32, ffn=64, heads=4, layers=2, vocab=300, batch=4, source_length=8, new_tokens=4,
+        single_sentences=2, lines=12, repeats=1, warm_up=False, tokenizer_pairs=400,
+    ),
+    "reduced": dict(
+        d_model=256, ffn=1024, heads=4, layers=3, vocab=8000, batch=32, source_length=24, new_tokens=24,
+        single_sentences=4, lines=200, repeats=3, warm_up=True, tokenizer_pairs=None,
+    ),
+    "base": dict(
+        d_model=512, ffn=2048, heads=8, layers=6, vocab=32000, batch=32, source_length=24, new_tokens=24,
+        single_sentences=4, lines=1000, repeats=3, warm_up=True, tokenizer_pairs=None,
+    ),
+}  # fmt: skip
+FAMILIES = ("plain", "dlcl", "matt", "sdt_relative", "msc", "deepnorm")
+SEARCHES = {"greedy": 1, "beam4": 4}
+
+
+def family_config(family: str, size: dict, vocab_size: int):
+    layers = size["layers"]
+    sizes = dict(
+        vocab_size=vocab_size,
+        d_model=size["d_model"],
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=size["heads"],
+        decoder_attention_heads=size["heads"],
+        encoder_ffn_dim=size["ffn"],
+        decoder_ffn_dim=size["ffn"],
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+    )
+    if family == "plain":
+        return DeepNMTConfig(**sizes)
+    if family == "dlcl":
+        return DlclConfig(**sizes)
+    if family == "matt":
+        return DsInitConfig(**sizes)
+    if family == "sdt_relative":
+        return SdtConfig(**sizes, sparse_block_size=max(1, layers // 2), relative_position_window=8)
+    if family == "msc":
+        return MscConfig(**{**sizes, "encoder_layers": None}, msc_block_layers=[1] * layers)
+    if family == "deepnorm":
+        return DeepNormConfig(**sizes)
+    raise ValueError(f"unknown family {family!r}; choose one of {FAMILIES}.")
+
+
+def family_model(family: str, size: dict, vocab_size: int):
+    torch.manual_seed(0)
+    config = family_config(family, size, vocab_size)
+    return MODEL_CLASSES[type(config)](config).eval()
+
+
+def sample_lines(count: int) -> list[str]:
+    """The source side of the first `count` pairs of the packaged sample corpus."""
+    path = Path(__file__).resolve().parent.parent / "hf_deep_nmt" / "sample_data" / "train.tsv"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return [line.split("\t")[0] for line in lines[:count]]
+
+
+def tokenizer_for(size: dict):
+    from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+    path = Path(__file__).resolve().parent.parent / "hf_deep_nmt" / "sample_data" / "train.tsv"
+    lines = path.read_text(encoding="utf-8").splitlines()[: size["tokenizer_pairs"]]
+    pairs = [tuple(line.split("\t")[:2]) for line in lines]
+    return train_joint_tokenizer(pairs, vocab_size=size["vocab"], min_frequency=1)
+
+
+def sources(size: dict, rows: int, vocab_size: int, eos: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(4, vocab_size, (rows, size["source_length"]), generator=generator)
+    ids[:, -1] = eos
+    return ids
+
+
+def cpu_and_wall(run: Callable[[], object], repeats: int, warm_up: bool = True) -> tuple[float, float]:
+    """Median process CPU seconds and wall seconds of `run`, after one warm-up (unless not `warm_up`)."""
+    if warm_up:
+        run()
+    cpu, wall = [], []
+    for _ in range(repeats):
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
+        run()
+        cpu.append(time.process_time() - cpu_start)
+        wall.append(time.perf_counter() - wall_start)
+    return statistics.median(cpu), statistics.median(wall)
+
+
+def torch_runs(model, size: dict, batches: dict[str, torch.Tensor]) -> dict[str, Callable[[], object]]:
+    """`search_batch` -> a decoding of the forced length: one batch, or the batch-1 sentences one by one."""
+    new = size["new_tokens"]
+
+    forced = LogitsProcessorList([ForcedLength(model.config.eos_token_id, 1, new)])
+
+    def generate(ids: torch.Tensor, beams: int):
+        with torch.no_grad():
+            return model.generate(
+                ids, attention_mask=torch.ones_like(ids), num_beams=beams, do_sample=False, max_new_tokens=new,
+                logits_processor=forced,
+            )  # fmt: skip
+
+    runs = {}
+    for search, beams in SEARCHES.items():
+        runs[f"{search}_b{size['batch']}"] = lambda beams=beams: generate(batches["batch"], beams)
+        runs[f"{search}_b1"] = lambda beams=beams: [generate(row[None], beams) for row in batches["single"]]
+    return runs
+
+
+def ct2_runs(translator, tokenizer, size: dict, batches: dict[str, torch.Tensor]) -> dict[str, Callable[[], object]]:
+    new = size["new_tokens"]
+    tokens = {name: [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids] for name, ids in batches.items()}
+
+    def translate(batch: list[list[str]], beams: int):
+        return translator.translate_batch(
+            batch, beam_size=beams, min_decoding_length=new, max_decoding_length=new, max_batch_size=len(batch),
+        )  # fmt: skip
+
+    runs = {}
+    for search, beams in SEARCHES.items():
+        runs[f"{search}_b{size['batch']}"] = lambda beams=beams: translate(tokens["batch"], beams)
+        runs[f"{search}_b1"] = lambda beams=beams: [translate([row], beams) for row in tokens["single"]]
+    return runs
+
+
+def produced_tokens(size: dict) -> dict[str, int]:
+    batch = f"b{size['batch']}"
+    return {
+        **{f"{search}_{batch}": size["batch"] * size["new_tokens"] for search in SEARCHES},
+        **{f"{search}_b1": size["single_sentences"] * size["new_tokens"] for search in SEARCHES},
+    }
+
+
+def measure(runs: dict[str, Callable[[], object]], size: dict) -> dict[str, dict[str, float]]:
+    tokens = produced_tokens(size)
+    figures = {}
+    for name, run in runs.items():
+        cpu, wall = cpu_and_wall(run, size["repeats"], size["warm_up"])
+        figures[name] = dict(cpu_seconds=cpu, wall_seconds=wall, tokens_per_cpu_second=tokens[name] / cpu)
+    return figures
+
+
+def torchao_int8(model):
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    quantize_(model, Int8DynamicActivationInt8WeightConfig())
+    return model
+
+
+def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path) -> dict:
+    """`hf-deep-nmt translate` against the CTranslate2 export on the same lines, both in this process at 1 thread,
+    model loading included: CPU and wall seconds, and whether the outputs are the same."""
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    from hf_deep_nmt.cli import main as cli
+
+    lines = sample_lines(size["lines"])
+    source = workdir / "e2e.src"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ours, theirs = workdir / "e2e.ours", workdir / "e2e.ct2"
+    new = size["new_tokens"]
+
+    def translate_command():
+        arguments = ["translate", "--model", str(folder), "--input", str(source), "--output", str(ours)]
+        options = ["--overwrite", "--threads", "1", "--no-progress", "--device", "cpu", "--num-beams", "4"]
+        caps = ["--batch-size", "32", "--max-length-a", "0", "--max-length-b", str(new), "--length-penalty", "1"]
+        if cli([*arguments, *options, *caps]) != 0:
+            raise RuntimeError("hf-deep-nmt translate failed")
+
+    def translate_ct2():
+        tokenizer = AutoTokenizer.from_pretrained(ct2_folder)
+        translator = ctranslate2.Translator(str(ct2_folder), device="cpu", intra_threads=1, inter_threads=1)
+        text = source.read_text(encoding="utf-8").split("\n")[:-1]
+        encoded = [tokenizer.convert_ids_to_tokens(tokenizer(line)["input_ids"]) for line in text]
+        results = translator.translate_batch(encoded, beam_size=4, max_decoding_length=new, max_batch_size=32)
+        decoded = [
+            tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]), skip_special_tokens=True)
+            for result in results
+        ]
+        theirs.write_text("".join(line + "\n" for line in decoded), encoding="utf-8")
+
+    figures = {}
+    for name, run in (("hf_deep_nmt_translate", translate_command), ("ct2_fp32", translate_ct2)):
+        cpu, wall = cpu_and_wall(run, size["repeats"], size["warm_up"])
+        figures[name] = dict(cpu_seconds=cpu, wall_seconds=wall)
+    figures["lines"] = len(lines)
+    figures["same_output"] = ours.read_text(encoding="utf-8") == theirs.read_text(encoding="utf-8")
+    figures["ratio_cpu"] = figures["hf_deep_nmt_translate"]["cpu_seconds"] / figures["ct2_fp32"]["cpu_seconds"]
+    return figures
+
+
+def run(size_name: str, families: list[str], workdir: Path) -> dict:
+    size = SIZES[size_name]
+    torch.set_num_threads(1)
+    tokenizer = tokenizer_for(size)
+    vocab_size = len(tokenizer)
+    batches = {
+        "batch": sources(size, size["batch"], vocab_size, tokenizer.eos_token_id),
+        "single": sources(size, size["single_sentences"], vocab_size, tokenizer.eos_token_id),
+    }
+    have_ct2 = importlib.util.find_spec("ctranslate2") is not None
+    have_torchao = importlib.util.find_spec("torchao") is not None
+    results = {
+        "size": {"name": size_name, **size, "vocab_size": vocab_size},
+        "load_average": os.getloadavg(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "rows": {},
+        "skipped": [],
+    }
+    if not have_torchao:
+        results["skipped"].append("torch_int8: torchao is not installed")
+    if not have_ct2:
+        results["skipped"].append("ct2: ctranslate2 is not installed (pip install -e '.[bench]')")
+    results["skipped"].append("onnxruntime: no decoding path (the ONNX export has no cache)")
+    for family in families:
+        model = family_model(family, size, vocab_size)
+        results["rows"][f"{family} torch"] = measure(torch_runs(model, size, batches), size)
+        if have_ct2 and not ctranslate2_blockers(model.config):
+            import ctranslate2
+
+            from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+
+            folder = export_ctranslate2(model, tokenizer, workdir / f"{family}-ct2", overwrite=True)
+            for compute_type in ("float32", "int8"):
+                translator = ctranslate2.Translator(
+                    str(folder), device="cpu", compute_type=compute_type, intra_threads=1, inter_threads=1
+                )
+                label = "ct2_fp32" if compute_type == "float32" else "ct2_int8"
+                results["rows"][f"{family} {label}"] = measure(ct2_runs(translator, tokenizer, size, batches), size)
+        elif have_ct2:
+            results["skipped"].append(f"{family} ct2: {'; '.join(ctranslate2_blockers(model.config))}")
+        if have_torchao:
+            results["rows"][f"{family} torch_int8"] = measure(torch_runs(torchao_int8(model), size, batches), size)
+    if have_ct2 and "plain" in families:
+        from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+
+        model = family_model("plain", size, vocab_size)
+        model.save_pretrained(workdir / "plain")
+        tokenizer.save_pretrained(workdir / "plain")
+        export_ctranslate2(model, tokenizer, workdir / "plain-e2e-ct2", overwrite=True)
+        results["end_to_end"] = end_to_end(workdir / "plain", workdir / "plain-e2e-ct2", size, workdir)
+    results["load_average_at_end"] = os.getloadavg()
+    return results
+
+
+class ForcedLength(LogitsProcessor):
+    """`</s>` barred until `new_tokens` tokens are out, in place on its column alone: transformers' min-length
+    processors copy the whole scores matrix twice a step (`torch.where`), 15% of a beam-4 batch-32 decoding at the
+    reduced size, work CTranslate2's `min_decoding_length` does not do; with this the forcing costs nothing."""
+
+    def __init__(self, eos_token_id: int, prompt_length: int, new_tokens: int):
+        self.eos_token_id, self.until = eos_token_id, prompt_length + new_tokens - 1
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if input_ids.shape[1] < self.until:
+            scores[:, self.eos_token_id] = -math.inf
+        return scores
+
+
+# The search around the model in transformers' beam search (generation/utils.py), by function: siblings called from
+# `_beam_search`, so their cumulative times do not overlap.
+SEARCH_PARTS = {
+    "top-k over beams x vocabulary, beam bookkeeping": (
+        "_get_top_k_continuations",
+        "_get_running_beams_for_next_iteration",
+        "_update_finished_beams",
+        "_check_early_stop_heuristic",
+        "_beam_search_has_unfinished_sequences",
+    ),
+    "log-softmax of the logits": ("log_softmax",),
+    "cache reordering (every layer's keys and values, self- and cross-attention)": ("reorder_cache",),
+    "logits processors": ("LogitsProcessorList.__call__",),
+    "model inputs per step": ("prepare_inputs_for_generation", "_update_model_kwargs_for_generation"),
+    "the encoder (once)": ("_prepare_text_encoder_decoder_kwargs_for_generation",),
+}
+
+
+def profile(family: str, size_name: str) -> dict:
+    """cProfile of one beam-4 `generate()` at the size's batch: the seconds in the model's forward and in each part
+    of the search around it (`SEARCH_PARTS`), and `_beam_search`'s own lines."""
+    size = SIZES[size_name]
+    torch.set_num_threads(1)
+    vocab_size = size["vocab"]
+    model = family_model(family, size, vocab_size)
+    ids = sources(size, size["batch"], vocab_size, model.config.eos_token_id)
+    new = size["new_tokens"]
+    forced = LogitsProcessorList([ForcedLength(model.config.eos_token_id, 1, new)])
+
+    def decode():
+        with torch.no_grad():
+            model.generate(ids, num_beams=4, do_sample=False, max_new_tokens=new, logits_processor=forced)
+
+    decode()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    decode()
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=io.StringIO()).stats
+
+    def cumulative(name: str, where: str = "") -> float:
+        times = [entry[3] for (file, _, function), entry in stats.items() if function == name and where in file]
+        return max(times, default=0.0)
+
+    total = cumulative("generate")
+    forward = cumulative("forward", "modeling_deep_nmt")
+    parts = {}
+    for part, names in SEARCH_PARTS.items():
+        seconds = 0.0
+        for name in names:
+            if name == "LogitsProcessorList.__call__":
+                seconds += cumulative("__call__", "logits_process")
+            elif name == "log_softmax":
+                seconds += cumulative("log_softmax", "functional")
+            else:
+                seconds += cumulative(name)
+        parts[part] = seconds
+    own = [entry[2] for (file, _, function), entry in stats.items() if function == "_beam_search"]
+    parts["_beam_search's own lines"] = max(own, default=0.0)
+    parts["the rest (generate() set-up, stopping criteria)"] = total - forward - sum(parts.values())
+    return dict(
+        family=family,
+        size=size_name,
+        batch=size["batch"],
+        total_seconds=total,
+        forward_seconds=forward,
+        parts=parts,
+    )
+
+
+def print_table(results: dict) -> None:
+    size = results["size"]
+    batch = f"b{size['batch']}"
+    columns = [f"greedy_{batch}", f"beam4_{batch}", "greedy_b1", "beam4_b1"]
+    print(
+        f"size {size['name']}: d {size['d_model']}, {size['layers']} + {size['layers']} layers, vocabulary "
+        f"{size['vocab_size']}, {size['new_tokens']} forced output tokens; 1 thread; load average "
+        f"{', '.join(f'{value:.2f}' for value in results['load_average'])} at the start, "
+        f"{', '.join(f'{value:.2f}' for value in results['load_average_at_end'])} at the end, on "
+        f"{results['cpu_count']} cores"
+    )
+    print("tokens per CPU second (wall-clock tokens per second in brackets)")
+    print(f"| {'family / backend':26} | " + " | ".join(f"{column:>18}" for column in columns) + " |")
+    print(f"|{'-' * 28}|" + "|".join("-" * 19 + ":" for _ in columns) + "|")
+    tokens = produced_tokens(size)
+    for row, figures in results["rows"].items():
+        cells = []
+        for column in columns:
+            figure = figures[column]
+            wall = tokens[column] / figure["wall_seconds"]
+            cells.append(f"{figure['tokens_per_cpu_second']:>8.1f} ({wall:>7.1f})")
+        print(f"| {row:26} | " + " | ".join(f"{cell:>18}" for cell in cells) + " |")
+    e2e = results.get("end_to_end")
+    if e2e:
+        ours, ct2 = e2e["hf_deep_nmt_translate"], e2e["ct2_fp32"]
+        print(
+            f"end to end, {e2e['lines']} lines, beam 4, 1 thread: hf-deep-nmt translate "
+            f"{ours['cpu_seconds']:.2f} CPU s "
+            f"({ours['wall_seconds']:.2f} s wall), CTranslate2 fp32 {ct2['cpu_seconds']:.2f} CPU s "
+            f"({ct2['wall_seconds']:.2f} s wall): {e2e['ratio_cpu']:.2f}x; same output: {e2e['same_output']}"
+        )
+    for skipped in results["skipped"]:
+        print(f"skipped: {skipped}")
+
+
+def print_profile(figures: dict) -> None:
+    total, forward = figures["total_seconds"], figures["forward_seconds"]
+    what = f"beam 4, batch {figures['batch']}, {figures['family']} ({figures['size']})"
+    print(f"{what}: generate() {total:.3f} s under cProfile")
+    print("| part | seconds | share of generate() |\n|---|---:|---:|")
+    print(f"| model forward | {forward:.3f} | {forward / total:.1%} |")
+    for part, seconds in sorted(figures["parts"].items(), key=lambda item: -item[1]):
+        print(f"| {part} | {seconds:.3f} | {seconds / total:.1%} |")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="base")
+    parser.add_argument("--quick", action="store_true", help="the same as --size quick: tiny, one repeat (CI)")
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument("--profile", choices=FAMILIES, default=None, help="profile one family's beam search instead")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here too")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the exports are written (default: a temp)")
+    args = parser.parse_args(argv)
+    size = "quick" if args.quick else args.size
+    threads = torch.get_num_threads()
+    try:
+        if args.profile:
+            results = profile(args.profile, size)
+            print_profile(results)
+        else:
+            with contextlib.ExitStack() as stack:
+                workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+                results = run(size, args.families, workdir)
+            print_table(results)
+    finally:
+        torch.set_num_threads(threads)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
