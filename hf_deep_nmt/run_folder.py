@@ -24,6 +24,9 @@ The lock (`LOCK_FILE`) names its holder and carries a lease that a heartbeat thr
 `lease_seconds`). A lock whose process has ended (on this host: a missing pid, a zombie) or, from another host, whose
 lease has run out, is taken over atomically (renamed away, and put back if it changed meanwhile); a live lease never
 is. So a job that a cluster preempted and requeued on another node takes over the folder of its dead predecessor.
+A lock's numbers never decide how long a command waits (at most the lease this process writes), and a lock holding
+values no run writes (`lock_problem`: a process id out of range, a lease that is not a number of seconds up to a day,
+a heartbeat in the future beyond a clock skew) is refused, naming the file and the field, and never taken over.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import shutil
 import socket
@@ -59,8 +63,15 @@ STAGE_PREFIX = "stage-"
 # a folder a run only reads when it is there (the recipe may point `tokenizer_name_or_path` at it): an earlier output
 # only when a record lists it
 READ_ONLY_OUTPUTS = ("tokenizer",)
-# seconds a lock stays valid without a heartbeat; the holder renews it every quarter of that
-LEASE_SECONDS = float(os.environ.get("HF_DEEP_NMT_LOCK_LEASE", "120"))
+# seconds a lock stays valid without a heartbeat (`HF_DEEP_NMT_LOCK_LEASE`, read when a folder is locked); the holder
+# renews it every quarter of that
+LEASE_VARIABLE = "HF_DEEP_NMT_LOCK_LEASE"
+DEFAULT_LEASE_SECONDS = 120.0
+LEASE_LIMITS = (1.0, 86400.0)  # what the variable admits, and so the longest lease a lock of this version carries
+LEASE_SECONDS: float | None = None  # None: from `LEASE_VARIABLE` (tests set a number)
+# how far in the future another host's heartbeat may lie (its clock ahead of ours) and still be believed
+CLOCK_SKEW_SECONDS = 60.0
+MAX_PID = 1 << 22  # no system's process ids go beyond this (Linux's largest pid_max)
 LOCK_SIZE = 1024  # the lock is rewritten in place at this fixed size, so that a reader never sees a shorter file
 # settings that say where results go or how progress is shown, not what is trained: they may change between the
 # runs of one recipe
@@ -157,6 +168,57 @@ def _process_alive(pid: int) -> bool:
     return status.rpartition(")")[2].split()[:1] != ["Z"]
 
 
+def lease_seconds() -> float:
+    """The lease this process writes into its locks: `HF_DEEP_NMT_LOCK_LEASE` seconds (120 when unset), `ValueError`
+    naming the variable and what it admits for anything but a number from 1 to 86400."""
+    if LEASE_SECONDS is not None:
+        return LEASE_SECONDS
+    text = os.environ.get(LEASE_VARIABLE, "")
+    if not text.strip():
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    low, high = LEASE_LIMITS
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(
+            f"{LEASE_VARIABLE}={text!r} is not a lock lease: give a number of seconds from {low:g} to {high:g} "
+            f"(default {DEFAULT_LEASE_SECONDS:g}), or unset it."
+        )
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def lock_problem(holder: dict[str, Any], now: float) -> str | None:
+    """Why the parsed lock `holder` is not one a run of hf-deep-nmt wrote (None when it may be): the field that holds
+    a value no run writes (a process id out of range, a lease that is not a number of seconds up to the longest one
+    this version writes, a heartbeat in the future beyond `CLOCK_SKEW_SECONDS` or not finite). Such a lock is never
+    trusted for a wait nor taken over."""
+    pid, host = holder.get("pid"), holder.get("host")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= MAX_PID:
+        return f"its `pid` is {pid!r}, not a process id (an integer from 1 to {MAX_PID})"
+    if not isinstance(host, str) or not host:
+        return f"its `host` is {host!r}, not a host name"
+    heartbeat, lease = holder.get("heartbeat"), holder.get("lease_seconds")
+    if heartbeat is None and lease is None:
+        return None  # a lock of a version without leases
+    high = LEASE_LIMITS[1]
+    if not _is_number(lease) or not 0 < lease <= high:
+        return f"its `lease_seconds` is {lease!r}, not a number of seconds above 0 and at most {high:g}"
+    if not _is_number(heartbeat) or heartbeat <= 0:
+        return f"its `heartbeat` is {heartbeat!r}, not a time"
+    if heartbeat > now + CLOCK_SKEW_SECONDS:
+        return (
+            f"its `heartbeat` lies {heartbeat - now:.0f} s in the future (clocks of two hosts may differ by "
+            f"{CLOCK_SKEW_SECONDS:g} s at most)"
+        )
+    return None
+
+
 def run_shape(training_args) -> dict[str, Any]:
     """The process count and the batch of one optimizer update (per process x gradient accumulation x processes), in
     tokens with `max_tokens`, else in sentences: what a resumed run must keep to continue the same training."""
@@ -196,7 +258,17 @@ def _write_record_file(folder: Path, record: dict[str, Any]) -> None:
 
 
 def _main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    text = os.environ.get("RANK", "0")
+    try:
+        rank = int(text)
+    except ValueError:
+        rank = -1
+    if rank < 0:
+        raise ValueError(
+            f"RANK={text!r} is not a process rank: the launcher (torchrun, accelerate) sets it to 0, 1, 2 ...; "
+            "unset it for a single-process run."
+        )
+    return rank == 0
 
 
 def claim_outputs(output_dir: str | Path, *paths: str | Path) -> None:
@@ -258,6 +330,7 @@ class RunFolder:
         self._created = False
         self._descriptor: int | None = None
         self._owner: dict[str, Any] = {}
+        self._lease = DEFAULT_LEASE_SECONDS
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._signals = PreemptionSignals()
@@ -289,6 +362,7 @@ class RunFolder:
         return text + b" " * (LOCK_SIZE - 1 - len(text)) + b"\n"
 
     def _lock(self) -> None:
+        self._lease = lease_seconds()  # a bad HF_DEEP_NMT_LOCK_LEASE is refused before the folder is touched
         self._created = not self.folder.exists()
         if self.folder.exists() and not self.folder.is_dir():
             raise RunFolderError(f"output_dir {str(self.folder)!r} is a file; choose a folder.")
@@ -299,7 +373,7 @@ class RunFolder:
             "host": socket.gethostname(),
             "command": self.command,
             "since": time.ctime(),
-            "lease_seconds": LEASE_SECONDS,
+            "lease_seconds": self._lease,
         }
         for _ in range(3):
             try:
@@ -336,11 +410,11 @@ class RunFolder:
     def _renew(self) -> None:
         """The heartbeat: renew the lease in place (through the open descriptor, so that a lock taken over meanwhile
         is never written) every quarter lease, until released."""
-        while not self._stop_heartbeat.wait(LEASE_SECONDS / 4):
+        while not self._stop_heartbeat.wait(self._lease / 4):
             if not self._holds_lock():
                 message = (
                     f"The lock of output_dir {str(self.folder)!r} was taken over by another run (this process renewed "
-                    f"no lease for {LEASE_SECONDS:g} s); this run stops at the end of its step without saving, the "
+                    f"no lease for {self._lease:g} s); this run stops at the end of its step without saving, the "
                     "other one owns the folder now."
                 )
                 self._signals.taken_over = message
@@ -371,12 +445,13 @@ class RunFolder:
             try:
                 text = lock.read_text(encoding="utf-8")
                 holder = json.loads(text)
-                int(holder["pid"]), str(holder["host"])
-                return text, holder
+                if isinstance(holder, dict) and "pid" in holder and "host" in holder:
+                    return text, holder
             except FileNotFoundError:
                 return None
-            except (OSError, ValueError, KeyError, TypeError):
-                time.sleep(0.05 * (attempt + 1))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05 * (attempt + 1))
         raise ValueError("unreadable lock")
 
     def _lock_holder(self, lock: Path, waited: bool = False) -> str | None:
@@ -391,8 +466,15 @@ class RunFolder:
         if found is None:
             return None
         text, holder = found
-        pid, host = int(holder["pid"]), str(holder["host"])
-        who = f"process {pid} on {host}, {holder.get('command', 'a run')} started {holder.get('since', '?')}"
+        problem = lock_problem(holder, time.time())
+        if problem is not None:
+            raise RunFolderError(
+                f"output_dir {str(self.folder)!r} is locked by {str(lock)!r}, which no run of hf-deep-nmt wrote: "
+                f"{problem}. It is neither waited for nor taken over; if no run is using the folder, delete it."
+            )
+        pid, host = holder["pid"], holder["host"]
+        command, since = str(holder.get("command", "a run"))[:40], str(holder.get("since", "?"))[:40]
+        who = f"process {pid} on {host[:80]}, {command} started {since}"
         if host == socket.gethostname():
             if _process_alive(pid):
                 return who
@@ -403,13 +485,15 @@ class RunFolder:
                 return f"{who}; its lock has no lease (an older hf-deep-nmt wrote it), so it is never taken over"
             left = heartbeat + lease - time.time()
             if left > 0 and (waited or lease - left <= lease / 2):
-                return f"{who}; its lease was renewed {lease - left:.0f} s ago and runs {left:.0f} s more"
+                return f"{who}; its lease was renewed {max(0.0, lease - left):.0f} s ago and runs {left:.0f} s more"
             if left > 0:
+                # never longer than the lease this process writes: a lock's own numbers do not decide how long
+                wait = min(left, self._lease)
                 logger.warning(
                     f"The lock of {str(self.folder)!r} ({who}) was last renewed {lease - left:.0f} s ago, though a "
-                    f"running holder renews it every {lease / 4:g} s: waiting {left:.0f} s for its lease to run out."
+                    f"running holder renews it every {lease / 4:g} s: waiting {wait:.0f} s for its lease to run out."
                 )
-                time.sleep(left + 0.05)
+                time.sleep(wait + 0.05)
                 return self._lock_holder(lock, waited=True)
             reason = f"of {who}, whose lease ran out {-left:.0f} s ago (renewed every {lease / 4:g} s while it runs)"
         if not self._take_over(lock, text):
