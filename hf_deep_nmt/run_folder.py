@@ -17,6 +17,10 @@ results, curves, the tokenizer of `train-staged`). `overwrite_output_dir` remove
 recipe reads (a tokenizer, a saved model, a corpus file), and refuses, removing nothing, when the folder holds
 outputs under our names that no record lists (a folder of an older version, or the user's own files).
 
+A checksum record the run wrote (`checkpoint_checksums.json`, listed in `written`, or under `checksum_records` inside a
+stage folder) that is gone while its folder holds checkpoints stops a continued run, naming it: without it a swapped
+or edited checkpoint would be resumed unchecked.
+
 The record also holds the run's shape (`run_shape`: the process count and the batch per optimizer update); a run
 continued with another shape is refused, naming both, since it would not continue the same training.
 
@@ -56,6 +60,8 @@ logger = logging.get_logger(__name__)
 
 LOCK_FILE = ".hf-deep-nmt.lock"
 RUN_RECORD = "hf-deep-nmt-run.json"
+# the run record's list of checksum records inside written folders (`stage-N-L-layers/checkpoint_checksums.json`)
+CHECKSUM_RECORDS = "checksum_records"
 # files and folders a run of ours writes into its output folder, besides `checkpoint-N/` (stage-N-L-layers/ for
 # train-staged); `overwrite_output_dir` removes those of them the record lists and nothing else
 RUN_OUTPUTS = ("results.json", "training_curves.png", "tokenizer", RUN_RECORD)
@@ -280,6 +286,7 @@ def claim_outputs(output_dir: str | Path, *paths: str | Path) -> None:
     if record is None:
         return
     written = set(record.get("written") or [])
+    checksums = set(_listed_checksum_records(record))
     for path in paths:
         try:
             parts = Path(path).absolute().relative_to(root.absolute()).parts
@@ -287,8 +294,33 @@ def claim_outputs(output_dir: str | Path, *paths: str | Path) -> None:
             continue
         if parts and parts[0] != RUN_RECORD:
             written.add(parts[0])
-    if written != set(record.get("written") or []):
-        _write_record_file(root, {**record, "written": sorted(written)})
+            if parts[-1] == CHECKSUMS_FILE:  # a record resume relies on: its absence is an error, not a shrug
+                checksums.add("/".join(parts))
+    if written != set(record.get("written") or []) or checksums != set(_listed_checksum_records(record)):
+        updated = {**record, "written": sorted(written)}
+        if checksums - {CHECKSUMS_FILE}:  # the top-level one is known from `written` (so records before this key)
+            updated[CHECKSUM_RECORDS] = sorted(checksums - {CHECKSUMS_FILE})
+        _write_record_file(root, updated)
+
+
+def _listed_checksum_records(record: dict[str, Any]) -> list[str]:
+    """The checksum records (paths relative to the run folder) that a run record says its run wrote."""
+    value = record.get(CHECKSUM_RECORDS)
+    listed = [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
+    if CHECKSUMS_FILE in (record.get("written") or []) and CHECKSUMS_FILE not in listed:
+        listed.append(CHECKSUMS_FILE)
+    return listed
+
+
+def missing_checksum_records(folder: str | Path, record: dict[str, Any] | None) -> list[Path]:
+    """The checksum records the run record lists that are gone while their folder holds checkpoints: without them
+    `verify_checkpoint` has nothing to compare with, and a swapped or edited checkpoint would be resumed unchecked."""
+    found = []
+    for relative in _listed_checksum_records(record or {}):
+        path = Path(folder) / relative
+        if ".." not in Path(relative).parts and not path.is_file() and numbered_checkpoints(path.parent):
+            found.append(path)
+    return found
 
 
 class RunOutputsCallback(TrainerCallback):
@@ -544,11 +576,16 @@ class RunFolder:
         """Write the record; `written` replaces the list of what runs of ours wrote, else the list on disk is kept."""
         if not self.main_process:
             return
+        current = self.record() or {}
         if written is None:
-            written = (self.record() or {}).get("written") or []
+            written = current.get("written") or []
         record = {"command": self.command, "finished": finished, "recipe": self.recipe}
         if written:  # none yet: the key is left out (a record without it lists nothing)
             record["written"] = sorted(written)
+        listed = _listed_checksum_records(current)
+        checksums = [item for item in listed if item != CHECKSUMS_FILE and item.split("/")[0] in written]
+        if checksums:
+            record[CHECKSUM_RECORDS] = checksums
         if self.shape is not None:
             record["shape"] = self.shape
         _write_record_file(self.folder, record)
@@ -627,6 +664,22 @@ class RunFolder:
         ways.append("start afresh with `--overwrite_output_dir true` or another output_dir")
         raise RunFolderError(f"Cannot continue: {both}. To continue it, {'; or '.join(ways)}.")
 
+    def _check_checksum_records(self, record: dict[str, Any]) -> None:
+        """Refuse to continue a run whose record lists a checksum record that is gone (`missing_checksum_records`)."""
+        missing = missing_checksum_records(self.folder, record)
+        if not missing:
+            return
+        entry = missing[0].relative_to(self.folder).as_posix()
+        where = "`written`" if entry == CHECKSUMS_FILE else f"`{CHECKSUM_RECORDS}`"
+        raise RunFolderError(
+            f"Cannot continue the run in {str(self.folder)!r}: {str(missing[0])!r} is missing, though the run "
+            f"record {str(self.folder / RUN_RECORD)!r} lists it (deleted or moved, unless the run stopped between "
+            "writing its first checkpoint and recording it). It holds the checksums of the checkpoints in "
+            f"{str(missing[0].parent)!r}; without it a swapped or edited checkpoint would be resumed unchecked. "
+            "Restore it; or start afresh with `--overwrite_output_dir true` or another output_dir; or, to continue "
+            f"from these checkpoints unchecked, remove {entry!r} from the run record's {where}."
+        )
+
     def start(
         self,
         resume_from_checkpoint: str | bool | None,
@@ -675,6 +728,7 @@ class RunFolder:
                 logger.warning(f"Resuming in {self.folder} with a changed recipe: {'; '.join(differences)}.")
             if record is not None:
                 self._check_shape(record, resume_asked=True)
+                self._check_checksum_records(record)
             self._write_record(finished=False)
             return resume_from_checkpoint
         if differences == [] and record.get("finished"):
@@ -686,6 +740,7 @@ class RunFolder:
             )
         if differences == []:
             self._check_shape(record, resume_asked=False)
+            self._check_checksum_records(record)
             logger.warning(f"{self.folder} holds an interrupted run of this recipe: continuing it.")
             self._write_record(finished=False)
             return "last"

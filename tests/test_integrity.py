@@ -31,6 +31,7 @@ from hf_deep_nmt.fingerprints import (
     record_tokenizer_fingerprint,
     tokenizer_fingerprint,
 )
+from hf_deep_nmt.run_folder import RUN_RECORD, RunFolder, RunFolderError, claim_outputs
 from hf_deep_nmt.trainer import DeepNMTTrainer
 
 
@@ -293,3 +294,61 @@ def test_averaging_checkpoints_of_different_tokenizers_is_refused(model_copy, ot
         == AutoTokenizer.from_pretrained(model_copy).get_vocab()
     )
     assert averaged.config.d_model == 16
+
+
+def test_a_checksum_record_the_run_record_lists_cannot_be_deleted_to_resume_swapped_weights(run):
+    """The run record lists `checkpoint_checksums.json` as written by the run: deleting it no longer turns the check
+    off. Continuing the run (as the same command does, or with `resume_from_checkpoint`) is refused, naming the file
+    and the ways out; starting afresh is not."""
+    recipe = {"learning_rate": 0.1}
+    written = ["checkpoint-2", "checkpoint-4", CHECKSUMS_FILE]
+    (run / RUN_RECORD).write_text(
+        json.dumps({"command": "train", "finished": False, "recipe": recipe, "written": written})
+    )
+    with RunFolder(run, "train", recipe) as folder:
+        assert folder.start(None, False) == "last"  # the record is there: continued, and checked on resume
+    shutil.copyfile(run / "checkpoint-2" / "model.safetensors", run / "checkpoint-4" / "model.safetensors")
+    (run / CHECKSUMS_FILE).unlink()
+    assert resolve_resume_checkpoint("last", run) == str(run / "checkpoint-4")  # what resume alone would take
+    for resume in (None, "last"):
+        with pytest.raises(RunFolderError) as refused, RunFolder(run, "train", recipe) as folder:
+            folder.start(resume, False)
+        assert str(refused.value) == (
+            f"Cannot continue the run in {str(run)!r}: {str(run / CHECKSUMS_FILE)!r} is missing, though the run "
+            f"record {str(run / RUN_RECORD)!r} lists it (deleted or moved, unless the run stopped between writing "
+            f"its first checkpoint and recording it). It holds the checksums of the checkpoints in {str(run)!r}; "
+            "without it a swapped or edited checkpoint would be resumed unchecked. Restore it; or start afresh with "
+            "`--overwrite_output_dir true` or another output_dir; or, to continue from these checkpoints unchecked, "
+            f"remove '{CHECKSUMS_FILE}' from the run record's `written`."
+        )
+    with RunFolder(run, "train", recipe) as folder:
+        assert folder.start(None, True) is None  # starting afresh removes what the run wrote
+    assert not (run / "checkpoint-4").exists()
+
+
+def test_a_stage_folders_checksum_record_is_listed_and_its_absence_refused(tmp_path):
+    """`train-staged` keeps each stage's checksum record inside the stage folder: the run record lists it by its path
+    (`checksum_records`), keeps it across rewrites, and a continued run is refused without it."""
+    root, recipe = tmp_path / "run", {"stage_depths": [1, 2]}
+    stage = root / "stage-1-1-layers"
+    with RunFolder(root, "train-staged", recipe) as folder:
+        folder.start(None, False)
+        claim_outputs(root, stage / "checkpoint-1", stage / CHECKSUMS_FILE)
+        stage.mkdir()
+        (stage / "checkpoint-1").mkdir()
+        (stage / CHECKSUMS_FILE).write_text(json.dumps({"format": 1, "checkpoints": {}}))
+    record = json.loads((root / RUN_RECORD).read_text())
+    assert record["written"] == ["stage-1-1-layers"]
+    assert record["checksum_records"] == ["stage-1-1-layers/checkpoint_checksums.json"]
+    with RunFolder(root, "train-staged", recipe) as folder:
+        assert folder.start(None, False) == "last"
+    assert json.loads((root / RUN_RECORD).read_text())["checksum_records"] == record["checksum_records"]
+    (stage / CHECKSUMS_FILE).unlink()
+    with (
+        pytest.raises(RunFolderError, match=r"stage-1-1-layers/checkpoint_checksums.json' is missing, though the run"),
+        RunFolder(root, "train-staged", recipe) as folder,
+    ):
+        folder.start(None, False)
+    with RunFolder(root, "train-staged", recipe) as folder:
+        folder.start(None, True)
+    assert "checksum_records" not in json.loads((root / RUN_RECORD).read_text())  # its folder was removed
