@@ -3,8 +3,10 @@ completes and checked before a resume or an average reads it (an edited step, sw
 NaN weights and missing weight matrices refused by the commands (warned about by `from_pretrained`); a tokenizer that
 is not the model's refused by its fingerprint."""
 
+import hashlib
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -352,3 +354,101 @@ def test_a_stage_folders_checksum_record_is_listed_and_its_absence_refused(tmp_p
     with RunFolder(root, "train-staged", recipe) as folder:
         folder.start(None, True)
     assert "checksum_records" not in json.loads((root / RUN_RECORD).read_text())  # its folder was removed
+
+
+def version_1_fingerprint(data: dict) -> str:
+    """The fingerprint as the previous version computed it (vocabulary and merges, normalizer, pre-tokenizer, added
+    tokens), written out here independently of the package."""
+    essentials = {key: data.get(key) for key in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
+    return hashlib.sha256(json.dumps(essentials, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+@pytest.mark.parametrize("part", ["post_processor", "decoder"])
+def test_a_tokenizer_without_its_post_processor_or_decoder_is_refused(tiny_export, model_copy, part, capsys):
+    """The previous fingerprint left both out: without the post-processor no source gets its `</s>`, without the
+    decoder every output is detokenized otherwise; both passed it."""
+    _, model, tokenizer = tiny_export
+    recorded = json.loads((model_copy / "config.json").read_text())["tokenizer_fingerprint"]
+    assert recorded.startswith("v2:") and recorded == tokenizer_fingerprint(AutoTokenizer.from_pretrained(model_copy))
+    data = json.loads((model_copy / "tokenizer.json").read_text())
+    assert data[part] is not None
+    before = version_1_fingerprint(data)
+    data[part] = None
+    (model_copy / "tokenizer.json").write_text(json.dumps(data))
+    assert version_1_fingerprint(data) == before  # what the previous version could not see
+    changed = AutoTokenizer.from_pretrained(model_copy)
+    ids = tokenizer("el sol sale")["input_ids"]
+    if part == "post_processor":
+        assert changed("el sol sale")["input_ids"] != ids and ids[-1] == tokenizer.eos_token_id
+    else:
+        assert changed.decode(ids, skip_special_tokens=True) != tokenizer.decode(ids, skip_special_tokens=True)
+    with pytest.raises(ValueError, match="not the one this model was exported with"):
+        check_tokenizer_matches(model, changed)
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    assert "is not the one this model was exported with" in error_line(capsys)
+
+
+def test_a_folder_with_a_version_1_fingerprint_loads_and_is_checked_the_old_way(
+    model_copy, other_tokenizer, tmp_path, capsys, caplog
+):
+    """A folder written by the previous version records the old fingerprint: its own tokenizer still passes (with a
+    warning of what that fingerprint leaves out), another is still refused, and averaging it beside folders that
+    record the new one compares each pair in the format both have."""
+    data = json.loads((model_copy / "tokenizer.json").read_text())
+    values = json.loads((model_copy / "config.json").read_text())
+    values["tokenizer_fingerprint"] = version_1_fingerprint(data)
+    (model_copy / "config.json").write_text(json.dumps(values))
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 0
+    assert f"The model {str(model_copy)!r} records a tokenizer fingerprint of an earlier format (v1)" in caplog.text
+    assert "post-processor and the decoder: those were not checked" in caplog.text
+    newer = shutil.copytree(model_copy, tmp_path / "newer")
+    values["tokenizer_fingerprint"] = folder_tokenizer_fingerprint(newer)
+    (newer / "config.json").write_text(json.dumps(values))
+    averaged = average_checkpoints([model_copy, newer], save_to=tmp_path / "averaged")
+    assert averaged.config.tokenizer_fingerprint == folder_tokenizer_fingerprint(newer)
+    other_tokenizer.save_pretrained(model_copy)
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    assert "is not the one this model was exported with" in error_line(capsys)
+    with pytest.raises(ValueError, match=r"different tokenizers \('.*newer' and '.*model' differ\)"):
+        average_checkpoints([newer, model_copy])
+
+
+def test_a_model_without_a_fingerprint_is_compared_on_what_can_be_and_warned_about(tiny_export, model_copy, caplog):
+    values = json.loads((model_copy / "config.json").read_text())
+    del values["tokenizer_fingerprint"]
+    (model_copy / "config.json").write_text(json.dumps(values))
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_copy)
+    tokenizer = AutoTokenizer.from_pretrained(model_copy)
+    caplog.clear()
+    check_tokenizer_matches(model, tokenizer)
+    warning = (
+        f"The model {str(model_copy)!r} records no tokenizer fingerprint (exported by hf-deep-nmt 0.1.0 or by another "
+        "tool): only the vocabulary size and the special token ids were compared, not that the tokenizer is the one "
+        "it was trained with."
+    )
+    assert warning in caplog.text
+    caplog.clear()
+    check_tokenizer_matches(model, tokenizer)
+    assert caplog.text == ""  # once per model
+    tokenizer.bos_token = "<unk>"  # another run's tokenizer numbering its special tokens otherwise
+    with pytest.raises(ValueError, match=r"tokenizer's bos_token_id \(3\) differs from the model's \(0\)"):
+        check_tokenizer_matches(model, tokenizer)
+    fresh = type(model.config).from_dict(values)
+    assert fresh._name_or_path == "" and fresh.tokenizer_fingerprint is None
+    # a model built in this process, from the tokenizer at hand (as training builds one): nothing to warn about
+    check_tokenizer_matches(SimpleNamespace(config=fresh), tiny_export[2])
+    assert caplog.text == ""
+
+
+def test_a_fingerprint_in_no_known_format_is_named(tiny_export):
+    _, model, tokenizer = tiny_export
+    config = model.config
+    recorded = config.tokenizer_fingerprint
+    try:
+        config.tokenizer_fingerprint = "not-a-fingerprint"
+        with pytest.raises(ValueError, match=r"records tokenizer_fingerprint 'not-a-fingerprint', which is not a"):
+            check_tokenizer_matches(model, tokenizer)
+    finally:
+        config.tokenizer_fingerprint = recorded
