@@ -12,7 +12,13 @@ import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments, default_data_collator
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    Seq2SeqTrainingArguments,
+    default_data_collator,
+)
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
 from hf_deep_nmt.averaging import average_checkpoints
@@ -367,8 +373,10 @@ def version_1_fingerprint(data: dict) -> str:
 def test_a_tokenizer_without_its_post_processor_or_decoder_is_refused(tiny_export, model_copy, part, capsys):
     """The previous fingerprint left both out: without the post-processor no source gets its `</s>`, without the
     decoder every output is detokenized otherwise; both passed it."""
-    _, model, tokenizer = tiny_export
+    tokenizer = tiny_export[2]
+    model = SimpleNamespace(config=AutoConfig.from_pretrained(model_copy))  # what the exported folder records
     recorded = json.loads((model_copy / "config.json").read_text())["tokenizer_fingerprint"]
+    assert model.config.tokenizer_fingerprint == recorded
     assert recorded.startswith("v2:") and recorded == tokenizer_fingerprint(AutoTokenizer.from_pretrained(model_copy))
     data = json.loads((model_copy / "tokenizer.json").read_text())
     assert data[part] is not None
