@@ -53,7 +53,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from hf_deep_nmt.callbacks import numbered_checkpoints
-from hf_deep_nmt.checkpoints import CHECKSUMS_FILE
+from hf_deep_nmt.checkpoints import CHECKSUMS_FILE, checkpoint_problem
 from hf_deep_nmt.preemption import PreemptionSignals
 
 logger = logging.get_logger(__name__)
@@ -313,12 +313,16 @@ def _listed_checksum_records(record: dict[str, Any]) -> list[str]:
 
 
 def missing_checksum_records(folder: str | Path, record: dict[str, Any] | None) -> list[Path]:
-    """The checksum records the run record lists that are gone while their folder holds checkpoints: without them
-    `verify_checkpoint` has nothing to compare with, and a swapped or edited checkpoint would be resumed unchecked."""
+    """The checksum records the run record lists that are gone while their folder holds a complete checkpoint: without
+    them `verify_checkpoint` has nothing to compare with, and a swapped or edited checkpoint would be resumed
+    unchecked. (A folder holding only a checkpoint its run was killed while writing, before any record was written,
+    resumes from nothing, as before.)"""
     found = []
     for relative in _listed_checksum_records(record or {}):
         path = Path(folder) / relative
-        if ".." not in Path(relative).parts and not path.is_file() and numbered_checkpoints(path.parent):
+        if ".." in Path(relative).parts or path.is_file():
+            continue
+        if any(checkpoint_problem(checkpoint) is None for checkpoint in numbered_checkpoints(path.parent)):
             found.append(path)
     return found
 

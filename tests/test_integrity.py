@@ -329,21 +329,25 @@ def test_a_checksum_record_the_run_record_lists_cannot_be_deleted_to_resume_swap
             "`--overwrite_output_dir true` or another output_dir; or, to continue from these checkpoints unchecked, "
             f"remove '{CHECKSUMS_FILE}' from the run record's `written`."
         )
+    for name in ("checkpoint-2", "checkpoint-4"):  # as a run killed while writing its first checkpoint leaves it
+        (run / name / "trainer_state.json").unlink()
+    with RunFolder(run, "train", recipe) as folder:
+        assert folder.start(None, False) == "last"  # no checkpoint to trust: continued, from scratch
+    assert resolve_resume_checkpoint("last", run) is None
     with RunFolder(run, "train", recipe) as folder:
         assert folder.start(None, True) is None  # starting afresh removes what the run wrote
     assert not (run / "checkpoint-4").exists()
 
 
-def test_a_stage_folders_checksum_record_is_listed_and_its_absence_refused(tmp_path):
+def test_a_stage_folders_checksum_record_is_listed_and_its_absence_refused(trained_run, tmp_path):
     """`train-staged` keeps each stage's checksum record inside the stage folder: the run record lists it by its path
     (`checksum_records`), keeps it across rewrites, and a continued run is refused without it."""
     root, recipe = tmp_path / "run", {"stage_depths": [1, 2]}
     stage = root / "stage-1-1-layers"
     with RunFolder(root, "train-staged", recipe) as folder:
         folder.start(None, False)
-        claim_outputs(root, stage / "checkpoint-1", stage / CHECKSUMS_FILE)
-        stage.mkdir()
-        (stage / "checkpoint-1").mkdir()
+        claim_outputs(root, stage / "checkpoint-2", stage / CHECKSUMS_FILE)
+        shutil.copytree(trained_run / "checkpoint-2", stage / "checkpoint-2")
         (stage / CHECKSUMS_FILE).write_text(json.dumps({"format": 1, "checkpoints": {}}))
     record = json.loads((root / RUN_RECORD).read_text())
     assert record["written"] == ["stage-1-1-layers"]
