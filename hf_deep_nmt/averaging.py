@@ -8,7 +8,6 @@ written here.
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from hf_deep_nmt.checkpoints import (
     verify_checkpoint,
 )
 from hf_deep_nmt.fingerprints import (
-    TOKENIZER_FINGERPRINT_KEY,
+    first_tokenizer_difference,
     folder_tokenizer_fingerprint,
     record_tokenizer_fingerprint,
 )
@@ -133,22 +132,14 @@ def finite_weights(folder: Path) -> dict[str, torch.Tensor]:
 def check_same_tokenizer(paths: Sequence[Path]) -> None:
     """`ValueError` naming two inputs whose tokenizers differ (their `tokenizer.json` essentials, or a fingerprint a
     config records): their embedding rows mean different tokens, and their mean means nothing."""
-    seen: dict[str, Path] = {}
-    for path in paths:
-        fingerprints = {folder_tokenizer_fingerprint(path)}
-        config_file = path / "config.json"
-        if config_file.is_file():
-            recorded = json.loads(config_file.read_text(encoding="utf-8")).get(TOKENIZER_FINGERPRINT_KEY)
-            fingerprints.add(recorded if isinstance(recorded, str) else None)
-        for fingerprint in fingerprints - {None}:
-            seen.setdefault(fingerprint, path)
-        if len(seen) > 1:
-            first, second = list(seen.values())[:2]
-            where = f"{str(first)!r} and {str(second)!r}" if first != second else f"{str(first)!r} (its config)"
-            raise ValueError(
-                f"The checkpoints were trained with different tokenizers ({where} differ): the same embedding row is "
-                "another token in each, so their average means nothing. Average checkpoints of one run."
-            )
+    differ = first_tokenizer_difference(paths)  # each pair in the newest fingerprint format both have
+    if differ is not None:
+        first, second = differ
+        where = f"{str(first)!r} and {str(second)!r}" if first != second else f"{str(first)!r} (its config)"
+        raise ValueError(
+            f"The checkpoints were trained with different tokenizers ({where} differ): the same embedding row is "
+            "another token in each, so their average means nothing. Average checkpoints of one run."
+        )
 
 
 def average_checkpoints(

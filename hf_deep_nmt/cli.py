@@ -451,10 +451,19 @@ def _upgrade_code(argv: list[str]) -> int:
         "hf-deep-nmt's (config migrated; weights, tokenizer and card untouched), after checking in clean processes "
         "that it decodes a few inputs exactly as the old code does without its cache, with and without the cache. A "
         "folder is changed in place (the replaced files kept in a hidden backup folder); a repository gets one commit "
-        "holding the changed code and config files.",
+        "holding the changed code and config files. The check runs the folder's own model code (a dry run too): it "
+        "runs only with --trust-remote-code.",
     )
     parser.add_argument("source", help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)")
-    parser.add_argument("--dry-run", action="store_true", help="check and report; write and push nothing")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="check and report (the check runs the old code); write and push nothing"
+    )
+    parser.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="allow the check to run the folder's or repository's own model code (as transformers' "
+        "trust_remote_code=True); without it nothing runs",
+    )
     parser.add_argument(
         "--num-checks", type=_at_least(1), default=DEFAULT_NUM_CHECKS, help="source inputs decoded for the check"
     )
@@ -469,9 +478,17 @@ def _upgrade_code(argv: list[str]) -> int:
     if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", args.source):
         if args.revision is not None:
             raise UsageError(f"--revision is for a Hub repository; {args.source!r} is a local path.")
-        report = upgrade_folder(path, num_checks=args.num_checks, dry_run=args.dry_run)
+        report = upgrade_folder(
+            path, num_checks=args.num_checks, dry_run=args.dry_run, trust_remote_code=args.trust_remote_code
+        )
     else:
-        report = upgrade_repo(args.source, num_checks=args.num_checks, dry_run=args.dry_run, revision=args.revision)
+        report = upgrade_repo(
+            args.source,
+            num_checks=args.num_checks,
+            dry_run=args.dry_run,
+            revision=args.revision,
+            trust_remote_code=args.trust_remote_code,
+        )
     print("\n".join(report.lines()))
     return 0
 

@@ -17,6 +17,10 @@ results, curves, the tokenizer of `train-staged`). `overwrite_output_dir` remove
 recipe reads (a tokenizer, a saved model, a corpus file), and refuses, removing nothing, when the folder holds
 outputs under our names that no record lists (a folder of an older version, or the user's own files).
 
+A checksum record the run wrote (`checkpoint_checksums.json`, listed in `written`, or under `checksum_records` inside a
+stage folder) that is gone while its folder holds checkpoints stops a continued run, naming it: without it a swapped
+or edited checkpoint would be resumed unchecked.
+
 The record also holds the run's shape (`run_shape`: the process count and the batch per optimizer update); a run
 continued with another shape is refused, naming both, since it would not continue the same training.
 
@@ -24,6 +28,9 @@ The lock (`LOCK_FILE`) names its holder and carries a lease that a heartbeat thr
 `lease_seconds`). A lock whose process has ended (on this host: a missing pid, a zombie) or, from another host, whose
 lease has run out, is taken over atomically (renamed away, and put back if it changed meanwhile); a live lease never
 is. So a job that a cluster preempted and requeued on another node takes over the folder of its dead predecessor.
+A lock's numbers never decide how long a command waits (at most the lease this process writes), and a lock holding
+values no run writes (`lock_problem`: a process id out of range, a lease that is not a number of seconds up to a day,
+a heartbeat in the future beyond a clock skew) is refused, naming the file and the field, and never taken over.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import math
 import os
 import shutil
 import socket
@@ -45,13 +53,15 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
 from hf_deep_nmt.callbacks import numbered_checkpoints
-from hf_deep_nmt.checkpoints import CHECKSUMS_FILE
+from hf_deep_nmt.checkpoints import CHECKSUMS_FILE, checkpoint_problem
 from hf_deep_nmt.preemption import PreemptionSignals
 
 logger = logging.get_logger(__name__)
 
 LOCK_FILE = ".hf-deep-nmt.lock"
 RUN_RECORD = "hf-deep-nmt-run.json"
+# the run record's list of checksum records inside written folders (`stage-N-L-layers/checkpoint_checksums.json`)
+CHECKSUM_RECORDS = "checksum_records"
 # files and folders a run of ours writes into its output folder, besides `checkpoint-N/` (stage-N-L-layers/ for
 # train-staged); `overwrite_output_dir` removes those of them the record lists and nothing else
 RUN_OUTPUTS = ("results.json", "training_curves.png", "tokenizer", RUN_RECORD)
@@ -59,8 +69,15 @@ STAGE_PREFIX = "stage-"
 # a folder a run only reads when it is there (the recipe may point `tokenizer_name_or_path` at it): an earlier output
 # only when a record lists it
 READ_ONLY_OUTPUTS = ("tokenizer",)
-# seconds a lock stays valid without a heartbeat; the holder renews it every quarter of that
-LEASE_SECONDS = float(os.environ.get("HF_DEEP_NMT_LOCK_LEASE", "120"))
+# seconds a lock stays valid without a heartbeat (`HF_DEEP_NMT_LOCK_LEASE`, read when a folder is locked); the holder
+# renews it every quarter of that
+LEASE_VARIABLE = "HF_DEEP_NMT_LOCK_LEASE"
+DEFAULT_LEASE_SECONDS = 120.0
+LEASE_LIMITS = (1.0, 86400.0)  # what the variable admits, and so the longest lease a lock of this version carries
+LEASE_SECONDS: float | None = None  # None: from `LEASE_VARIABLE` (tests set a number)
+# how far in the future another host's heartbeat may lie (its clock ahead of ours) and still be believed
+CLOCK_SKEW_SECONDS = 60.0
+MAX_PID = 1 << 22  # no system's process ids go beyond this (Linux's largest pid_max)
 LOCK_SIZE = 1024  # the lock is rewritten in place at this fixed size, so that a reader never sees a shorter file
 # settings that say where results go or how progress is shown, not what is trained: they may change between the
 # runs of one recipe
@@ -157,6 +174,57 @@ def _process_alive(pid: int) -> bool:
     return status.rpartition(")")[2].split()[:1] != ["Z"]
 
 
+def lease_seconds() -> float:
+    """The lease this process writes into its locks: `HF_DEEP_NMT_LOCK_LEASE` seconds (120 when unset), `ValueError`
+    naming the variable and what it admits for anything but a number from 1 to 86400."""
+    if LEASE_SECONDS is not None:
+        return LEASE_SECONDS
+    text = os.environ.get(LEASE_VARIABLE, "")
+    if not text.strip():
+        return DEFAULT_LEASE_SECONDS
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    low, high = LEASE_LIMITS
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(
+            f"{LEASE_VARIABLE}={text!r} is not a lock lease: give a number of seconds from {low:g} to {high:g} "
+            f"(default {DEFAULT_LEASE_SECONDS:g}), or unset it."
+        )
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def lock_problem(holder: dict[str, Any], now: float) -> str | None:
+    """Why the parsed lock `holder` is not one a run of hf-deep-nmt wrote (None when it may be): the field that holds
+    a value no run writes (a process id out of range, a lease that is not a number of seconds up to the longest one
+    this version writes, a heartbeat in the future beyond `CLOCK_SKEW_SECONDS` or not finite). Such a lock is never
+    trusted for a wait nor taken over."""
+    pid, host = holder.get("pid"), holder.get("host")
+    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= MAX_PID:
+        return f"its `pid` is {pid!r}, not a process id (an integer from 1 to {MAX_PID})"
+    if not isinstance(host, str) or not host:
+        return f"its `host` is {host!r}, not a host name"
+    heartbeat, lease = holder.get("heartbeat"), holder.get("lease_seconds")
+    if heartbeat is None and lease is None:
+        return None  # a lock of a version without leases
+    high = LEASE_LIMITS[1]
+    if not _is_number(lease) or not 0 < lease <= high:
+        return f"its `lease_seconds` is {lease!r}, not a number of seconds above 0 and at most {high:g}"
+    if not _is_number(heartbeat) or heartbeat <= 0:
+        return f"its `heartbeat` is {heartbeat!r}, not a time"
+    if heartbeat > now + CLOCK_SKEW_SECONDS:
+        return (
+            f"its `heartbeat` lies {heartbeat - now:.0f} s in the future (clocks of two hosts may differ by "
+            f"{CLOCK_SKEW_SECONDS:g} s at most)"
+        )
+    return None
+
+
 def run_shape(training_args) -> dict[str, Any]:
     """The process count and the batch of one optimizer update (per process x gradient accumulation x processes), in
     tokens with `max_tokens`, else in sentences: what a resumed run must keep to continue the same training."""
@@ -196,7 +264,17 @@ def _write_record_file(folder: Path, record: dict[str, Any]) -> None:
 
 
 def _main_process() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
+    text = os.environ.get("RANK", "0")
+    try:
+        rank = int(text)
+    except ValueError:
+        rank = -1
+    if rank < 0:
+        raise ValueError(
+            f"RANK={text!r} is not a process rank: the launcher (torchrun, accelerate) sets it to 0, 1, 2 ...; "
+            "unset it for a single-process run."
+        )
+    return rank == 0
 
 
 def claim_outputs(output_dir: str | Path, *paths: str | Path) -> None:
@@ -208,6 +286,7 @@ def claim_outputs(output_dir: str | Path, *paths: str | Path) -> None:
     if record is None:
         return
     written = set(record.get("written") or [])
+    checksums = set(_listed_checksum_records(record))
     for path in paths:
         try:
             parts = Path(path).absolute().relative_to(root.absolute()).parts
@@ -215,8 +294,37 @@ def claim_outputs(output_dir: str | Path, *paths: str | Path) -> None:
             continue
         if parts and parts[0] != RUN_RECORD:
             written.add(parts[0])
-    if written != set(record.get("written") or []):
-        _write_record_file(root, {**record, "written": sorted(written)})
+            if parts[-1] == CHECKSUMS_FILE:  # a record resume relies on: its absence is an error, not a shrug
+                checksums.add("/".join(parts))
+    if written != set(record.get("written") or []) or checksums != set(_listed_checksum_records(record)):
+        updated = {**record, "written": sorted(written)}
+        if checksums - {CHECKSUMS_FILE}:  # the top-level one is known from `written` (so records before this key)
+            updated[CHECKSUM_RECORDS] = sorted(checksums - {CHECKSUMS_FILE})
+        _write_record_file(root, updated)
+
+
+def _listed_checksum_records(record: dict[str, Any]) -> list[str]:
+    """The checksum records (paths relative to the run folder) that a run record says its run wrote."""
+    value = record.get(CHECKSUM_RECORDS)
+    listed = [item for item in value if isinstance(item, str)] if isinstance(value, list) else []
+    if CHECKSUMS_FILE in (record.get("written") or []) and CHECKSUMS_FILE not in listed:
+        listed.append(CHECKSUMS_FILE)
+    return listed
+
+
+def missing_checksum_records(folder: str | Path, record: dict[str, Any] | None) -> list[Path]:
+    """The checksum records the run record lists that are gone while their folder holds a complete checkpoint: without
+    them `verify_checkpoint` has nothing to compare with, and a swapped or edited checkpoint would be resumed
+    unchecked. (A folder holding only a checkpoint its run was killed while writing, before any record was written,
+    resumes from nothing, as before.)"""
+    found = []
+    for relative in _listed_checksum_records(record or {}):
+        path = Path(folder) / relative
+        if ".." in Path(relative).parts or path.is_file():
+            continue
+        if any(checkpoint_problem(checkpoint) is None for checkpoint in numbered_checkpoints(path.parent)):
+            found.append(path)
+    return found
 
 
 class RunOutputsCallback(TrainerCallback):
@@ -258,6 +366,7 @@ class RunFolder:
         self._created = False
         self._descriptor: int | None = None
         self._owner: dict[str, Any] = {}
+        self._lease = DEFAULT_LEASE_SECONDS
         self._stop_heartbeat = threading.Event()
         self._heartbeat: threading.Thread | None = None
         self._signals = PreemptionSignals()
@@ -289,6 +398,7 @@ class RunFolder:
         return text + b" " * (LOCK_SIZE - 1 - len(text)) + b"\n"
 
     def _lock(self) -> None:
+        self._lease = lease_seconds()  # a bad HF_DEEP_NMT_LOCK_LEASE is refused before the folder is touched
         self._created = not self.folder.exists()
         if self.folder.exists() and not self.folder.is_dir():
             raise RunFolderError(f"output_dir {str(self.folder)!r} is a file; choose a folder.")
@@ -299,7 +409,7 @@ class RunFolder:
             "host": socket.gethostname(),
             "command": self.command,
             "since": time.ctime(),
-            "lease_seconds": LEASE_SECONDS,
+            "lease_seconds": self._lease,
         }
         for _ in range(3):
             try:
@@ -336,11 +446,11 @@ class RunFolder:
     def _renew(self) -> None:
         """The heartbeat: renew the lease in place (through the open descriptor, so that a lock taken over meanwhile
         is never written) every quarter lease, until released."""
-        while not self._stop_heartbeat.wait(LEASE_SECONDS / 4):
+        while not self._stop_heartbeat.wait(self._lease / 4):
             if not self._holds_lock():
                 message = (
                     f"The lock of output_dir {str(self.folder)!r} was taken over by another run (this process renewed "
-                    f"no lease for {LEASE_SECONDS:g} s); this run stops at the end of its step without saving, the "
+                    f"no lease for {self._lease:g} s); this run stops at the end of its step without saving, the "
                     "other one owns the folder now."
                 )
                 self._signals.taken_over = message
@@ -371,12 +481,13 @@ class RunFolder:
             try:
                 text = lock.read_text(encoding="utf-8")
                 holder = json.loads(text)
-                int(holder["pid"]), str(holder["host"])
-                return text, holder
+                if isinstance(holder, dict) and "pid" in holder and "host" in holder:
+                    return text, holder
             except FileNotFoundError:
                 return None
-            except (OSError, ValueError, KeyError, TypeError):
-                time.sleep(0.05 * (attempt + 1))
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.05 * (attempt + 1))
         raise ValueError("unreadable lock")
 
     def _lock_holder(self, lock: Path, waited: bool = False) -> str | None:
@@ -391,8 +502,15 @@ class RunFolder:
         if found is None:
             return None
         text, holder = found
-        pid, host = int(holder["pid"]), str(holder["host"])
-        who = f"process {pid} on {host}, {holder.get('command', 'a run')} started {holder.get('since', '?')}"
+        problem = lock_problem(holder, time.time())
+        if problem is not None:
+            raise RunFolderError(
+                f"output_dir {str(self.folder)!r} is locked by {str(lock)!r}, which no run of hf-deep-nmt wrote: "
+                f"{problem}. It is neither waited for nor taken over; if no run is using the folder, delete it."
+            )
+        pid, host = holder["pid"], holder["host"]
+        command, since = str(holder.get("command", "a run"))[:40], str(holder.get("since", "?"))[:40]
+        who = f"process {pid} on {host[:80]}, {command} started {since}"
         if host == socket.gethostname():
             if _process_alive(pid):
                 return who
@@ -403,13 +521,15 @@ class RunFolder:
                 return f"{who}; its lock has no lease (an older hf-deep-nmt wrote it), so it is never taken over"
             left = heartbeat + lease - time.time()
             if left > 0 and (waited or lease - left <= lease / 2):
-                return f"{who}; its lease was renewed {lease - left:.0f} s ago and runs {left:.0f} s more"
+                return f"{who}; its lease was renewed {max(0.0, lease - left):.0f} s ago and runs {left:.0f} s more"
             if left > 0:
+                # never longer than the lease this process writes: a lock's own numbers do not decide how long
+                wait = min(left, self._lease)
                 logger.warning(
                     f"The lock of {str(self.folder)!r} ({who}) was last renewed {lease - left:.0f} s ago, though a "
-                    f"running holder renews it every {lease / 4:g} s: waiting {left:.0f} s for its lease to run out."
+                    f"running holder renews it every {lease / 4:g} s: waiting {wait:.0f} s for its lease to run out."
                 )
-                time.sleep(left + 0.05)
+                time.sleep(wait + 0.05)
                 return self._lock_holder(lock, waited=True)
             reason = f"of {who}, whose lease ran out {-left:.0f} s ago (renewed every {lease / 4:g} s while it runs)"
         if not self._take_over(lock, text):
@@ -460,11 +580,16 @@ class RunFolder:
         """Write the record; `written` replaces the list of what runs of ours wrote, else the list on disk is kept."""
         if not self.main_process:
             return
+        current = self.record() or {}
         if written is None:
-            written = (self.record() or {}).get("written") or []
+            written = current.get("written") or []
         record = {"command": self.command, "finished": finished, "recipe": self.recipe}
         if written:  # none yet: the key is left out (a record without it lists nothing)
             record["written"] = sorted(written)
+        listed = _listed_checksum_records(current)
+        checksums = [item for item in listed if item != CHECKSUMS_FILE and item.split("/")[0] in written]
+        if checksums:
+            record[CHECKSUM_RECORDS] = checksums
         if self.shape is not None:
             record["shape"] = self.shape
         _write_record_file(self.folder, record)
@@ -543,6 +668,22 @@ class RunFolder:
         ways.append("start afresh with `--overwrite_output_dir true` or another output_dir")
         raise RunFolderError(f"Cannot continue: {both}. To continue it, {'; or '.join(ways)}.")
 
+    def _check_checksum_records(self, record: dict[str, Any]) -> None:
+        """Refuse to continue a run whose record lists a checksum record that is gone (`missing_checksum_records`)."""
+        missing = missing_checksum_records(self.folder, record)
+        if not missing:
+            return
+        entry = missing[0].relative_to(self.folder).as_posix()
+        where = "`written`" if entry == CHECKSUMS_FILE else f"`{CHECKSUM_RECORDS}`"
+        raise RunFolderError(
+            f"Cannot continue the run in {str(self.folder)!r}: {str(missing[0])!r} is missing, though the run "
+            f"record {str(self.folder / RUN_RECORD)!r} lists it (deleted or moved, unless the run stopped between "
+            "writing its first checkpoint and recording it). It holds the checksums of the checkpoints in "
+            f"{str(missing[0].parent)!r}; without it a swapped or edited checkpoint would be resumed unchecked. "
+            "Restore it; or start afresh with `--overwrite_output_dir true` or another output_dir; or, to continue "
+            f"from these checkpoints unchecked, remove {entry!r} from the run record's {where}."
+        )
+
     def start(
         self,
         resume_from_checkpoint: str | bool | None,
@@ -591,6 +732,7 @@ class RunFolder:
                 logger.warning(f"Resuming in {self.folder} with a changed recipe: {'; '.join(differences)}.")
             if record is not None:
                 self._check_shape(record, resume_asked=True)
+                self._check_checksum_records(record)
             self._write_record(finished=False)
             return resume_from_checkpoint
         if differences == [] and record.get("finished"):
@@ -602,6 +744,7 @@ class RunFolder:
             )
         if differences == []:
             self._check_shape(record, resume_asked=False)
+            self._check_checksum_records(record)
             logger.warning(f"{self.folder} holds an interrupted run of this recipe: continuing it.")
             self._write_record(finished=False)
             return "last"

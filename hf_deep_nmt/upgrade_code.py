@@ -12,6 +12,11 @@ runs, as on a user's machine), the old and the new code decode the same inputs, 
 without the cache; the new code's cached output must equal its uncached output and the old code's uncached output.
 How many inputs the old code decoded wrongly with its cache is reported. A Hub repository is mended by one commit that
 holds the changed code and config files only.
+
+The check runs the folder's (or repository's) own model code, as `trust_remote_code=True` does in transformers, so it
+runs only when the caller says so (`trust_remote_code=True`, `--trust-remote-code`), a dry run too; without it
+`RemoteCodeNotTrusted` names the files that would run before anything runs. A check that could not run (the old code
+does not load or decode here) is a failure, never a pass.
 """
 
 from __future__ import annotations
@@ -40,7 +45,12 @@ DECODINGS = ("greedy", "beam4")
 
 
 class UpgradeCheckFailed(RuntimeError):
-    """The upgraded code does not decode like the code it replaces (nothing was written)."""
+    """The upgraded code does not decode like the code it replaces, or the comparison could not run (nothing was
+    written)."""
+
+
+class RemoteCodeNotTrusted(ValueError):
+    """The check would run a folder's own model code, which the caller did not allow (nothing ran)."""
 
 
 @dataclass
@@ -51,7 +61,6 @@ class UpgradeReport:
     changed: list[str] = field(default_factory=list)
     inputs_checked: int = 0
     old_cached_wrong: dict[str, int] = field(default_factory=dict)  # decoding -> inputs the old cache got wrong
-    old_error: str | None = None  # why the old code could not decode here, when it could not
     backup: str | None = None
     commit: str | None = None
     written: bool = False
@@ -61,8 +70,6 @@ class UpgradeReport:
         if not self.changed:
             return [*lines, "already current: nothing to change"]
         lines.append("files: " + ", ".join(self.changed))
-        if self.old_error:
-            lines.append(f"the old code cannot decode under this transformers: {self.old_error}")
         for decoding, wrong in self.old_cached_wrong.items():
             lines.append(
                 f"{decoding}: the old code's cached decoding differed from its uncached decoding on {wrong} of "
@@ -130,6 +137,7 @@ def write_new_files(old: Path, new: Path) -> None:
 
 CHECK_SCRIPT = r"""
 import json
+import os
 import sys
 
 sys.modules["hf_deep_nmt"] = None  # the folder's own code must run, as on a machine without this package
@@ -141,7 +149,9 @@ folder, inputs_file, out_file, new_tokens = sys.argv[1], sys.argv[2], sys.argv[3
 inputs = torch.load(inputs_file, weights_only=True)
 results = {}
 try:
-    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True).eval()
+    if not os.path.isdir(folder):  # never a Hub id: the folder named is the one to check
+        raise FileNotFoundError(f"no folder {folder!r}")
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=True, local_files_only=True).eval()
 except Exception as error:
     results["error"] = f"loading failed: {type(error).__name__}: {error}"
 else:
@@ -184,6 +194,8 @@ def check_inputs(config: dict, count: int, seed: int = 0) -> dict:
 def decode_in_clean_process(folder: Path, inputs_file: Path, work: Path, label: str) -> dict:
     """Decode the check inputs with `folder`'s own code in a process that cannot import this package, with a
     module cache of its own (so two copies of the code never meet)."""
+    # absolute: the process runs in a folder of its own, where a relative path would name nothing (or a Hub id)
+    folder, inputs_file, work = Path(folder).absolute(), Path(inputs_file).absolute(), Path(work).absolute()
     out_file = work / f"{label}.json"
     env = dict(os.environ, HF_MODULES_CACHE=str(work / f"modules-{label}"), HF_HUB_OFFLINE="1")
     env.pop("PYTHONPATH", None)
@@ -204,9 +216,22 @@ def decode_in_clean_process(folder: Path, inputs_file: Path, work: Path, label: 
 
 
 def compare(old: dict, new: dict, report: UpgradeReport) -> None:
-    """Fill the report from the two decodings; `UpgradeCheckFailed` when the new code is not exact."""
+    """Fill the report from the two decodings; `UpgradeCheckFailed` when the new code is not exact, or when the old
+    code gave nothing to compare with (it did not load, or failed an uncached decoding): a comparison that could not
+    run is never a pass."""
     if "error" in new:
         raise UpgradeCheckFailed(f"the upgraded folder does not load: {new['error']}; nothing was written.")
+    unchecked = old.get("error") or "; ".join(
+        f"{decoding} uncached: {old.get(f'{decoding}-uncached')}"
+        for decoding in DECODINGS
+        if not isinstance(old.get(f"{decoding}-uncached"), list)
+    )
+    if unchecked:
+        raise UpgradeCheckFailed(
+            f"the check could not compare the new code with the old code of {report.source}, which failed here "
+            f"({unchecked}); nothing was written. If that code cannot run under this transformers at all, run "
+            "upgrade-code where the transformers it was made for is installed."
+        )
     problems = []
     for decoding in DECODINGS:
         cached, uncached = new[f"{decoding}-cached"], new[f"{decoding}-uncached"]
@@ -218,29 +243,29 @@ def compare(old: dict, new: dict, report: UpgradeReport) -> None:
         if cached != uncached:
             rows = sum(a != b for a, b in zip(cached, uncached))
             problems.append(f"{decoding}: the new code's cached and uncached decoding differ on {rows} inputs")
-        reference = old.get(f"{decoding}-uncached")
-        if isinstance(reference, list):
-            if reference != uncached:
-                rows = sum(a != b for a, b in zip(reference, uncached))
-                problems.append(f"{decoding}: the new code decodes {rows} inputs differently from the old code")
-            old_cached = old.get(f"{decoding}-cached")
-            report.old_cached_wrong[decoding] = (
-                len(reference) if isinstance(old_cached, str) else sum(a != b for a, b in zip(old_cached, reference))
-            )
-        elif report.old_error is None:
-            report.old_error = old.get("error") or str(reference)
+        reference = old[f"{decoding}-uncached"]
+        if reference != uncached:
+            rows = sum(a != b for a, b in zip(reference, uncached))
+            problems.append(f"{decoding}: the new code decodes {rows} inputs differently from the old code")
+        old_cached = old.get(f"{decoding}-cached")
+        report.old_cached_wrong[decoding] = (
+            len(reference) if not isinstance(old_cached, list) else sum(a != b for a, b in zip(old_cached, reference))
+        )
     if problems:
         raise UpgradeCheckFailed("; ".join(problems) + "; nothing was written.")
 
 
-def plan_and_check(old: Path, work: Path, num_checks: int, report: UpgradeReport) -> Path:
-    """Write the upgraded files into `work/new`, check them against `old`; returns `work/new`."""
+def plan_and_check(
+    old: Path, work: Path, num_checks: int, report: UpgradeReport, trust_remote_code: bool = False
+) -> Path:
+    """Write the upgraded files into `work/new`, check them against `old` (running `old`'s own code, only with
+    `trust_remote_code`: else `RemoteCodeNotTrusted` before anything runs); returns `work/new`."""
     import torch
 
     config = check_model_folder(old)
     new = work / "new"
     new.mkdir()
-    write_new_files(old, new)
+    write_new_files(old, new)  # reads the folder's files; runs none of its code
     report.changed = [
         name
         for name in (*CODE_FILES, *CONFIG_FILES)
@@ -248,6 +273,14 @@ def plan_and_check(old: Path, work: Path, num_checks: int, report: UpgradeReport
     ]
     if not report.changed:
         return new
+    if trust_remote_code is not True:
+        code = [name for name in CODE_FILES if (old / name).is_file()]
+        raise RemoteCodeNotTrusted(
+            f"Checking the upgrade of {report.source} runs its own model code ({', '.join(code)}: "
+            f"{report.old_version}) in a separate process, to compare its translations with the new code's; a dry "
+            "run runs it too. Allow it only for a model you trust: add --trust-remote-code (trust_remote_code=True "
+            "from Python). Nothing ran and nothing was written."
+        )
     inputs_file = work / "inputs.pt"
     torch.save(check_inputs(config, num_checks), inputs_file)
     report.inputs_checked = num_checks
@@ -294,14 +327,19 @@ def replace_in_folder(folder: Path, new: Path, report: UpgradeReport) -> None:
 
 
 def upgrade_folder(
-    folder: str | Path, *, num_checks: int = DEFAULT_NUM_CHECKS, dry_run: bool = False
+    folder: str | Path,
+    *,
+    num_checks: int = DEFAULT_NUM_CHECKS,
+    dry_run: bool = False,
+    trust_remote_code: bool = False,
 ) -> UpgradeReport:
-    """Upgrade the model code of an exported folder in place (see the module docstring)."""
+    """Upgrade the model code of an exported folder in place (see the module docstring). The check runs the folder's
+    own code: only with `trust_remote_code=True` (else `RemoteCodeNotTrusted`, nothing run), a dry run too."""
     folder = Path(folder).expanduser()
     check_model_folder(folder)
     report = _new_report(str(folder), folder)
     with tempfile.TemporaryDirectory(prefix="hf-deep-nmt-upgrade-") as work:
-        new = plan_and_check(folder, Path(work), num_checks, report)
+        new = plan_and_check(folder, Path(work), num_checks, report, trust_remote_code)
         if report.changed and not dry_run:
             replace_in_folder(folder, new, report)
     return report
@@ -315,9 +353,11 @@ def upgrade_repo(
     revision: str | None = None,
     token: str | None = None,
     api=None,
+    trust_remote_code: bool = False,
 ) -> UpgradeReport:
     """Upgrade the model code of a Hub repository by one commit holding only the changed code and config files
-    (made on top of the commit that was checked, so a change pushed meanwhile is never overwritten)."""
+    (made on top of the commit that was checked, so a change pushed meanwhile is never overwritten). The check runs
+    the repository's own code: only with `trust_remote_code=True` (else `RemoteCodeNotTrusted`), a dry run too."""
     from huggingface_hub import CommitOperationAdd, HfApi, constants, snapshot_download
 
     if not dry_run and api is None and constants.is_offline_mode():
@@ -336,7 +376,7 @@ def upgrade_repo(
     check_model_folder(snapshot)
     report = _new_report(repo_id, snapshot)
     with tempfile.TemporaryDirectory(prefix="hf-deep-nmt-upgrade-") as work:
-        new = plan_and_check(snapshot, Path(work), num_checks, report)
+        new = plan_and_check(snapshot, Path(work), num_checks, report, trust_remote_code)
         if report.changed and not dry_run:
             operations = [
                 CommitOperationAdd(path_in_repo=name, path_or_fileobj=(new / name).read_bytes())

@@ -3,14 +3,22 @@ completes and checked before a resume or an average reads it (an edited step, sw
 NaN weights and missing weight matrices refused by the commands (warned about by `from_pretrained`); a tokenizer that
 is not the model's refused by its fingerprint."""
 
+import hashlib
 import json
 import shutil
+from types import SimpleNamespace
 
 import pytest
 import torch
 from datasets import Dataset
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainingArguments, default_data_collator
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    Seq2SeqTrainingArguments,
+    default_data_collator,
+)
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
 from hf_deep_nmt.averaging import average_checkpoints
@@ -31,6 +39,7 @@ from hf_deep_nmt.fingerprints import (
     record_tokenizer_fingerprint,
     tokenizer_fingerprint,
 )
+from hf_deep_nmt.run_folder import RUN_RECORD, RunFolder, RunFolderError, claim_outputs
 from hf_deep_nmt.trainer import DeepNMTTrainer
 
 
@@ -293,3 +302,165 @@ def test_averaging_checkpoints_of_different_tokenizers_is_refused(model_copy, ot
         == AutoTokenizer.from_pretrained(model_copy).get_vocab()
     )
     assert averaged.config.d_model == 16
+
+
+def test_a_checksum_record_the_run_record_lists_cannot_be_deleted_to_resume_swapped_weights(run):
+    """The run record lists `checkpoint_checksums.json` as written by the run: deleting it no longer turns the check
+    off. Continuing the run (as the same command does, or with `resume_from_checkpoint`) is refused, naming the file
+    and the ways out; starting afresh is not."""
+    recipe = {"learning_rate": 0.1}
+    written = ["checkpoint-2", "checkpoint-4", CHECKSUMS_FILE]
+    (run / RUN_RECORD).write_text(
+        json.dumps({"command": "train", "finished": False, "recipe": recipe, "written": written})
+    )
+    with RunFolder(run, "train", recipe) as folder:
+        assert folder.start(None, False) == "last"  # the record is there: continued, and checked on resume
+    shutil.copyfile(run / "checkpoint-2" / "model.safetensors", run / "checkpoint-4" / "model.safetensors")
+    (run / CHECKSUMS_FILE).unlink()
+    assert resolve_resume_checkpoint("last", run) == str(run / "checkpoint-4")  # what resume alone would take
+    for resume in (None, "last"):
+        with pytest.raises(RunFolderError) as refused, RunFolder(run, "train", recipe) as folder:
+            folder.start(resume, False)
+        assert str(refused.value) == (
+            f"Cannot continue the run in {str(run)!r}: {str(run / CHECKSUMS_FILE)!r} is missing, though the run "
+            f"record {str(run / RUN_RECORD)!r} lists it (deleted or moved, unless the run stopped between writing "
+            f"its first checkpoint and recording it). It holds the checksums of the checkpoints in {str(run)!r}; "
+            "without it a swapped or edited checkpoint would be resumed unchecked. Restore it; or start afresh with "
+            "`--overwrite_output_dir true` or another output_dir; or, to continue from these checkpoints unchecked, "
+            f"remove '{CHECKSUMS_FILE}' from the run record's `written`."
+        )
+    for name in ("checkpoint-2", "checkpoint-4"):  # as a run killed while writing its first checkpoint leaves it
+        (run / name / "trainer_state.json").unlink()
+    with RunFolder(run, "train", recipe) as folder:
+        assert folder.start(None, False) == "last"  # no checkpoint to trust: continued, from scratch
+    assert resolve_resume_checkpoint("last", run) is None
+    with RunFolder(run, "train", recipe) as folder:
+        assert folder.start(None, True) is None  # starting afresh removes what the run wrote
+    assert not (run / "checkpoint-4").exists()
+
+
+def test_a_stage_folders_checksum_record_is_listed_and_its_absence_refused(trained_run, tmp_path):
+    """`train-staged` keeps each stage's checksum record inside the stage folder: the run record lists it by its path
+    (`checksum_records`), keeps it across rewrites, and a continued run is refused without it."""
+    root, recipe = tmp_path / "run", {"stage_depths": [1, 2]}
+    stage = root / "stage-1-1-layers"
+    with RunFolder(root, "train-staged", recipe) as folder:
+        folder.start(None, False)
+        claim_outputs(root, stage / "checkpoint-2", stage / CHECKSUMS_FILE)
+        shutil.copytree(trained_run / "checkpoint-2", stage / "checkpoint-2")
+        (stage / CHECKSUMS_FILE).write_text(json.dumps({"format": 1, "checkpoints": {}}))
+    record = json.loads((root / RUN_RECORD).read_text())
+    assert record["written"] == ["stage-1-1-layers"]
+    assert record["checksum_records"] == ["stage-1-1-layers/checkpoint_checksums.json"]
+    with RunFolder(root, "train-staged", recipe) as folder:
+        assert folder.start(None, False) == "last"
+    assert json.loads((root / RUN_RECORD).read_text())["checksum_records"] == record["checksum_records"]
+    (stage / CHECKSUMS_FILE).unlink()
+    with (
+        pytest.raises(RunFolderError, match=r"stage-1-1-layers/checkpoint_checksums.json' is missing, though the run"),
+        RunFolder(root, "train-staged", recipe) as folder,
+    ):
+        folder.start(None, False)
+    with RunFolder(root, "train-staged", recipe) as folder:
+        folder.start(None, True)
+    assert "checksum_records" not in json.loads((root / RUN_RECORD).read_text())  # its folder was removed
+
+
+def version_1_fingerprint(data: dict) -> str:
+    """The fingerprint as the previous version computed it (vocabulary and merges, normalizer, pre-tokenizer, added
+    tokens), written out here independently of the package."""
+    essentials = {key: data.get(key) for key in ("model", "normalizer", "pre_tokenizer", "added_tokens")}
+    return hashlib.sha256(json.dumps(essentials, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+@pytest.mark.parametrize("part", ["post_processor", "decoder"])
+def test_a_tokenizer_without_its_post_processor_or_decoder_is_refused(tiny_export, model_copy, part, capsys):
+    """The previous fingerprint left both out: without the post-processor no source gets its `</s>`, without the
+    decoder every output is detokenized otherwise; both passed it."""
+    tokenizer = tiny_export[2]
+    model = SimpleNamespace(config=AutoConfig.from_pretrained(model_copy))  # what the exported folder records
+    recorded = json.loads((model_copy / "config.json").read_text())["tokenizer_fingerprint"]
+    assert model.config.tokenizer_fingerprint == recorded
+    assert recorded.startswith("v2:") and recorded == tokenizer_fingerprint(AutoTokenizer.from_pretrained(model_copy))
+    data = json.loads((model_copy / "tokenizer.json").read_text())
+    assert data[part] is not None
+    before = version_1_fingerprint(data)
+    data[part] = None
+    (model_copy / "tokenizer.json").write_text(json.dumps(data))
+    assert version_1_fingerprint(data) == before  # what the previous version could not see
+    changed = AutoTokenizer.from_pretrained(model_copy)
+    ids = tokenizer("el sol sale")["input_ids"]
+    if part == "post_processor":
+        assert changed("el sol sale")["input_ids"] != ids and ids[-1] == tokenizer.eos_token_id
+    else:
+        assert changed.decode(ids, skip_special_tokens=True) != tokenizer.decode(ids, skip_special_tokens=True)
+    with pytest.raises(ValueError, match="not the one this model was exported with"):
+        check_tokenizer_matches(model, changed)
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    assert "is not the one this model was exported with" in error_line(capsys)
+
+
+def test_a_folder_with_a_version_1_fingerprint_loads_and_is_checked_the_old_way(
+    model_copy, other_tokenizer, tmp_path, capsys, caplog
+):
+    """A folder written by the previous version records the old fingerprint: its own tokenizer still passes (with a
+    warning of what that fingerprint leaves out), another is still refused, and averaging it beside folders that
+    record the new one compares each pair in the format both have."""
+    data = json.loads((model_copy / "tokenizer.json").read_text())
+    values = json.loads((model_copy / "config.json").read_text())
+    values["tokenizer_fingerprint"] = version_1_fingerprint(data)
+    (model_copy / "config.json").write_text(json.dumps(values))
+    source = model_copy.parent / "input.txt"
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 0
+    assert f"The model {str(model_copy)!r} records a tokenizer fingerprint of an earlier format (v1)" in caplog.text
+    assert "post-processor and the decoder: those were not checked" in caplog.text
+    newer = shutil.copytree(model_copy, tmp_path / "newer")
+    values["tokenizer_fingerprint"] = folder_tokenizer_fingerprint(newer)
+    (newer / "config.json").write_text(json.dumps(values))
+    averaged = average_checkpoints([model_copy, newer], save_to=tmp_path / "averaged")
+    assert averaged.config.tokenizer_fingerprint == folder_tokenizer_fingerprint(newer)
+    other_tokenizer.save_pretrained(model_copy)
+    assert main(["translate", "--model", str(model_copy), "--input", str(source), "--no-progress"]) == 2
+    assert "is not the one this model was exported with" in error_line(capsys)
+    with pytest.raises(ValueError, match=r"different tokenizers \('.*newer' and '.*model' differ\)"):
+        average_checkpoints([newer, model_copy])
+
+
+def test_a_model_without_a_fingerprint_is_compared_on_what_can_be_and_warned_about(tiny_export, model_copy, caplog):
+    values = json.loads((model_copy / "config.json").read_text())
+    del values["tokenizer_fingerprint"]
+    (model_copy / "config.json").write_text(json.dumps(values))
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_copy)
+    tokenizer = AutoTokenizer.from_pretrained(model_copy)
+    caplog.clear()
+    check_tokenizer_matches(model, tokenizer)
+    warning = (
+        f"The model {str(model_copy)!r} records no tokenizer fingerprint (exported by hf-deep-nmt 0.1.0 or by another "
+        "tool): only the vocabulary size and the special token ids were compared, not that the tokenizer is the one "
+        "it was trained with."
+    )
+    assert warning in caplog.text
+    caplog.clear()
+    check_tokenizer_matches(model, tokenizer)
+    assert caplog.text == ""  # once per model
+    tokenizer.bos_token = "<unk>"  # another run's tokenizer numbering its special tokens otherwise
+    with pytest.raises(ValueError, match=r"tokenizer's bos_token_id \(3\) differs from the model's \(0\)"):
+        check_tokenizer_matches(model, tokenizer)
+    fresh = type(model.config).from_dict(values)
+    assert fresh._name_or_path == "" and fresh.tokenizer_fingerprint is None
+    # a model built in this process, from the tokenizer at hand (as training builds one): nothing to warn about
+    check_tokenizer_matches(SimpleNamespace(config=fresh), tiny_export[2])
+    assert caplog.text == ""
+
+
+def test_a_fingerprint_in_no_known_format_is_named(tiny_export):
+    _, model, tokenizer = tiny_export
+    config = model.config
+    recorded = config.tokenizer_fingerprint
+    try:
+        config.tokenizer_fingerprint = "not-a-fingerprint"
+        with pytest.raises(ValueError, match=r"records tokenizer_fingerprint 'not-a-fingerprint', which is not a"):
+            check_tokenizer_matches(model, tokenizer)
+    finally:
+        config.tokenizer_fingerprint = recorded

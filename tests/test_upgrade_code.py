@@ -20,8 +20,11 @@ from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.upgrade_code import (
     BACKUP_FOLDER,
     CODE_FILES,
+    RemoteCodeNotTrusted,
     UpgradeCheckFailed,
+    UpgradeReport,
     check_inputs,
+    compare,
     decode_in_clean_process,
     installed_code_folder,
     upgrade_folder,
@@ -89,7 +92,7 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
     published = publish(family)
     weights, tokenizer_file = digest(published / "model.safetensors"), digest(published / "tokenizer.json")
     card = (published / "README.md").read_bytes()
-    report = upgrade_folder(published, num_checks=4)
+    report = upgrade_folder(published, num_checks=4, trust_remote_code=True)
 
     assert report.old_version == "0.1.0 or earlier" and report.new_version == __version__
     assert "modeling_deep_nmt.py" in report.changed and report.written
@@ -121,16 +124,58 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
     assert decoded["greedy-cached"] == decoded["greedy-uncached"]
     assert decoded["beam4-cached"] == decoded["beam4-uncached"]
 
-    again = upgrade_folder(published)
+    again = upgrade_folder(published)  # nothing to change: no check, so no code runs and no consent is needed
     assert again.changed == [] and not again.written and again.old_version == __version__
 
 
-def test_dry_run_checks_and_writes_nothing(published):
+def test_the_folders_code_runs_only_with_consent_and_a_dry_run_writes_nothing(published, tmp_path, monkeypatch):
+    """A line added to the folder's model code writes a file when that code runs: without `trust_remote_code` the
+    upgrade (a dry run too) is refused before anything runs; with it, a dry run named by a relative path (the check's
+    processes run elsewhere: the path must still name this folder, not a Hub id) runs it and writes nothing."""
+    ran = tmp_path / "the-folders-code-ran"
+    with open(published / "modeling_deep_nmt.py", "a", encoding="utf-8") as handle:
+        handle.write(f"\nopen({str(ran)!r}, 'a').close()\n")
     before = contents(published)
-    report = upgrade_folder(published, dry_run=True, num_checks=2)
+    for dry_run in (True, False):
+        with pytest.raises(RemoteCodeNotTrusted) as refused:
+            upgrade_folder(published, dry_run=dry_run, num_checks=2)
+        assert str(refused.value) == (
+            f"Checking the upgrade of {published} runs its own model code (configuration_deep_nmt.py, "
+            "modeling_deep_nmt.py: 0.1.0 or earlier) in a separate process, to compare its translations with "
+            "the new code's; a dry run runs it too. Allow it only for a model you trust: add --trust-remote-code "
+            "(trust_remote_code=True from Python). Nothing ran and nothing was written."
+        )
+    assert not ran.exists() and contents(published) == before
+
+    monkeypatch.chdir(published.parent)
+    report = upgrade_folder(published.name, dry_run=True, num_checks=2, trust_remote_code=True)
+    assert ran.exists()  # the old code ran, in the check, because it was allowed to
     assert "modeling_deep_nmt.py" in report.changed and not report.written
     assert contents(published) == before
     assert "dry run: nothing written or pushed" in report.lines()
+    assert report.old_cached_wrong.keys() == {"greedy", "beam4"}  # compared with the old code's decoding
+
+
+def test_a_comparison_that_could_not_run_is_a_failure_never_a_pass():
+    """What the relative path once gave: the old code's process could not load the folder (it read the path as a Hub
+    id, offline), and the check reported a pass. Neither a load that failed nor an uncached decoding that failed
+    leaves anything to compare with."""
+    decoded = [[2, 5, 6, 2]]
+    new = {f"{name}-{kind}": decoded for name in ("greedy", "beam4") for kind in ("cached", "uncached")}
+    report = UpgradeReport(source="up/v010-dsinit", old_version="0.1.0 or earlier", new_version=__version__)
+    not_loaded = {"error": "loading failed: OSError: up/v010-dsinit is not a local folder"}
+    with pytest.raises(
+        UpgradeCheckFailed,
+        match=r"^the check could not compare the new code with the old code of up/v010-dsinit, which failed here "
+        r"\(loading failed: OSError: up/v010-dsinit is not a local folder\); nothing was written\. If that code",
+    ):
+        compare(not_loaded, new, report)
+    beam_failed = {**new, "beam4-uncached": "RuntimeError: shapes"}
+    with pytest.raises(UpgradeCheckFailed, match=r"which failed here \(beam4 uncached: RuntimeError: shapes\)"):
+        compare(beam_failed, new, report)
+    assert report.old_cached_wrong == {}
+    compare({**new, "beam4-cached": "TypeError: cache"}, new, report)  # the cached one may fail: it is what is mended
+    assert report.old_cached_wrong == {"greedy": 0, "beam4": 1}
 
 
 def test_a_failing_check_writes_nothing(published, tmp_path, monkeypatch):
@@ -155,7 +200,7 @@ def test_a_failing_check_writes_nothing(published, tmp_path, monkeypatch):
     with pytest.raises(
         UpgradeCheckFailed, match="decodes 2 inputs differently from the old code.*nothing was written"
     ):
-        upgrade_folder(published, num_checks=2)
+        upgrade_folder(published, num_checks=2, trust_remote_code=True)
     assert contents(published) == before
 
 
@@ -196,12 +241,14 @@ def test_a_hub_repository_gets_one_code_only_commit_on_top_of_the_checked_one(pu
     api = RecordingApi()
 
     with pytest.raises(ConnectionError, match="offline mode is on"):  # without a Hub, only a dry run
-        upgrade_repo(repo_id, num_checks=2)
+        upgrade_repo(repo_id, num_checks=2, trust_remote_code=True)
     assert api.commits == []
-    dry = upgrade_repo(repo_id, num_checks=2, dry_run=True, api=api)
+    with pytest.raises(RemoteCodeNotTrusted, match=f"^Checking the upgrade of {repo_id} runs its own model code"):
+        upgrade_repo(repo_id, num_checks=2, dry_run=True, api=api)
+    dry = upgrade_repo(repo_id, num_checks=2, dry_run=True, api=api, trust_remote_code=True)
     assert api.commits == [] and "modeling_deep_nmt.py" in dry.changed
 
-    report = upgrade_repo(repo_id, num_checks=2, api=api)
+    report = upgrade_repo(repo_id, num_checks=2, api=api, trust_remote_code=True)
     [(pushed_to, commit)] = api.commits
     assert pushed_to == repo_id and commit["parent_commit"] == snapshot.name and commit["repo_type"] == "model"
     uploaded = {operation.path_in_repo: operation.path_or_fileobj for operation in commit["operations"]}
@@ -212,7 +259,10 @@ def test_a_hub_repository_gets_one_code_only_commit_on_top_of_the_checked_one(pu
 
 
 def test_the_command_line_reports_the_upgrade(published, capsys):
-    assert main(["upgrade-code", str(published), "--dry-run", "--num-checks", "2"]) == 0
+    assert main(["upgrade-code", str(published), "--dry-run", "--num-checks", "2"]) == 2
+    error = capsys.readouterr().err
+    assert "runs its own model code" in error and "add --trust-remote-code" in error and "Nothing ran" in error
+    assert main(["upgrade-code", str(published), "--dry-run", "--num-checks", "2", "--trust-remote-code"]) == 0
     out = capsys.readouterr().out
     assert f"model code 0.1.0 or earlier -> {__version__}" in out and "dry run" in out
     assert main(["upgrade-code", str(published), "--num-checks", "0"]) == 2
