@@ -166,7 +166,6 @@ def test_the_tests_left_out_of_the_contract_run_exist():
     """A renamed test in `NOT_TRANSFORMERS_CONTRACT` would silently join the contract run again (and one that lists a
     contract module's test by a stale name hides nothing): every name listed is a test of its module."""
     import ast
-    from pathlib import Path
 
     from conftest import NOT_TRANSFORMERS_CONTRACT, TRANSFORMERS_CONTRACT_MODULES
 
