@@ -9,11 +9,15 @@ removes only what it lists.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 # Written last into every folder an export or an average writes, listing the files written; only a folder whose every
 # file it lists may be replaced (hidden, so never uploaded).
@@ -26,6 +30,43 @@ def user_file_modes() -> tuple[int, int]:
     mask = os.umask(0o022)
     os.umask(mask)
     return 0o666 & ~mask, 0o777 & ~mask
+
+
+@contextlib.contextmanager
+def atomic_file(
+    path: str | Path, mode: str = "w", *, replace: bool = True, keep_on_error: bool = False, **open_arguments
+) -> Iterator[IO]:
+    """`with atomic_file(path) as stream:` writes a temporary file beside `path` (`.NAME.XXXX.partial`, same folder, so
+    same file system) and, when the block ends without an error, flushes it to disk, gives it the mode the replaced
+    file had (a new file: the user's normal mode, umask) and renames it to `path` in one step: a reader, or a command
+    interrupted meanwhile, sees the old file or the new one, never a truncated one. A symbolic link is replaced
+    through (the file it names is). `replace=False`: only when nothing exists at `path` by then (`FileExistsError`
+    otherwise, the temporary file removed). On an error the temporary file is removed (kept with `keep_on_error`; its
+    path is `stream.name`) and `path` is untouched. A reader of the old file (`cat F | ... > F` done this way) keeps
+    reading the old content."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    stream = os.fdopen(handle, mode, **open_arguments)
+    try:
+        yield stream
+        stream.flush()
+        os.fsync(stream.fileno())
+        stream.close()
+        try:
+            file_mode = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            file_mode = user_file_modes()[0]
+        os.chmod(temporary, file_mode)
+        if replace:
+            os.replace(temporary, target)
+        else:  # a link fails when `target` exists, where a rename would replace it
+            os.link(temporary, target)
+            os.unlink(temporary)
+    except BaseException:
+        stream.close()
+        if not keep_on_error:
+            Path(temporary).unlink(missing_ok=True)
+        raise
 
 
 def folder_entries(folder: Path) -> list[str]:
