@@ -46,7 +46,8 @@ def atomic_file(
     reading the old content."""
     target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
-    stream = os.fdopen(handle, mode, **open_arguments)
+    os.close(handle)
+    stream = open(temporary, mode, **open_arguments)  # by name, so that `stream.name` names it
     try:
         yield stream
         stream.flush()
@@ -60,7 +61,13 @@ def atomic_file(
         if replace:
             os.replace(temporary, target)
         else:  # a link fails when `target` exists, where a rename would replace it
-            os.link(temporary, target)
+            try:
+                os.link(temporary, target)
+            except FileExistsError:
+                kept = f"; what was written is in {temporary}" if keep_on_error else ""
+                raise FileExistsError(
+                    f"{str(path)!r} was created by another program while this one wrote it: it is not replaced{kept}."
+                ) from None
             os.unlink(temporary)
     except BaseException:
         stream.close()
