@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from transformers.utils import logging
 from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
 from hf_deep_nmt.checkpoints import last_complete_checkpoint, training_finished, verify_checkpoint
-from hf_deep_nmt.folders import atomic_file
+from hf_deep_nmt.folders import atomic_file, write_marked_folder
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.plan import RunPlan, plan_run
@@ -134,7 +135,10 @@ def _run_staged(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
         done = {"stage": number, "encoder_layers": depth, "steps": steps, "schedule_start": start_step}
         done["nonfinite_steps_skipped"] = skipped
         if trainer.is_world_process_zero():
-            trainer.save_model(stage_dir / "model")
+            model_dir = stage_dir / "model"
+            if model_dir.is_dir():  # left half-written by an interrupted save (the stage has no record yet)
+                shutil.rmtree(model_dir)
+            write_marked_folder(model_dir, trainer.save_model)
             # written beside and renamed into place: a run killed meanwhile leaves no half-written record
             with atomic_file(record, encoding="utf-8") as stream:
                 stream.write(json.dumps(done, indent=2) + "\n")

@@ -55,7 +55,7 @@ from hf_deep_nmt.data import SOURCE, TARGET, sample_corpus_dir
 from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
-from hf_deep_nmt.folders import atomic_file
+from hf_deep_nmt.folders import atomic_file, write_marked_folder
 from hf_deep_nmt.hub import export_hub_folder
 from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
@@ -232,7 +232,7 @@ def prepare(
     tokenizer = given or data.tokenizer
     if given is None and tokenizer_dir is not None and training_args.process_index == 0:
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
-        tokenizer.save_pretrained(tokenizer_dir)
+        write_marked_folder(tokenizer_dir, tokenizer.save_pretrained)  # whole or absent, never half-written
     raw = datasets.DatasetDict()
     eval_dataset, references = None, []
     if data.validation is not None:  # the final evaluation translates each source in full: checked before step 1
@@ -311,7 +311,7 @@ def load_tokenizer(
     )
     if tokenizer_dir is not None:
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
-        tokenizer.save_pretrained(tokenizer_dir)
+        write_marked_folder(tokenizer_dir, tokenizer.save_pretrained)  # whole or absent, never half-written
     return tokenizer
 
 
