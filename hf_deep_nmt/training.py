@@ -4,8 +4,9 @@
 once into a `RunPlan` (`hf_deep_nmt.plan.plan_run`: settings, saved model, corpus files, folders, memory; nothing
 loaded), then `_run(plan, folder)` does the work with the plan's resolved values, checking nothing again: the run
 folder recorded (`hf_deep_nmt.run_folder`) -> `prepare` (corpus, tokenizer, tokenized splits) -> `build_model` ->
-`configure_generation` -> `make_trainer` -> train, resuming where a killed run stopped -> `average_last_checkpoints`
--> `evaluate_and_export` (sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`). `hf-deep-nmt
+`configure_generation` -> `make_trainer` -> train, resuming where a killed run stopped (one stopped after its last
+step is not trained again: `continue_finished_training`) -> `average_last_checkpoints` -> `evaluate_and_export`
+(sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`, the run marked finished). `hf-deep-nmt
 train-staged` (`hf_deep_nmt.staged`) runs the same steps around its stages.
 
 What the libraries do is left to them: argument parsing (`HfArgumentParser`), the training loop, mixed precision and

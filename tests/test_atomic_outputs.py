@@ -104,7 +104,8 @@ def test_cat_f_into_translate_writing_f_keeps_f_until_the_translation_is_complet
         assert main(arguments) == 130
     assert text.read_text(encoding="utf-8") == "\n".join(LINES) + "\n"
     (partial,) = tmp_path.glob(".text.es.*.partial")  # what was translated is kept (the error names it)
-    assert partial.read_text(encoding="utf-8") == "".join(expected.read_text(encoding="utf-8").splitlines(True)[:2])
+    first_two = expected.read_text(encoding="utf-8").split("\n")[:2]  # split on \n alone, as translate writes
+    assert partial.read_text(encoding="utf-8") == "".join(line + "\n" for line in first_two)
     partial.unlink()
     piped_stdin()
     assert main(arguments) == 0
