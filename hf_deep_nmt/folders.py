@@ -69,7 +69,14 @@ def atomic_file(
                 raise FileExistsError(
                     f"{str(path)!r} was created by another program while this one wrote it: it is not replaced{kept}."
                 ) from None
-            os.unlink(temporary)
+            except OSError:  # a file system without hard links: checked, then renamed (a narrow race remains)
+                if os.path.lexists(target):
+                    raise FileExistsError(
+                        f"{str(path)!r} was created by another program while this one wrote it: it is not replaced."
+                    ) from None
+                os.replace(temporary, target)
+            else:
+                os.unlink(temporary)
     except BaseException:
         stream.close()
         if not keep_on_error:
