@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, TrainerState
 from transformers.utils import logging
 
 from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
-from hf_deep_nmt.checkpoints import last_complete_checkpoint, training_finished, verify_checkpoint
+from hf_deep_nmt.checkpoints import TRAINER_STATE_FILE, last_complete_checkpoint, training_finished, verify_checkpoint
 from hf_deep_nmt.folders import atomic_file, write_marked_folder
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.model_folders import check_saved_json_files
@@ -150,6 +150,9 @@ def _run_staged(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
         model = AutoModelForSeq2SeqLM.from_pretrained(previous)
         configure_generation(model, prepared.tokenizer, data_args, export_args, plan)
         trainer = make_trainer(model, training_args, prepared)
+        last = last_complete_checkpoint(stage_dir)
+        if last:  # the last stage's log history, for the curves, as the run that trained it had it
+            trainer.state = TrainerState.load_from_json(str(Path(last) / TRAINER_STATE_FILE))
     summary.update(train_seconds=round(time.perf_counter() - started, 1), train_steps=completed_steps)
     summary["nonfinite_steps_skipped"] = sum(stage.get("nonfinite_steps_skipped", 0) for stage in summary["stages"])
     # the SDT paper averages the newest checkpoints of the last stage; the same step `train` takes on its run
