@@ -507,7 +507,8 @@ def _describe_data(data_args: DataArguments, num_pairs: int, summary: dict[str, 
     steps = summary.get("train_steps")
     return (
         f"{num_pairs} sentence pairs ({data_args.source_lang}-{data_args.target_lang}) from `{corpus}`, "
-        f"{steps} optimizer steps in {summary.get('train_seconds')} s."
+        f"{steps} optimizer steps"
+        + (f" in {summary['train_seconds']} s." if summary.get("train_seconds") is not None else ".")
         + (
             " The bundled sample is public-domain Bible text."
             if _corpus_name(str(corpus)) == "bible-es-en-sample"
