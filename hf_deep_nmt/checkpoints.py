@@ -20,16 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
+import math
 import re
 import struct
-import tempfile
 import zipfile
 from pathlib import Path
 
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
+
+from hf_deep_nmt.folders import atomic_file
 
 logger = logging.get_logger(__name__)
 
@@ -227,16 +228,8 @@ def read_checksum_record(output_dir: str | Path) -> dict[str, dict[str, str]] | 
 def _write_json_atomically(path: Path, content: dict) -> None:
     """Write `content` to `path` through a temporary file in the same folder, renamed over it: a reader sees the old
     record or the new one, never half of one."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            json.dump(content, stream, indent=1, sort_keys=True)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, encoding="utf-8") as stream:
+        json.dump(content, stream, indent=1, sort_keys=True)
 
 
 def record_checkpoint(folder: str | Path) -> dict[str, str]:
@@ -306,3 +299,41 @@ class ChecksumRecorder(TrainerCallback):
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         if folder.is_dir():
             record_checkpoint(folder)
+
+
+# ---- where a training stands ----------------------------------------------------------------------------------------
+
+# the key under which `PreemptionCallback` (an `ExportableState`) keeps its state in a checkpoint's trainer_state.json
+PREEMPTION_STATE = "PreemptionCallback"
+
+
+def saved_trainer_state(folder: str | Path) -> dict:
+    """The `trainer_state.json` of the checkpoint `folder` as a dict (`{}` when it cannot be read: callers decide on
+    complete checkpoints, which `checkpoint_problem` checked)."""
+    try:
+        state = json.loads((Path(folder) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def training_finished(folder: str | Path, args) -> bool:
+    """Whether the checkpoint `folder` is the end of the training `args` describe: its step is `max_steps` (or more);
+    for a run counted in epochs, the step count the Trainer derived from them (saved with the state), when the epoch
+    count is still the one it was derived from. Resuming from such a checkpoint must not train: the Trainer would run
+    one more step before it checks the step count (it skips the batches of a partly trained epoch first)."""
+    state = saved_trainer_state(folder)
+    step = state.get("global_step")
+    if not isinstance(step, int):
+        return False
+    if args.max_steps is not None and args.max_steps > 0:
+        return step >= args.max_steps
+    planned, epochs = state.get("max_steps"), state.get("num_train_epochs")
+    return isinstance(planned, int) and planned > 0 and step >= planned and epochs == math.ceil(args.num_train_epochs)
+
+
+def unscheduled_checkpoint(folder: str | Path) -> bool:
+    """Whether the checkpoint `folder` was saved for a preemption at a step the save schedule would not have saved
+    (`PreemptionCallback` records it in the checkpoint's Trainer state)."""
+    stored = (saved_trainer_state(folder).get("stateful_callbacks") or {}).get(PREEMPTION_STATE)
+    return isinstance(stored, dict) and (stored.get("attributes") or {}).get("unscheduled_save") is True

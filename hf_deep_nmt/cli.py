@@ -358,7 +358,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
     if args.quantization is not None and args.quantization not in quantization_choices():
         raise UsageError(f"--quantization {args.quantization!r} is not one of {', '.join(quantization_choices())}.")
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
-    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
+    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
     _check_model_source(args.model)
     from hf_deep_nmt import registration  # noqa: F401  (registers the configs with AutoConfig)
 
@@ -419,7 +419,7 @@ def _grow(argv: list[str]) -> int:
     from hf_deep_nmt.growing import grow_encoder
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
-    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected)
+    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
     _check_model_source(args.model)
     model, tokenizer = _load(args.model, "cpu")
     before = model.config.encoder_layers

@@ -9,11 +9,16 @@ removes only what it lists.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 # Written last into every folder an export or an average writes, listing the files written; only a folder whose every
 # file it lists may be replaced (hidden, so never uploaded).
@@ -28,6 +33,57 @@ def user_file_modes() -> tuple[int, int]:
     return 0o666 & ~mask, 0o777 & ~mask
 
 
+@contextlib.contextmanager
+def atomic_file(
+    path: str | Path, mode: str = "w", *, replace: bool = True, keep_on_error: bool = False, **open_arguments
+) -> Iterator[IO]:
+    """`with atomic_file(path) as stream:` writes a temporary file beside `path` (`.NAME.XXXX.partial`, same folder, so
+    same file system) and, when the block ends without an error, flushes it to disk, gives it the mode the replaced
+    file had (a new file: the user's normal mode, umask) and renames it to `path` in one step: a reader, or a command
+    interrupted meanwhile, sees the old file or the new one, never a truncated one. A symbolic link is replaced
+    through (the file it names is). `replace=False`: only when nothing exists at `path` by then (`FileExistsError`
+    otherwise, the temporary file removed). On an error the temporary file is removed (kept with `keep_on_error`; its
+    path is `stream.name`) and `path` is untouched. A reader of the old file (`cat F | ... > F` done this way) keeps
+    reading the old content."""
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
+    os.close(handle)
+    stream = open(temporary, mode, **open_arguments)  # by name, so that `stream.name` names it
+    try:
+        yield stream
+        stream.flush()
+        os.fsync(stream.fileno())
+        stream.close()
+        try:
+            file_mode = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            file_mode = user_file_modes()[0]
+        os.chmod(temporary, file_mode)
+        if replace:
+            os.replace(temporary, target)
+        else:  # a link fails when `target` exists, where a rename would replace it
+            try:
+                os.link(temporary, target)
+            except FileExistsError:
+                kept = f"; what was written is in {temporary}" if keep_on_error else ""
+                raise FileExistsError(
+                    f"{str(path)!r} was created by another program while this one wrote it: it is not replaced{kept}."
+                ) from None
+            except OSError:  # a file system without hard links: checked, then renamed (a narrow race remains)
+                if os.path.lexists(target):
+                    raise FileExistsError(
+                        f"{str(path)!r} was created by another program while this one wrote it: it is not replaced."
+                    ) from None
+                os.replace(temporary, target)
+            else:
+                os.unlink(temporary)
+    except BaseException:
+        stream.close()
+        if not keep_on_error:
+            Path(temporary).unlink(missing_ok=True)
+        raise
+
+
 def folder_entries(folder: Path) -> list[str]:
     """Every file, link and folder under `folder` as a relative POSIX path (links are not followed)."""
     entries = []
@@ -37,15 +93,69 @@ def folder_entries(folder: Path) -> list[str]:
     return sorted(entries)
 
 
+def written_file_record(folder: str | Path, names) -> dict[str, dict]:
+    """Size and SHA-256 of each file `names` (relative paths) of `folder`, as an export marker records them."""
+    folder, record = Path(folder), {}
+    for name in names:
+        with (folder / name).open("rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+        record[name] = {"size": (folder / name).stat().st_size, "sha256": digest}
+    return record
+
+
+def record_written(folder: str | Path, names) -> None:
+    """Add the files `names` of `folder` (as they are now) to its `WRITTEN_MARKER`: for a command that changes an
+    export in place (`upgrade-code`), so that a later export may still replace what it wrote."""
+    folder = Path(folder)
+    marker = json.loads((folder / WRITTEN_MARKER).read_text(encoding="utf-8"))
+    names = sorted(set(names))
+    marker["files"] = sorted(set(marker.get("files") or []) | set(names))
+    if isinstance(marker.get("checksums"), dict):
+        marker["checksums"].update(written_file_record(folder, names))
+    with atomic_file(folder / WRITTEN_MARKER, encoding="utf-8") as stream:
+        stream.write(json.dumps(marker, indent=2) + "\n")
+
+
+def changed_since_written(folder: str | Path) -> list[str]:
+    """Files the `WRITTEN_MARKER` of `folder` lists whose size or SHA-256 is not the one it recorded (a file edited
+    or replaced since, or a name added to the list by hand): they are not the files the export wrote. Empty for a
+    marker of an earlier version, which recorded no checksums."""
+    return _marker_entries(Path(folder))[1]
+
+
+def _marker_entries(folder: Path) -> tuple[set[str], list[str]]:
+    """(the files the marker of `folder` vouches for, the listed ones that do not match their record)."""
+    try:
+        marker = json.loads((folder / WRITTEN_MARKER).read_text(encoding="utf-8"))
+        listed = set(marker["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return set(), []
+    checksums = marker.get("checksums")
+    if checksums is None:  # written before markers recorded checksums: the list is all there is
+        return listed, []
+    if not isinstance(checksums, dict):
+        return set(), sorted(listed)
+    vouched, changed = set(), []
+    for name in sorted(listed):
+        path, entry = folder / name, checksums.get(name)
+        if not path.is_file() or path.is_symlink():
+            vouched.add(name)  # gone, or not a file: nothing of the user's to lose under this name
+            continue
+        matches = isinstance(entry, dict) and entry.get("size") == path.stat().st_size
+        if matches and entry.get("sha256") == written_file_record(folder, [name])[name]["sha256"]:
+            vouched.add(name)
+        else:
+            changed.append(name)
+    return vouched, changed
+
+
 def files_not_written_by_us(folder: str | Path) -> list[str]:
     """Entries of `folder` that no export or average of this package wrote there (per its `WRITTEN_MARKER`); every
-    entry when there is no readable marker."""
+    entry when there is no readable marker. A listed file whose size or SHA-256 differs from what the marker recorded
+    (`changed_since_written`) counts as not written by us: it is never removed."""
     folder = Path(folder)
     entries = [entry for entry in folder_entries(folder) if entry != WRITTEN_MARKER]
-    try:
-        written = set(json.loads((folder / WRITTEN_MARKER).read_text(encoding="utf-8"))["files"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return entries
+    written = _marker_entries(folder)[0]
     parents = {parent.as_posix() for name in written for parent in Path(name).parents if parent != Path(".")}
     return [entry for entry in entries if entry not in written | parents]
 
@@ -81,15 +191,32 @@ def check_export_folder(
     *,
     flag: str = EXPORT_FLAG,
     protected: dict[str, str | Path] | None = None,
+    sources: dict[str, str | Path] | None = None,
 ) -> None:
     """Refuse, before any work, a folder an export (or an average) must not write to.
 
     `FileExistsError` when `folder` exists and is not empty, unless `overwrite` (`flag` names how to ask for it); even
     then when it holds anything an earlier export or average of this package did not write (corpus files,
     checkpoints, unknown files). `ValueError` when it is one of the `protected` folders (description -> path, e.g. the
-    Trainer output folder, the corpus folder, the inputs of the command); `PermissionError` when it cannot be written.
+    Trainer output folder, the corpus folder, the inputs of the command), and when it is inside one of the `sources`
+    (description -> path: the model folder a conversion reads) or holds one: the result would become part of the
+    folder it is made from (uploaded by `push` with it, in the way of the folder's next export) or take it along when
+    replaced. `PermissionError` when it cannot be written.
     """
     folder = Path(folder)
+    for description, path in (sources or {}).items():
+        source, target = Path(path).resolve(), folder.resolve()
+        if target != source and source in target.parents:
+            raise ValueError(
+                f"{str(folder)!r} is inside {description} {str(path)!r}: the result would become part of the folder "
+                f"it is made from (uploaded with it by `push`, in the way of its next export); write it beside it, "
+                f"e.g. {str(source.parent / (source.name + '-' + target.name))!r}."
+            )
+        if target in source.parents:
+            raise ValueError(
+                f"{str(folder)!r} holds {description} {str(path)!r}: replacing it would take that folder along; write "
+                "the result to a folder of its own."
+            )
     here = Path.cwd().resolve()
     if folder.resolve() == here or folder.resolve() in here.parents:
         raise ValueError(
@@ -109,10 +236,17 @@ def check_export_folder(
             )
         unknown = files_not_written_by_us(folder)
         if unknown:
+            changed = [name for name in changed_since_written(folder) if name in unknown]
+            why = (
+                f"; {changed[:5]} {'is' if len(changed) == 1 else 'are'} listed by its {WRITTEN_MARKER} but changed "
+                "since the export wrote it (size or SHA-256)"
+                if changed
+                else ""
+            )
             raise FileExistsError(
                 f"{str(folder)!r} holds files that no export or average of hf-deep-nmt wrote ({unknown[:5]}"
-                f"{' ...' if len(unknown) > 5 else ''}), so it is never replaced, not even when asked; choose another "
-                "folder, or move those files away first."
+                f"{' ...' if len(unknown) > 5 else ''}{why}), so it is never replaced, not even when asked; they are "
+                "kept. Choose another folder, or move those files away first."
             )
     check_writable_location(folder, "Export folder")
 
@@ -135,7 +269,9 @@ def write_marked_folder(
     try:
         write(staging)
         written = folder_entries(staging)
-        marker = {"written_by": "hf-deep-nmt", "files": [name for name in written if (staging / name).is_file()]}
+        files = [name for name in written if (staging / name).is_file()]
+        checksums = written_file_record(staging, [name for name in files if not (staging / name).is_symlink()])
+        marker = {"written_by": "hf-deep-nmt", "files": files, "checksums": checksums}
         (staging / WRITTEN_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
         file_mode, folder_mode = user_file_modes()
         for name in [*written, WRITTEN_MARKER]:
@@ -145,7 +281,12 @@ def write_marked_folder(
             check_export_folder(folder, overwrite, flag=flag, protected=protected)
             retired = Path(tempfile.mkdtemp(prefix=f".{folder.name}.old.", dir=folder.parent))
             folder.rename(retired / folder.name)
-            staging.rename(folder)
+            try:
+                staging.rename(folder)
+            except BaseException:  # interrupted between the two renames: the earlier result goes back
+                (retired / folder.name).rename(folder)
+                retired.rmdir()
+                raise
             shutil.rmtree(retired)
         else:
             staging.rename(folder)

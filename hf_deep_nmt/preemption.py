@@ -7,17 +7,30 @@ end of the current optimizer step: `should_save` (the usual complete `checkpoint
 The command then raises `TrainingPreempted` instead of evaluating and exporting, and leaving the run folder releases
 its lock. A signal before training starts (data, tokenizer) stops the command at once: there is nothing to save.
 In a multi-process run the flag is all-reduced every step, so that every process saves and stops at the same step.
+
+A checkpoint saved for a preemption at a step the save schedule would not have saved is marked so in its Trainer
+state, and removed when the continued run makes its next scheduled save (before the Trainer's `save_total_limit`
+rotation counts it): the checkpoints left at the end, which `average_checkpoints` averages, are those of an
+uninterrupted run. The end of a run (the export, the results and the record marked finished) runs with the signals
+held back (`signals_held`): a signal then takes effect once the run is finished, so a folder is never left with an
+export in place and a run record that says it is unfinished.
 """
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
+
+from hf_deep_nmt.checkpoints import numbered_checkpoints, unscheduled_checkpoint
 
 logger = logging.get_logger(__name__)
 
@@ -61,6 +74,8 @@ class PreemptionSignals:
         self.training = False
         self.trained = False  # training has ended: a signal now interrupts evaluation or export
         self.taken_over: str | None = None  # set (from the lock's heartbeat) when another run took the folder
+        self.held = False  # `signals_held`: a signal is noted (`held_signal`) and acted on at the end of the block
+        self.held_signal: int | None = None
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> PreemptionSignals:
@@ -80,6 +95,13 @@ class PreemptionSignals:
     def _handle(self, signum, frame) -> None:
         first = self.received is None
         self.received = signum
+        if self.held:
+            self.held_signal = signum
+            logger.warning(
+                f"{signal.Signals(signum).name} received: stopping once the export, the results and the run record "
+                "are written."
+            )
+            return
         if not self.training:
             raise TrainingPreempted(signum, trained=self.trained)
         if first:
@@ -89,24 +111,32 @@ class PreemptionSignals:
             )
 
 
-class PreemptionCallback(TrainerCallback):
+class PreemptionCallback(TrainerCallback, ExportableState):
     """Save a checkpoint and stop at the end of the optimizer step during which a preemption signal arrived (see the
-    module). `stopped_at` is the checkpoint written for it (None when training was not preempted)."""
+    module). `stopped_at` is the checkpoint written for it (None when training was not preempted). Its state, saved
+    in each checkpoint's `trainer_state.json`, says whether the save schedule would have saved that checkpoint."""
 
     def __init__(self) -> None:
         self.signals: PreemptionSignals | None = None
         self.signum: int | None = None
         self.stopped_at: str | None = None
+        self.unscheduled = False  # the checkpoint now saved is a preemption's, at a step the schedule does not save
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"unscheduled_save": self.unscheduled}}
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.signals = PreemptionSignals.current
         self.stopped_at = self.signum = None
+        self.unscheduled = False
         if self.signals is not None:
             self.signals.training, self.signals.trained = True, False
 
     def on_step_end(self, args, state, control, **kwargs):
         if self.signals is not None and self.signals.taken_over:
             raise OutputFolderTakenOver(self.signals.taken_over)
+        if control.should_save:  # the schedule's save (the Trainer's flow callback runs first)
+            drop_unscheduled_checkpoints(args, state)
         signum = self.signals.received if self.signals is not None else None
         if args.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             flag = torch.tensor(float(signum or 0), device=args.device)
@@ -115,9 +145,15 @@ class PreemptionCallback(TrainerCallback):
         if signum is None:
             return
         self.signum = signum
+        self.unscheduled = not control.should_save
         control.should_save = True
         control.should_training_stop = True
         self.stopped_at = f"{args.output_dir}/checkpoint-{state.global_step}"
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        if control.should_save:  # an epoch-end save of the schedule
+            self.unscheduled = False
+            drop_unscheduled_checkpoints(args, state)
 
     def on_train_end(self, args, state, control, **kwargs):
         if self.signals is None:
@@ -134,3 +170,44 @@ def raise_if_preempted(trainer) -> None:
     for callback in trainer.callback_handler.callbacks:
         if isinstance(callback, PreemptionCallback) and callback.stopped_at is not None:
             raise TrainingPreempted(callback.signum, callback.stopped_at)
+
+
+def drop_unscheduled_checkpoints(args, state) -> None:
+    """Before a save of the schedule at `state.global_step`: remove the earlier checkpoints saved only for a
+    preemption (`unscheduled_checkpoint`). The run continued from them and the save about to be made holds its
+    progress; left in place, they would take a scheduled checkpoint's place in the Trainer's `save_total_limit`
+    rotation and in the checkpoints averaged at the end. Main process only."""
+    if not state.is_world_process_zero:
+        return
+    for folder in numbered_checkpoints(args.output_dir):
+        step = int(folder.name.rpartition("-")[2])
+        if step < state.global_step and unscheduled_checkpoint(folder):
+            logger.warning(
+                f"Removing {str(folder)!r}, saved for a preemption at a step the save schedule does not save: the "
+                f"run has continued from it, and its step-{state.global_step} checkpoint takes its place."
+            )
+            shutil.rmtree(folder)
+
+
+@contextlib.contextmanager
+def signals_held(finished=lambda: False) -> Iterator[None]:
+    """Hold SIGTERM and SIGUSR1 back for the block (under a `RunFolder`; elsewhere nothing changes): a signal arriving
+    meanwhile is noted and takes effect at the end of the block, as `TrainingPreempted`; or, when `finished()` then
+    says the run is done (its record marked finished), it is reported and dropped: there is nothing left to stop or to
+    continue. (The handler decides, not a signal mask: any thread of the process may receive the signal.)"""
+    signals = PreemptionSignals.current
+    if signals is None or signals.held:
+        yield
+        return
+    signals.held, signals.held_signal = True, None
+    try:
+        yield
+    finally:
+        signals.held = False
+    signum = signals.held_signal
+    if signum is None:
+        return
+    if finished():
+        logger.warning(f"{signal.Signals(signum).name} received while the run was being finished: it is complete.")
+        return
+    raise TrainingPreempted(signum, trained=signals.trained)

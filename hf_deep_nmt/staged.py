@@ -5,9 +5,10 @@ layers, restart the learning rate, train again, ... up to the last depth, then e
 
 Every stage writes its own folder under `output_dir` (`stage-1-2-layers/`, ...) with its Trainer checkpoints and, when
 it is done, its final model and `stage.json`. Running the same command again resumes: finished stages are skipped, an
-interrupted stage continues from its last checkpoint. A folder holding a run of another recipe is refused
-(`hf_deep_nmt.run_folder`), so a changed recipe never exports the old stages under its own card. Each stage starts
-with a fresh optimizer; the schedule is the fairseq inverse square root with the SDT restart rule
+interrupted stage continues from its last checkpoint, and a stage stopped after its last step (while its model or
+record was being saved) saves them from that checkpoint without training again. A folder holding a run of another
+recipe is refused (`hf_deep_nmt.run_folder`), so a changed recipe never exports the old stages under its own card.
+Each stage starts with a fresh optimizer; the schedule is the fairseq inverse square root with the SDT restart rule
 (`hf_deep_nmt.schedules`). With `average_checkpoints: N`, the final evaluation and the export use the mean of the last
 stage's newest N checkpoints (`hf_deep_nmt.training.average_last_checkpoints`, the step `train` takes).
 """
@@ -16,16 +17,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
 
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoModelForSeq2SeqLM, TrainerState
 from transformers.utils import logging
 
 from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
 from hf_deep_nmt.callbacks import nonfinite_steps_skipped
-from hf_deep_nmt.checkpoints import last_complete_checkpoint, verify_checkpoint
+from hf_deep_nmt.checkpoints import TRAINER_STATE_FILE, last_complete_checkpoint, training_finished, verify_checkpoint
+from hf_deep_nmt.folders import atomic_file, write_marked_folder
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.plan import RunPlan, plan_run
@@ -38,8 +41,10 @@ from hf_deep_nmt.training import (
     build_model,
     configure_generation,
     evaluate_and_export,
+    load_finished_training,
     make_trainer,
     prepare,
+    skipped_steps_in_state,
 )
 from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
@@ -73,9 +78,7 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
     check_explicit_run(argv, "train-staged", given)
     shape = run_shape(arguments[3])
     with RunFolder(arguments[3].output_dir, "train-staged", run_recipe(*arguments), shape) as folder:
-        summary = _run_staged(plan_run(*arguments[:4], arguments[4], "train-staged"), folder)
-        folder.finish()
-    return summary
+        return _run_staged(plan_run(*arguments[:4], arguments[4], "train-staged"), folder)
 
 
 def _run_staged(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
@@ -117,31 +120,44 @@ def _run_staged(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
         checkpoint = last_complete_checkpoint(stage_dir)
         if checkpoint:
             verify_checkpoint(checkpoint)  # its files are those the stage recorded
-            logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
         claim_outputs(root, stage_dir)
-        result = trainer.train(resume_from_checkpoint=checkpoint)
-        raise_if_preempted(trainer)  # before stage.json: a preempted stage is not finished
-        done = {"stage": number, "encoder_layers": depth, "steps": result.global_step, "schedule_start": start_step}
-        done["nonfinite_steps_skipped"] = nonfinite_steps_skipped(trainer)
+        if checkpoint and training_finished(checkpoint, stage_args):
+            # stopped after the stage's last step, before its record: its model is saved, nothing trained again
+            logger.warning(f"Stage {number} ({depth} layers): {checkpoint} ends the stage; saving its model.")
+            state = load_finished_training(trainer, checkpoint)
+            steps, skipped = state.global_step, skipped_steps_in_state(state)
+        else:
+            if checkpoint:
+                logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
+            result = trainer.train(resume_from_checkpoint=checkpoint)
+            raise_if_preempted(trainer)  # before stage.json: a preempted stage is not finished
+            steps, skipped = result.global_step, nonfinite_steps_skipped(trainer)
+        done = {"stage": number, "encoder_layers": depth, "steps": steps, "schedule_start": start_step}
+        done["nonfinite_steps_skipped"] = skipped
         if trainer.is_world_process_zero():
-            trainer.save_model(stage_dir / "model")
+            model_dir = stage_dir / "model"
+            if model_dir.is_dir():  # left half-written by an interrupted save (the stage has no record yet)
+                shutil.rmtree(model_dir)
+            write_marked_folder(model_dir, trainer.save_model)
             # written beside and renamed into place: a run killed meanwhile leaves no half-written record
-            partial = record.with_suffix(".json.partial")
-            partial.write_text(json.dumps(done, indent=2) + "\n")
-            partial.replace(record)
+            with atomic_file(record, encoding="utf-8") as stream:
+                stream.write(json.dumps(done, indent=2) + "\n")
         trainer.accelerator.wait_for_everyone()
-        completed_steps += result.global_step
+        completed_steps += steps
         previous = stage_dir / "model"
         summary["stages"].append(done)
     if trainer is None:  # every stage was already done: evaluate the last one
         model = AutoModelForSeq2SeqLM.from_pretrained(previous)
         configure_generation(model, prepared.tokenizer, data_args, export_args, plan)
         trainer = make_trainer(model, training_args, prepared)
+        last = last_complete_checkpoint(stage_dir)
+        if last:  # the last stage's log history, for the curves, as the run that trained it had it
+            trainer.state = TrainerState.load_from_json(str(Path(last) / TRAINER_STATE_FILE))
     summary.update(train_seconds=round(time.perf_counter() - started, 1), train_steps=completed_steps)
     summary["nonfinite_steps_skipped"] = sum(stage.get("nonfinite_steps_skipped", 0) for stage in summary["stages"])
     # the SDT paper averages the newest checkpoints of the last stage; the same step `train` takes on its run
     average_last_checkpoints(trainer, stage_dir, export_args.average_checkpoints, summary)
-    return evaluate_and_export(trainer, prepared, plan, summary)
+    return evaluate_and_export(trainer, prepared, plan, summary, finish=folder.finish)
 
 
 def finished_stage(stage_dir: Path, number: int, depth: int) -> dict[str, Any] | None:

@@ -4,8 +4,9 @@
 once into a `RunPlan` (`hf_deep_nmt.plan.plan_run`: settings, saved model, corpus files, folders, memory; nothing
 loaded), then `_run(plan, folder)` does the work with the plan's resolved values, checking nothing again: the run
 folder recorded (`hf_deep_nmt.run_folder`) -> `prepare` (corpus, tokenizer, tokenized splits) -> `build_model` ->
-`configure_generation` -> `make_trainer` -> train, resuming where a killed run stopped -> `average_last_checkpoints`
--> `evaluate_and_export` (sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`). `hf-deep-nmt
+`configure_generation` -> `make_trainer` -> train, resuming where a killed run stopped (one stopped after its last
+step is not trained again: `continue_finished_training`) -> `average_last_checkpoints` -> `evaluate_and_export`
+(sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`, the run marked finished). `hf-deep-nmt
 train-staged` (`hf_deep_nmt.staged`) runs the same steps around its stages.
 
 What the libraries do is left to them: argument parsing (`HfArgumentParser`), the training loop, mixed precision and
@@ -31,6 +32,7 @@ from transformers import (
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    TrainerState,
     set_seed,
 )
 from transformers.utils import logging
@@ -47,13 +49,14 @@ from hf_deep_nmt.arguments import (
     parse_arguments,
 )
 from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
-from hf_deep_nmt.callbacks import nonfinite_steps_skipped
-from hf_deep_nmt.checkpoints import resolve_resume_checkpoint
+from hf_deep_nmt.callbacks import NonFiniteGuard, nonfinite_steps_skipped
+from hf_deep_nmt.checkpoints import TRAINER_STATE_FILE, resolve_resume_checkpoint, training_finished
 from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
 from hf_deep_nmt.data import SOURCE, TARGET, sample_corpus_dir
 from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
+from hf_deep_nmt.folders import atomic_file, write_marked_folder
 from hf_deep_nmt.hub import export_hub_folder
 from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
@@ -66,7 +69,7 @@ from hf_deep_nmt.plan import (  # noqa: F401  (check_saved_model, check_repo_id,
     plan_run,
     recipe_inputs,
 )
-from hf_deep_nmt.preemption import raise_if_preempted
+from hf_deep_nmt.preemption import raise_if_preempted, signals_held
 from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.streaming import prepare_streaming
@@ -84,9 +87,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
     check_explicit_run(argv, "train", given)
     shape = run_shape(arguments[3])
     with RunFolder(arguments[3].output_dir, "train", run_recipe(*arguments), shape) as folder:
-        summary = _run(plan_run(*arguments), folder)
-        folder.finish()
-    return summary
+        return _run(plan_run(*arguments), folder)
 
 
 def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
@@ -98,18 +99,78 @@ def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
     trainer = make_trainer(model, training_args, prepared)
     started = time.perf_counter()
     checkpoint = resolve_resume_checkpoint(resume, training_args.output_dir)
-    if checkpoint:
-        logger.warning(f"Resuming from {checkpoint}.")
-    train_result = trainer.train(resume_from_checkpoint=checkpoint)
-    raise_if_preempted(trainer)  # stopped by SIGTERM / SIGUSR1 after a checkpoint: nothing to evaluate yet
-    summary: dict[str, Any] = {
-        "train_loss": round(train_result.training_loss, 4),
-        "train_seconds": round(time.perf_counter() - started, 1),
-        "train_steps": train_result.global_step,
-        "nonfinite_steps_skipped": nonfinite_steps_skipped(trainer),
-    }
+    if checkpoint and training_finished(checkpoint, training_args):
+        # stopped after its last step (while saving it, averaging, evaluating or exporting): nothing is trained again
+        summary = continue_finished_training(trainer, checkpoint, training_args.output_dir)
+    else:
+        if checkpoint:
+            logger.warning(f"Resuming from {checkpoint}.")
+        train_result = trainer.train(resume_from_checkpoint=checkpoint)
+        summary = {
+            "train_loss": round(train_result.training_loss, 4),
+            "train_seconds": round(time.perf_counter() - started, 1),
+            "train_steps": train_result.global_step,
+            "nonfinite_steps_skipped": nonfinite_steps_skipped(trainer),
+        }
+        if trainer.state.global_step >= trainer.state.max_steps:  # kept for a run continued after its last step
+            write_results(training_args.output_dir, summary, trainer)
+        raise_if_preempted(trainer)  # stopped by SIGTERM / SIGUSR1 after a checkpoint: nothing to evaluate yet
     average_last_checkpoints(trainer, training_args.output_dir, plan.export_args.average_checkpoints, summary)
-    return evaluate_and_export(trainer, prepared, plan, summary)
+    return evaluate_and_export(trainer, prepared, plan, summary, finish=folder.finish)
+
+
+def continue_finished_training(trainer, checkpoint: str | Path, output_dir: str | Path) -> dict[str, Any]:
+    """A run stopped after its last optimizer step continues here instead of in `trainer.train()` (which would train
+    one step more): the trainer takes the checkpoint's weights and state (`load_finished_training`), and the summary
+    is the one its training recorded in `results.json` (a training preempted during its last step recorded none: the
+    loss and time are then unknown, `None`)."""
+    state = load_finished_training(trainer, checkpoint)
+    logger.warning(
+        f"{checkpoint} ends this training (step {state.global_step}): continuing with what follows training, "
+        "without training again."
+    )
+    try:
+        recorded = json.loads((Path(output_dir) / "results.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        recorded = None
+    keys = ("train_loss", "train_seconds", "train_steps", "nonfinite_steps_skipped")
+    if isinstance(recorded, dict) and recorded.get("train_steps") == state.global_step:
+        return {key: recorded.get(key) for key in keys}
+    return {
+        "train_loss": None,
+        "train_seconds": None,
+        "train_steps": state.global_step,
+        "nonfinite_steps_skipped": skipped_steps_in_state(state),
+    }
+
+
+def load_finished_training(trainer, checkpoint: str | Path):
+    """Give `trainer` the weights and Trainer state (log history, step) saved in the checkpoint of a finished training,
+    as `trainer.train()` would leave them had it run to that checkpoint. Returns the state."""
+    state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_FILE))
+    saved = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    trainer.model.load_state_dict(saved.state_dict())
+    trainer.state = state
+    return state
+
+
+def skipped_steps_in_state(state) -> int:
+    """The `NonFiniteGuard` count saved with a Trainer state (0 when it holds none)."""
+    stored = (state.stateful_callbacks or {}).get(NonFiniteGuard.__name__)
+    attributes = stored.get("attributes") if isinstance(stored, dict) else None
+    return int((attributes or {}).get("skipped", 0))
+
+
+def write_results(output_dir: str | Path, summary: dict[str, Any], trainer=None) -> None:
+    """`results.json` in `output_dir` (claimed in the run record first), written beside and renamed into place; main
+    process only."""
+    if trainer is not None and not trainer.is_world_process_zero():
+        return
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    claim_outputs(output_dir, output_dir / "results.json")
+    with atomic_file(output_dir / "results.json", encoding="utf-8") as stream:
+        stream.write(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
 
 
 # ---- the steps, in the order a run takes them -----------------------------------------------------------------------
@@ -172,7 +233,7 @@ def prepare(
     tokenizer = given or data.tokenizer
     if given is None and tokenizer_dir is not None and training_args.process_index == 0:
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
-        tokenizer.save_pretrained(tokenizer_dir)
+        write_marked_folder(tokenizer_dir, tokenizer.save_pretrained)  # whole or absent, never half-written
     raw = datasets.DatasetDict()
     eval_dataset, references = None, []
     if data.validation is not None:  # the final evaluation translates each source in full: checked before step 1
@@ -251,7 +312,7 @@ def load_tokenizer(
     )
     if tokenizer_dir is not None:
         claim_outputs(tokenizer_dir.parent, tokenizer_dir)
-        tokenizer.save_pretrained(tokenizer_dir)
+        write_marked_folder(tokenizer_dir, tokenizer.save_pretrained)  # whole or absent, never half-written
     return tokenizer
 
 
@@ -371,10 +432,14 @@ def evaluate_and_export(
     prepared: Prepared,
     plan: RunPlan,
     summary: dict[str, Any],
+    finish=None,
 ) -> dict[str, Any]:
     """sacreBLEU/chrF on the validation split (decoded with the plan's options), a few translations, the curves, the
-    Hub-ready folder (never replacing the plan's protected folders) and `results.json`, all on the main process."""
+    Hub-ready folder (never replacing the plan's protected folders) and `results.json`, all on the main process;
+    then `finish()` (the run folder's, marking the run finished). Other processes only call `finish()`."""
     if not trainer.is_world_process_zero():
+        if finish is not None:
+            finish()
         return summary
     _, data_args, export_args, training_args = plan.arguments
     if prepared.eval_dataset is not None:
@@ -385,30 +450,30 @@ def evaluate_and_export(
         curves = plot_training_curves(trainer.state.log_history, Path(training_args.output_dir))
         if curves is not None:
             summary["training_curves"] = str(curves)
-    if export_args.export_dir:
-        train_file = data_args.corpus_paths()[0]
-        export_hub_folder(
-            trainer.model,
-            prepared.tokenizer,
-            export_args.export_dir,
-            overwrite=export_args.overwrite_export,
-            repo_id=export_args.repo_id,
-            languages=(data_args.source_lang, data_args.target_lang),
-            metrics=summary,
-            dataset_name=data_args.dataset_name or _corpus_name(train_file),
-            training_data=_describe_data(data_args, prepared.train_pairs, summary),
-            examples=summary.get("examples"),
-            length_penalty_form=export_args.length_penalty_form,
-            length_rule=(export_args.max_length_a, export_args.max_length_b),
-            protected=plan.protected,
-        )
-        summary["export_dir"] = export_args.export_dir
-    output_dir.mkdir(parents=True, exist_ok=True)
-    claim_outputs(output_dir, output_dir / "results.json")
-    # written beside and renamed into place: a run stopped meanwhile (a signal) leaves no half-written results
-    partial = output_dir / "results.json.partial"
-    partial.write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    partial.replace(output_dir / "results.json")
+    # the export swapped in, the results written and the run marked finished with the signals held back: a signal
+    # meanwhile never leaves an export in place beside a record that says the run is unfinished
+    with signals_held(finished=lambda: finish is not None):
+        if export_args.export_dir:
+            train_file = data_args.corpus_paths()[0]
+            export_hub_folder(
+                trainer.model,
+                prepared.tokenizer,
+                export_args.export_dir,
+                overwrite=export_args.overwrite_export,
+                repo_id=export_args.repo_id,
+                languages=(data_args.source_lang, data_args.target_lang),
+                metrics=summary,
+                dataset_name=data_args.dataset_name or _corpus_name(train_file),
+                training_data=_describe_data(data_args, prepared.train_pairs, summary),
+                examples=summary.get("examples"),
+                length_penalty_form=export_args.length_penalty_form,
+                length_rule=(export_args.max_length_a, export_args.max_length_b),
+                protected=plan.protected,
+            )
+            summary["export_dir"] = export_args.export_dir
+        write_results(output_dir, summary)
+        if finish is not None:
+            finish()
     return summary
 
 
@@ -442,7 +507,8 @@ def _describe_data(data_args: DataArguments, num_pairs: int, summary: dict[str, 
     steps = summary.get("train_steps")
     return (
         f"{num_pairs} sentence pairs ({data_args.source_lang}-{data_args.target_lang}) from `{corpus}`, "
-        f"{steps} optimizer steps in {summary.get('train_seconds')} s."
+        f"{steps} optimizer steps"
+        + (f" in {summary['train_seconds']} s." if summary.get("train_seconds") is not None else ".")
         + (
             " The bundled sample is public-domain Bible text."
             if _corpus_name(str(corpus)) == "bible-es-en-sample"

@@ -4,7 +4,8 @@ Written here, over `generate()`: batches formed by a token budget (`hf_deep_nmt.
 each sentence's own source length (fairseq's `--max-len-a/b`, as a logits processor, so a sentence's translation
 does not depend on the batch it lands in) under an absolute cap, the GNMT length penalty (by rescoring the final
 beam), input order kept, empty lines passed through, a progress bar; and the file side: input split on `\n` alone,
-translations streamed to the output in input order as they are produced, no file replaced unless asked.
+translations streamed in input order as they are produced to a temporary file renamed into place when complete, no
+file replaced unless asked.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from hf_deep_nmt.data import path_kind
 from hf_deep_nmt.decoding import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
 from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
+from hf_deep_nmt.folders import atomic_file
 from hf_deep_nmt.memory import check_memory, check_saved_model_size
 from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.weights import check_finite_weights, check_missing_weights
@@ -506,27 +508,46 @@ def check_output_path(target: str | Path, source: str | Path = "-", overwrite: b
 
 
 class _OutputFile:
-    """Opened at the first write, so that a run failing before its first translation leaves an existing file
-    untouched and creates none; `x` mode without `overwrite`, so a file appearing meanwhile is not replaced."""
+    """Opened at the first write, so that a run failing before its first translation creates no file. A file is
+    written under a temporary name beside it and renamed into place once every line is written (`atomic_file`): an
+    interrupted run never leaves a truncated file where a good one was, and a file being read meanwhile (`cat F |
+    ... --output F --overwrite`) keeps its text until the end. Without `overwrite` the rename never replaces a file
+    that appeared meanwhile. stdout, devices and FIFOs (`/dev/null`) are written directly."""
 
     def __init__(self, target: str | Path, overwrite: bool):
         self.target, self.overwrite, self.stream, self.lines = target, overwrite, None, 0
+        self._file: contextlib.ExitStack | None = None
+
+    @property
+    def partial(self) -> str | None:
+        """The temporary file being written (None for stdout, a device or a FIFO)."""
+        return self.stream.name if self._file is not None else None
 
     def write(self, lines: list[str]) -> None:
         if self.stream is None:
             if str(self.target) == "-":
                 self.stream = sys.stdout
+            elif os.path.exists(self.target) and not os.path.isfile(self.target):  # /dev/null, a FIFO
+                self.stream = open(self.target, "w", encoding="utf-8", newline="\n")
             else:
-                special = os.path.exists(self.target) and not os.path.isfile(self.target)  # /dev/null, a FIFO
-                mode = "w" if self.overwrite or special else "x"
-                self.stream = open(self.target, mode, encoding="utf-8", newline="\n")
+                self._file = contextlib.ExitStack()
+                output = atomic_file(
+                    self.target, replace=self.overwrite, keep_on_error=True, encoding="utf-8", newline="\n"
+                )
+                self.stream = self._file.enter_context(output)
         # a translation never holds a line break: every output line stays opposite its input line
         self.stream.write("".join(line.replace("\r", " ").replace("\n", " ") + "\n" for line in lines))
         self.stream.flush()
         self.lines += len(lines)
 
-    def close(self) -> None:
-        if self.stream is not None and self.stream is not sys.stdout:
+    def close(self, error: BaseException | None = None) -> None:
+        """Put the file in place (no `error`), or keep the temporary file with the lines written so far."""
+        if self._file is not None:
+            if error is None:
+                self._file.close()
+            else:
+                self._file.__exit__(type(error), error, error.__traceback__)
+        elif self.stream is not None and self.stream is not sys.stdout:
             self.stream.close()
 
 
@@ -541,8 +562,10 @@ def write_translations(
     **settings,
 ) -> int:
     """Translate `lines` into `target` (`-`: stdout), one line each, streamed in input order and flushed after every
-    batch, so that a run stopped midway leaves the translations of the first lines on disk. Nothing is written
-    before the first translation; an error after it keeps the lines written and says how many (an exception note).
+    batch. A file is written under a temporary name beside it and renamed to `target` once complete, so a stopped run
+    never leaves a truncated `target` (nor destroys the one it replaces); an error after the first translation keeps
+    the temporary file with the lines written and names it (an exception note). Nothing is written before the first
+    translation.
     `options` and `settings` are those of `translate` (`progress`, `compile` too); without `options`, 1000 lines at
     a time are sorted into batches unless `buffer_size` says otherwise. Returns the number of lines."""
     check_output_path(target, overwrite=overwrite)
@@ -556,11 +579,16 @@ def write_translations(
         if output.stream is None:
             output.write([])
     except BaseException as error:
-        if output.lines and str(target) != "-":
+        output.close(error)
+        if output.lines and output.partial is not None:
+            error.add_note(
+                f"the first {output.lines} of {len(lines)} translations are in {output.partial} ({target} was not "
+                "changed)"
+            )
+        elif output.lines and str(target) != "-":
             error.add_note(f"the first {output.lines} of {len(lines)} translations were written to {target}")
         raise
-    finally:
-        output.close()
+    output.close()
     return len(lines)
 
 

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hf_deep_nmt.folders import WRITTEN_MARKER, check_writable_location
+from hf_deep_nmt.folders import WRITTEN_MARKER, check_writable_location, record_written
 from hf_deep_nmt.model_folders import CODE_FILES
 from hf_deep_nmt.model_folders import check_model_folder as check_folder
 
@@ -311,17 +311,16 @@ def replace_in_folder(folder: Path, new: Path, report: UpgradeReport) -> None:
     marker = folder / WRITTEN_MARKER
     if marker.is_file():
         try:
-            content = json.loads(marker.read_text(encoding="utf-8"))
-            listed = set(content["files"])
+            readable = isinstance(json.loads(marker.read_text(encoding="utf-8"))["files"], list)
         except (ValueError, KeyError, TypeError):
-            content = None
-        if content is not None:
+            readable = False
+        if readable:
             kept = [
                 (backup / name).relative_to(folder).as_posix() for name in report.changed if (backup / name).exists()
             ]
-            # a code file the folder lacked (`kernels_deep_nmt.py` in a 0.1.0 folder) is written by us now too
-            content["files"] = sorted(listed | set(kept) | set(report.changed))
-            marker.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
+            # a code file the folder lacked (`kernels_deep_nmt.py` in a 0.1.0 folder) is written by us now too; the
+            # marker records their checksums, so that a later export may replace them (and only them)
+            record_written(folder, [*kept, *report.changed])
     report.backup = str(backup)
     report.written = True
 

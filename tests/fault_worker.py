@@ -6,7 +6,9 @@ lands where it is meant to:
 - FAULT_HANG_AT_STEP / FAULT_MARKER: while writing the checkpoint of that step, after its weights, optimizer and
   scheduler files but before its RNG and trainer state, create the marker file and hang (the test kills it there);
 - FAULT_STEP_FILE: after every optimizer step, write the step number into this file (so that a signal can be sent
-  once training is under way).
+  once training is under way);
+- FAULT_HANG_IN_EVALUATION: at the start of the final evaluation, create this marker file and hang (the test signals
+  it there).
 """
 
 import os
@@ -18,12 +20,13 @@ import torch
 import transformers.trainer
 from transformers import Trainer, TrainerCallback
 
-from hf_deep_nmt import cli
+from hf_deep_nmt import cli, training
 
 STEP_DELAY = float(os.environ.get("FAULT_STEP_DELAY", "0"))
 HANG_AT_STEP = int(os.environ.get("FAULT_HANG_AT_STEP", "0"))
 MARKER = os.environ.get("FAULT_MARKER")
 STEP_FILE = os.environ.get("FAULT_STEP_FILE")
+HANG_IN_EVALUATION = os.environ.get("FAULT_HANG_IN_EVALUATION")
 
 
 class SlowSteps(TrainerCallback):
@@ -43,9 +46,16 @@ def save_optimizer_and_scheduler_then_hang(self, output_dir):
         time.sleep(600)
 
 
+def hang_in_evaluation(*args, **kwargs):
+    Path(HANG_IN_EVALUATION).write_text("evaluating")
+    time.sleep(600)
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     transformers.trainer.DEFAULT_CALLBACKS.append(SlowSteps)
     if HANG_AT_STEP:
         Trainer._save_optimizer_and_scheduler = save_optimizer_and_scheduler_then_hang
+    if HANG_IN_EVALUATION:
+        training.score_validation = hang_in_evaluation
     sys.exit(cli.main(sys.argv[1:]))

@@ -108,9 +108,13 @@ def test_export_into_an_empty_folder_and_overwrite_on_request(model, tokenizer, 
     folder = tmp_path / "repo"
     folder.mkdir()
     export_hub_folder(model, tokenizer, folder)  # an existing empty folder is fine
-    (folder / "README.md").write_text("old card")
-    export_hub_folder(model, tokenizer, folder, overwrite=True)  # every file in it was written by the export
-    assert (folder / "README.md").read_text() != "old card" and (folder / "model.safetensors").is_file()
+    export_hub_folder(model, tokenizer, folder, overwrite=True)  # every file in it is as the export wrote it
+    assert (folder / "model.safetensors").is_file()
+    (folder / "README.md").write_text("a card edited by hand")  # listed by the marker, but no longer what it wrote
+    with pytest.raises(FileExistsError, match=r"\['README\.md'\] is listed by .* but changed since the export"):
+        export_hub_folder(model, tokenizer, folder, overwrite=True)
+    assert (folder / "README.md").read_text() == "a card edited by hand"
+    (folder / "README.md").unlink()
     (folder / "stale.txt").write_text("a file of the user's")
     with pytest.raises(FileExistsError, match=r"holds files that no export or average of hf-deep-nmt wrote"):
         export_hub_folder(model, tokenizer, folder, overwrite=True)

@@ -152,7 +152,7 @@ def test_a_translation_holding_a_line_break_stays_on_its_line(tiny_export, tmp_p
     assert len(target.read_text(encoding="utf-8").split("\n")) == 3  # two lines and the final newline
 
 
-# ---- streaming: a stopped run leaves the first translations on disk -------------------------------------------------
+# ---- streaming: a stopped run leaves the first translations in a temporary file, the output unchanged ---------------
 
 
 class StopAfter:
@@ -178,8 +178,10 @@ def test_a_stopped_run_leaves_every_finished_window_on_disk_in_order(tiny_export
     with pytest.raises(RuntimeError, match="stopped") as raised:
         write_translations(model, tokenizer, lines, target, batch_size=2, num_beams=1, buffer_size=4)
     assert stop.seen == [2, 2]
-    assert target.read_text(encoding="utf-8") == "".join(text + "\n" for text in expected[:4])
-    assert raised.value.__notes__ == [f"the first 4 of 8 translations were written to {target}"]
+    assert not target.exists()  # only a complete file is put in place
+    (partial,) = tmp_path.glob(".out.en.*.partial")
+    assert partial.read_text(encoding="utf-8") == "".join(text + "\n" for text in expected[:4])
+    assert raised.value.__notes__ == [f"the first 4 of 8 translations are in {partial} ({target} was not changed)"]
 
 
 def test_length_sorted_batches_still_reach_the_disk_as_an_input_prefix(tiny_export, tmp_path, monkeypatch):
@@ -193,7 +195,8 @@ def test_length_sorted_batches_still_reach_the_disk_as_an_input_prefix(tiny_expo
     monkeypatch.setattr(model, "generate", stop)
     with pytest.raises(RuntimeError, match="stopped"):
         write_translations(model, tokenizer, lines, target, batch_size=2, num_beams=1)
-    assert target.read_text(encoding="utf-8") == expected[0] + "\n"
+    (partial,) = tmp_path.glob(".out.en.*.partial")
+    assert partial.read_text(encoding="utf-8") == expected[0] + "\n"
 
 
 def test_a_run_failing_before_its_first_translation_touches_no_file(tiny_export, tmp_path, monkeypatch, capsys):
@@ -224,8 +227,9 @@ def test_the_cli_says_how_many_lines_a_stopped_run_wrote(tiny_export, tmp_path, 
     monkeypatch.setattr(DlclForConditionalGeneration, "generate", interrupted)
     assert main(run(tiny_export, "--input", str(source), "--output", str(target), "--batch-size", "1")) == 130
     error = one_error_line(capsys)
-    assert f"interrupted (the first 1 of 3 translations were written to {target})" in error
-    assert target.read_text(encoding="utf-8").count("\n") == 1
+    (partial,) = tmp_path.glob(".out.en.*.partial")
+    assert f"interrupted (the first 1 of 3 translations are in {partial} ({target} was not changed))" in error
+    assert partial.read_text(encoding="utf-8").count("\n") == 1 and not target.exists()
 
 
 # ---- bounds ---------------------------------------------------------------------------------------------------------
