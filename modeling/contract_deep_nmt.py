@@ -28,6 +28,7 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -316,11 +317,15 @@ class InsufficientMemoryError(ValueError):
     """What was asked needs more memory than the machine has: refused, with the estimate, before any allocation."""
 
 
-def check_fits(needed: int, what: str, way_out: str, device: str | torch.device = "cpu") -> None:
+def check_fits(
+    needed: int, what: str, way_out: str | Callable[[int], str], device: str | torch.device = "cpu"
+) -> None:
     """`InsufficientMemoryError` stating that `what` needs about `needed` bytes when `device` has less available (see
-    `available_memory`), before anything is allocated; `way_out` says what to change."""
+    `available_memory`), before anything is allocated; `way_out` says what to change (a function of the bytes
+    available: what would fit)."""
     available = available_memory(device)
     if available is not None and needed > available:
+        way_out = way_out(available) if callable(way_out) else way_out
         raise InsufficientMemoryError(
             f"{what} needs about {describe_bytes(needed)} ({needed:,} bytes), but only {describe_bytes(available)} "
             f"is available on {device}; {way_out}."

@@ -42,7 +42,6 @@ from .contract_deep_nmt import (
     LOADING,
     TESTED_TRANSFORMERS,
     LoadingRequest,
-    available_memory,
     check_extra_arguments,
     check_fits,
     check_loaded_weights,
@@ -1904,22 +1903,23 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         new_tokens = setting("max_new_tokens")
         cap = new_tokens if new_tokens is not None else (setting("max_length") or DEFAULT_MAX_OUTPUT_TOKENS + 2) - 1
         cached = cap if static else 1
-        per_row = decoding_memory(self.config, 1, ids.shape[1], cached, self.dtype)
-        available = available_memory(self.device)
-        if available is None or rows * per_row <= available:
-            return
-        what = f"generate() over {ids.shape[0]} sentence(s) of {ids.shape[1]} tokens x num_beams={beams}"
+        source = ids.shape[1]
+        per_row = decoding_memory(self.config, 1, source, cached, self.dtype)
+        what = f"generate() over {ids.shape[0]} sentence(s) of {source} tokens x num_beams={beams}"
         what += f" = {rows:,} hypotheses" + (f", with a static cache of {cached:,} positions," if static else "")
-        fitting_rows = available // per_row
-        ways = [f"at most {fitting_rows:,} hypotheses fit: lower num_beams (or the batch)"]
-        if static:
-            base = decoding_memory(self.config, rows, ids.shape[1], 0, self.dtype)
-            per_position = decoding_memory(self.config, rows, ids.shape[1], 1, self.dtype) - base
-            if per_position and available > base:
-                fitting = (available - base) // per_position
-                ways.insert(0, f"at most {fitting:,} output positions fit the static cache: lower max_new_tokens")
-            ways.append("or decode with the dynamic cache (leave cache_implementation unset)")
-        check_fits(rows * per_row, what, "; ".join(ways), self.device)
+
+        def what_fits(available: int) -> str:
+            ways = [f"at most {available // per_row:,} hypotheses fit: lower num_beams (or the batch)"]
+            if static:
+                rest = decoding_memory(self.config, rows, source, 0, self.dtype)
+                per_position = decoding_memory(self.config, rows, source, 1, self.dtype) - rest
+                if per_position and available > rest:
+                    fitting = (available - rest) // per_position
+                    ways.insert(0, f"at most {fitting:,} output positions fit the static cache: lower max_new_tokens")
+                ways.append("or decode with the dynamic cache (leave cache_implementation unset)")
+            return "; ".join(ways)
+
+        check_fits(rows * per_row, what, what_fits, self.device)
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
         """One output cap per call: a `max_new_tokens` given to `generate()` replaces the saved `max_length` (the
