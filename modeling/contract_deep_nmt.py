@@ -415,6 +415,8 @@ class LoadingRequest:
         state dict) or they cannot be found."""
         from transformers.utils import cached_file
 
+        if self.source == "None":  # weights given as a `state_dict` alone
+            return []
         infix = f".{self.variant}" if self.variant else ""
         options = dict(
             self.download,
@@ -431,8 +433,8 @@ class LoadingRequest:
                 return []
             shards = sorted(set(json.loads(Path(index).read_text(encoding="utf-8")).get("weight_map", {}).values()))
             files = [cached_file(self.source, shard, **options) for shard in shards]
-        except (OSError, ValueError):
-            return []
+        except (OSError, ValueError, TypeError):
+            return []  # transformers reports what it cannot find itself
         return files if all(files) else []
 
 
