@@ -159,6 +159,12 @@ FOLDER_CASES = {
         "encoder_layer_aggregation='dlcl' has layer-history weights encoder.history.weight (4, 4), but the file has "
         "none (its model has no layer history: a residual stack)",
     ),
+    "residual-over-dlcl": (
+        None,
+        lambda tensors: tensors.update({"model.encoder.history.weight": torch.eye(4)}),
+        "encoder_layer_aggregation='residual' has no layer-history weights, but the file holds encoder.history.weight "
+        "(4, 4)",
+    ),
     "renamed": (
         None,
         rename("model.encoder.layers.1.fc2.weight", "model.encoder.layers.1.fc3.weight"),
