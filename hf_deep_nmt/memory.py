@@ -1,6 +1,7 @@
-"""Sizes against memory, checked before anything is allocated: a lower bound of a model's parameters from its config
-alone, the memory a training step holds at least, the bytes this process can still allocate on a device, and a saved
-model whose config claims more than its weights hold. Each refusal states the estimate and what to change."""
+"""Sizes against memory, checked before anything is allocated: a model's parameters from its config alone (the model
+code's own count, with which a model checks its size before it is built), the memory a training step holds at least,
+the bytes this process can still allocate on a device, and a saved model whose config claims more than its weights
+hold. Each refusal states the estimate and what to change."""
 
 from __future__ import annotations
 
@@ -11,72 +12,21 @@ import torch
 from transformers import AutoConfig
 
 from hf_deep_nmt import registration  # noqa: F401  (AutoConfig reads this package's model types)
+from hf_deep_nmt.modeling.contract_deep_nmt import (  # noqa: F401  (the model code's own, re-exported)
+    GIB,
+    InsufficientMemoryError,
+    available_memory,
+    describe_bytes,
+)
+from hf_deep_nmt.modeling.modeling_deep_nmt import count_parameters
 from hf_deep_nmt.weights import saved_parameters, saved_weight_files
-
-GIB = 1 << 30
-
-
-def describe_bytes(size: float) -> str:
-    """`1.5 GiB`, `12.0 MiB`: a size for a message."""
-    for unit, scale in (("TiB", 1 << 40), ("GiB", GIB), ("MiB", 1 << 20)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size / 1024:.1f} KiB"
 
 
 def estimate_parameters(config) -> int:
-    """A lower bound of the parameters of a model of this package with `config`, from its sizes alone (nothing is
-    built): embeddings, output layer, attention and feed-forward matrices with their biases, LayerNorms. What it
-    leaves out (DLCL weights, MSC contexts, relative keys, the AAN's gates) only adds to the real count."""
-    d = int(config.d_model)
-    vocab = int(config.vocab_size)
-    decoder_vocab = int(getattr(config, "decoder_vocab_size", None) or vocab)
-    total = vocab * d + (4 * d if getattr(config, "pre_norm", True) else 0)  # pre-norm: each stack's last LayerNorm
-    if not getattr(config, "share_embeddings", True):
-        total += decoder_vocab * d
-    if not getattr(config, "tie_word_embeddings", True):
-        total += decoder_vocab * d
-    attention = 4 * d * d + 4 * d
-    encoder_ffn, decoder_ffn = int(config.encoder_ffn_dim), int(config.decoder_ffn_dim)
-    encoder_layer = attention + 2 * d * encoder_ffn + encoder_ffn + d + 4 * d
-    # MAtt merges the self-attention into the cross-attention's matrices, the AAN replaces it: counted for multi-head
-    multi_head = getattr(config, "decoder_self_attention", "multi_head") == "multi_head"
-    self_attention = attention + 2 * d if multi_head else 0  # with its LayerNorm
-    decoder_layer = self_attention + attention + 2 * d * decoder_ffn + decoder_ffn + d + 4 * d
-    return total + int(config.encoder_layers) * encoder_layer + int(config.decoder_layers) * decoder_layer
-
-
-def available_memory(device: str | torch.device = "cpu") -> int | None:
-    """Bytes this process can still allocate on `device`: on a GPU what the driver reports free (plus what torch's
-    cache holds unused); on the CPU the kernel's MemAvailable, lowered to what the address-space limit of this process
-    (`ulimit -v`, RLIMIT_AS) leaves. None when it cannot be told."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
-    if device.type != "cpu":
-        return None
-    limits = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                limits.append(int(line.split()[1]) * 1024)
-    except OSError:
-        pass
-    try:
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-        if soft != resource.RLIM_INFINITY:
-            used = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
-            limits.append(max(soft - used, 0))
-    except (ImportError, OSError, ValueError):
-        pass
-    return min(limits) if limits else None
-
-
-class InsufficientMemoryError(ValueError):
-    """What was asked needs more memory than the machine has: refused, with the estimate, before any allocation."""
+    """The parameters of a model of this package with `config`, from its sizes alone (nothing is built): every
+    parameter and saved buffer, the relative-position tables and the layer-history weights ((L+1)^2 per DLCL stack)
+    included. The model code's own count (`count_parameters`), which checks a model's size before it is built."""
+    return count_parameters(config)
 
 
 def check_memory(needed: int, what: str, way_out: str, device: str | torch.device = "cpu") -> None:

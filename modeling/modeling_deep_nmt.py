@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from transformers.utils import logging
 
 from .configuration_deep_nmt import (
     CACHE_LAYER_TYPE,
+    DEFAULT_MAX_OUTPUT_TOKENS,
     DeepNMTConfig,
     DeepNMTGenerationConfig,
     DeepNormConfig,
@@ -37,11 +39,16 @@ from .configuration_deep_nmt import (
     SdtConfig,
 )
 from .contract_deep_nmt import (
+    LOADING,
     TESTED_TRANSFORMERS,
+    LoadingRequest,
     check_extra_arguments,
+    check_fits,
+    check_loaded_weights,
     check_step_has_state,
     check_transformers_window,
     decoding_state,
+    saved_tensor_shapes,
     take_decoding_state,
     warn_nonfinite_weights,
     with_decoding_state,
@@ -77,6 +84,21 @@ def padding_mask_to_additive(mask: torch.Tensor | None, dtype: torch.dtype) -> t
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask.bool(), torch.finfo(dtype).min)[
         :, None, None, :
     ]
+
+
+def check_token_ids(ids: object, name: str) -> None:
+    """`ids` must be a tensor of integer token ids (torch.long, or torch.int): `ValueError` naming `name` and what it
+    got otherwise (float ids would reach the embedding and fail there, in torch's words). Reads the dtype only."""
+    if not isinstance(ids, torch.Tensor):
+        raise ValueError(
+            f"`{name}` must be a tensor of token ids (torch.long), got {type(ids).__name__}; tokenize with "
+            "`tokenizer(..., return_tensors='pt')`."
+        )
+    if ids.dtype not in (torch.long, torch.int32):
+        raise ValueError(
+            f"`{name}` must hold integer token ids (torch.long or torch.int32), got {ids.dtype}; tokenize with "
+            f"`tokenizer(..., return_tensors='pt')`, or convert with `{name}.long()` if the values are ids."
+        )
 
 
 @dataclass
@@ -1020,6 +1042,237 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
         return {"block_outputs": torch.stack(state.blocks, dim=1), "context_states": contexts}
 
 
+# --- Sizes, before anything is built ---------------------------------------------------------------------------------
+
+# Memory each layer takes beyond its tensors (the Python objects of its modules), about 9-37 KiB per layer measured on
+# the meta device: a lower bound, so that a config of a million layers is refused before its modules fill the memory.
+MODULE_BYTES_PER_LAYER = 8 << 10
+
+
+def parameter_parts(config: DeepNMTConfig, output_layer: bool = True) -> dict[str, int]:
+    """The parameters of the model of `config` by part, from its sizes alone (nothing is built): every parameter and
+    saved buffer once (tied weights once). `count_parameters` adds them up. `output_layer`: the translation model
+    (`DeepNMTForConditionalGeneration`, whose output layer adds an untied matrix and `output_bias`), else the
+    encoder-decoder without it (`DeepNMTModel`)."""
+    d = config.d_model
+    norm = 2 * d
+
+    def linear(inputs: int, outputs: int) -> int:
+        return inputs * outputs + outputs
+
+    attention = 4 * linear(d, d)
+    separate = 0 if config.share_embeddings else config.decoder_vocab_size * d  # the target side's own embeddings
+    parts = {"token embeddings": config.vocab_size * d + separate}
+    msc = config.msc_block_layers is not None
+    for side in ("encoder", "decoder"):
+        layers, ffn = getattr(config, f"{side}_layers"), getattr(config, f"{side}_ffn_dim")
+        layer = 2 * norm + linear(d, ffn) + linear(ffn, d)  # the FFN and its LayerNorm, one attention's LayerNorm
+        if side == "encoder":
+            layer += attention
+            relative = True
+        else:
+            self_attention = config.decoder_self_attention
+            layer += attention  # the cross-attention (MAtt's merged sublayer)
+            if self_attention == "multi_head":
+                layer += attention + norm
+            elif self_attention == "average":
+                layer += linear(2 * d, 2 * d) + norm + (linear(d, ffn) + linear(ffn, d) if config.aan_ffn else 0)
+            relative = self_attention == "multi_head"
+        if msc_attends_context(config, side):
+            layer += attention + (linear(2 * d, d) if config.msc_fusion == "gate" else 0)
+        final_norm = norm if config.pre_norm and not (side == "encoder" and msc) else 0
+        parts[f"{side} layers"] = layers * layer + final_norm
+        window, heads = config.relative_position_window, getattr(config, f"{side}_attention_heads")
+        if window and relative:
+            parts[f"{side} relative position keys"] = layers * (2 * window + 1) * (d // heads)
+        aggregation = getattr(config, f"{side}_layer_aggregation")
+        if aggregation != "residual":
+            size = layers + 1 if aggregation == "dlcl" else len(getattr(config, f"{side}_block_boundaries"))
+            norms = (size - 1) * norm if config.dlcl_history_norm else 0
+            parts[f"{side} layer-history weights"] = size * size + norms
+    if msc:
+        blocks = len(config.msc_blocks)
+        cells = 0
+        if msc_attends_context(config, "encoder") and config.msc_context != "block_output":
+            count = blocks if config.msc_context.endswith("_per_block") else 1
+            cell = 2 * (3 * d * d + 3 * d) if config.msc_context.startswith("gru") else linear(2 * d, d) + linear(d, d)
+            cells = count * cell
+        parts["MSC block LayerNorms and context cells"] = blocks * norm + cells
+    if output_layer:
+        head = (0 if config.tie_word_embeddings else config.decoder_vocab_size * d) + (
+            config.decoder_vocab_size if config.output_bias else 0
+        )
+        if head:
+            parts["output layer"] = head
+    return parts
+
+
+def count_parameters(config: DeepNMTConfig, output_layer: bool = True) -> int:
+    """Every parameter (and saved buffer) of the model of `config`, from its sizes alone: what its weights file
+    holds, and what building it allocates (`parameter_parts`)."""
+    return sum(parameter_parts(config, output_layer).values())
+
+
+def _part_settings(config: DeepNMTConfig, part: str) -> str:
+    """The settings of `config` a part of `parameter_parts` grows with, for a message."""
+    side = part.split()[0]
+    if part == "token embeddings":
+        names = ["vocab_size", "d_model"] + ([] if config.share_embeddings else ["decoder_vocab_size"])
+    elif part == "output layer":
+        names = ["decoder_vocab_size", "d_model"]
+    elif part.endswith("relative position keys"):
+        names = ["relative_position_window", f"{side}_layers", "d_model"]
+    elif part.endswith("layer-history weights"):
+        names = [f"{side}_layer_aggregation", f"{side}_layers"]
+        names += [f"{side}_block_boundaries"] if getattr(config, f"{side}_layer_aggregation") == "sparse" else []
+    elif part.startswith("MSC"):
+        names = ["msc_block_layers", "msc_context", "d_model"]
+    else:
+        names = [f"{side}_layers", "d_model", f"{side}_ffn_dim"]
+    shown = []
+    for name in names:
+        value = getattr(config, name)
+        if isinstance(value, list) and len(value) > 6:
+            value = f"[{', '.join(map(str, value[:3]))}, ..., {value[-1]}]"
+        else:
+            value = repr(value)
+        shown.append(f"{name}={value}")
+    return ", ".join(shown)
+
+
+def check_model_fits(config: DeepNMTConfig, output_layer: bool, device: torch.device | None, what: str) -> None:
+    """`InsufficientMemoryError` before a model of `config` is built when its tensors (`parameter_parts`, in the
+    default dtype, on `device`; None or the meta device: nothing allocated) or its modules (`MODULE_BYTES_PER_LAYER`,
+    on the CPU) cannot fit what this process can allocate, naming the largest part and the settings it grows with."""
+    parts = parameter_parts(config, output_layer)
+    count = sum(parts.values())
+    dtype = torch.get_default_dtype()
+    places = {"cpu": MODULE_BYTES_PER_LAYER * (config.encoder_layers + config.decoder_layers)}
+    if device is not None and device.type != "meta":
+        place = "cpu" if device.type == "cpu" else str(device)
+        places[place] = places.get(place, 0) + count * dtype.itemsize
+    largest = max(parts, key=parts.get)
+    for place, needed in places.items():
+        check_fits(
+            needed,
+            f"{what} ({count:,} parameters in {str(dtype).removeprefix('torch.')}, and its modules for "
+            f"{config.encoder_layers + config.decoder_layers:,} layers)",
+            f"make the model smaller: its largest part is the {largest} ({parts[largest]:,} parameters: "
+            f"{_part_settings(config, largest)})",
+            place,
+        )
+
+
+def _shape_findings(config: DeepNMTConfig, shapes: dict[str, tuple[int, ...]]) -> list[str]:
+    """Where the tensors of a weights file (`shapes`, by name) show sizes other than `config`'s: the embeddings'
+    width and vocabulary, the layer counts, the FFN widths, the relative-position tables, the layer history."""
+    body = {name.removeprefix("model."): shape for name, shape in shapes.items() if name.startswith("model.")}
+    body = body or dict(shapes)
+    d, findings = config.d_model, []
+
+    def compare(name: str, expected: tuple[int, ...], settings: str) -> None:
+        held = body.get(name)
+        if held is not None and tuple(held) != expected:
+            findings.append(f"{settings} make {name} {expected}, but the file's is {tuple(held)}")
+
+    compare("shared.weight", (config.vocab_size, d), f"vocab_size={config.vocab_size}, d_model={d}")
+    if not config.share_embeddings:
+        vocab = config.decoder_vocab_size
+        compare("decoder.embed_tokens.weight", (vocab, d), f"decoder_vocab_size={vocab}, d_model={d}")
+    for side in ("encoder", "decoder"):
+        layers, prefix = getattr(config, f"{side}_layers"), f"{side}.layers."
+        indices = {name[len(prefix) :].split(".", 1)[0] for name in body if name.startswith(prefix)}
+        held = max((int(index) + 1 for index in indices if index.isdigit()), default=0)
+        if held != layers:
+            findings.append(f"{side}_layers={layers}, but the file holds {held:,} {side} layers")
+        ffn = getattr(config, f"{side}_ffn_dim")
+        compare(f"{prefix}0.fc1.weight", (ffn, d), f"{side}_ffn_dim={ffn}, d_model={d}")
+        window = config.relative_position_window
+        name = f"{prefix}0.self_attn.relative_keys"
+        takes = side == "encoder" or config.decoder_self_attention == "multi_head"
+        held = body.get(name)
+        if window and takes:
+            expected = (2 * window + 1, d // getattr(config, f"{side}_attention_heads"))
+            if held is None and indices:
+                findings.append(f"relative_position_window={window} gives {name} {expected}, but the file has none")
+            else:
+                compare(name, expected, f"relative_position_window={window}")
+        elif held is not None:
+            findings.append(f"relative_position_window={window}, but the file holds {name} {tuple(held)}")
+        aggregation = getattr(config, f"{side}_layer_aggregation")
+        name, held = f"{side}.history.weight", body.get(f"{side}.history.weight")
+        setting = f"{side}_layer_aggregation={aggregation!r}"
+        if aggregation != "residual":
+            size = layers + 1 if aggregation == "dlcl" else len(getattr(config, f"{side}_block_boundaries"))
+            if held is None:
+                findings.append(
+                    f"{setting} has layer-history weights {name} {(size, size)}, but the file has none (its model "
+                    "has no layer history: a residual stack)"
+                )
+            else:
+                compare(name, (size, size), setting)
+        elif held is not None:
+            findings.append(f"{setting} has no layer-history weights, but the file holds {name} {tuple(held)}")
+    return findings
+
+
+def check_config_matches_weights(config: DeepNMTConfig, files: list[str], source: str) -> None:
+    """Before a model of `config` is built from `files` (safetensors, read from their headers alone): when the files
+    hold another number of values than the config describes (`count_parameters`), `ValueError` naming each size the
+    tensors' shapes show to differ from the config's (`_shape_findings`): a wider `d_model` or more layers would
+    otherwise allocate the config's model before transformers compares shapes. The same sizes with a tensor more or
+    fewer are left to `check_loaded_weights`, which names them after loading."""
+    shapes, _ = saved_tensor_shapes(files)
+    held = sum(math.prod(shape) for shape in shapes.values())
+    expected = count_parameters(config, output_layer=any(name.startswith("model.") for name in shapes))
+    if held == expected:
+        return
+    findings = _shape_findings(config, shapes)
+    if not findings:
+        return  # the same sizes, some tensors more or fewer: named after loading (`check_loaded_weights`)
+    raise ValueError(
+        f"The config of {source!r} does not belong to its weights ({', '.join(Path(file).name for file in files)}): "
+        + "; ".join(findings)
+        + f". The config describes a model of {expected:,} parameters, the weights hold {held:,}; restore the "
+        "config.json saved with these weights."
+    )
+
+
+def decoding_memory(
+    config: DeepNMTConfig, rows: int, source_tokens: int, cached_tokens: int, dtype: torch.dtype = torch.float32
+) -> int:
+    """Bytes `generate()` allocates at least for `rows` hypotheses (sentences x beams) of `source_tokens` source
+    tokens with `cached_tokens` target positions in the self-attention cache: the expanded encoder output, the
+    cross-attention keys and values of every decoder layer (and MSC's context keys and values where the decoder
+    attends them), the self-attention keys and values (multi-head self-attention only: the averaging sublayers keep
+    one running sum), all in `dtype`; and the scores over the target vocabulary, in float32 (logits, log-probabilities
+    and processed scores). A lower bound, for refusing a decoding that cannot fit before it starts."""
+    d, layers = config.d_model, config.decoder_layers
+    cross = 2 * d * (2 if msc_attends_context(config, "decoder") else 1)
+    own = 2 * d if config.decoder_self_attention == "multi_head" else 0
+    states = rows * (source_tokens * d + layers * (cross * source_tokens + own * cached_tokens))
+    return states * dtype.itemsize + 4 * 3 * rows * config.decoder_vocab_size
+
+
+def check_before_building(config: DeepNMTConfig, output_layer: bool, what: str) -> None:
+    """What a model of `config` is given, checked before it builds anything. Inside `from_pretrained` (`LOADING`):
+    the config against the weight files' headers (`check_config_matches_weights`, skipped when the caller passed
+    `ignore_mismatched_sizes=True`), then the memory where the weights go; else the memory of the default device
+    (`check_model_fits`). Once per `from_pretrained` call: the encoder-decoder a translation model builds inside it is
+    not checked again."""
+    request = LOADING.get()
+    if request is None:
+        check_model_fits(config, output_layer, torch.get_default_device(), what)
+        return
+    if request.checked:
+        return
+    request.checked = True
+    files = request.weight_files()
+    if files and not request.ignore_mismatched_sizes:
+        check_config_matches_weights(config, files, request.source)
+    check_model_fits(config, output_layer, request.device, f"{what} from {request.source!r}")
+
+
 CODE_VERSION = "0.2.0"  # the hf-deep-nmt release this file belongs to (`hf-deep-nmt upgrade-code` reads it)
 
 
@@ -1036,11 +1289,24 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        """`PreTrainedModel.from_pretrained`, then one look at what was loaded: weights holding NaN or infinite values
-        are named in a warning (`warn_nonfinite_weights`); such a model translates into NaN or nothing."""
-        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        warn_nonfinite_weights(loaded[0] if isinstance(loaded, tuple) else loaded, str(pretrained_model_name_or_path))
-        return loaded
+        """`PreTrainedModel.from_pretrained`, with what it is given checked before anything is built (in `__init__`,
+        `check_before_building`: the config against the weight files' headers, the memory the model needs), and
+        what was loaded looked at once: weights the file lacks or holds beyond the model's are an error
+        (`check_loaded_weights`), weights holding NaN or infinite values are named in a warning
+        (`warn_nonfinite_weights`; such a model translates into NaN or nothing, and the commands refuse it)."""
+        source = str(pretrained_model_name_or_path)
+        wants_info = kwargs.pop("output_loading_info", False)
+        token = LOADING.set(LoadingRequest.of_call(source, kwargs))
+        try:
+            loaded = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        finally:
+            LOADING.reset(token)
+        model, info = loaded if isinstance(loaded, tuple) else (loaded, {})
+        check_loaded_weights(model, info, source)
+        warn_nonfinite_weights(model, source)
+        return (model, info) if wants_info else model
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -1106,10 +1372,11 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
-    def check_input_ids(self, input_ids: torch.Tensor) -> None:
-        """Refuse ids outside the vocabulary, naming the first. Needs the ids' values (a host synchronisation), so it
-        runs on eager calls that start a sequence, never while tracing: ids chosen by decoding come from the model's
-        own vocabulary."""
+    def check_input_ids(self, input_ids: torch.Tensor, name: str = "input_ids") -> None:
+        """Refuse ids that are not integers (`check_token_ids`) or outside the vocabulary, naming the first. Needs the
+        ids' values (a host synchronisation), so it runs on eager calls that start a sequence, never while tracing:
+        ids chosen by decoding come from the model's own vocabulary."""
+        check_token_ids(input_ids, name)
         vocab = self.embed_tokens.num_embeddings
         if not input_ids.numel():
             return
@@ -1267,7 +1534,7 @@ class DeepNMTDecoder(DeepNMTStack):
             past_length = self_caches[0].get_seq_length()  # an int, or a tensor with the static cache
             static = bool(getattr(self_caches[0], "is_compileable", False))
         if not is_tracing() and isinstance(past_length, int) and past_length == 0:
-            self.check_input_ids(input_ids)
+            self.check_input_ids(input_ids, "decoder_input_ids")
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
         self_mask = None
         if self.self_attention_takes_mask:
@@ -1329,6 +1596,7 @@ class DeepNMTDecoder(DeepNMTStack):
 
 class DeepNMTModel(DeepNMTPreTrainedModel):
     def __init__(self, config: DeepNMTConfig):
+        check_before_building(config, output_layer=False, what=f"Building {type(self).__name__}")
         super().__init__(config)
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
         if config.share_embeddings:
@@ -1444,6 +1712,7 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
                 f"(model_type {config.model_type!r}); "
                 "use the model class of that config, e.g. through AutoModelForSeq2SeqLM.from_config(config)."
             )
+        check_before_building(config, output_layer=True, what=f"Building {type(self).__name__}")
         super().__init__(config)
         self.model = DeepNMTModel(config)
         # `output_bias`: a bias on the logits (Marian's `final_logits_bias`)
@@ -1590,6 +1859,67 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config=None, **kwargs):
+        """transformers' `generate()`, once what it was given is checked (`check_generate_arguments`): token ids that
+        are not integers, beam and sequence counts and output caps that are not positive integers, and a decoding
+        whose hypotheses (and static cache) cannot fit the memory are refused before anything is encoded."""
+        self.check_generate_arguments(inputs, generation_config, kwargs)
+        return super().generate(inputs, generation_config, **kwargs)
+
+    def check_generate_arguments(self, inputs: torch.Tensor | None, generation_config, kwargs: dict) -> None:
+        """`ValueError` naming the value and what is valid for: `input_ids` / `decoder_input_ids` that are not integer
+        ids; `num_beams`, `num_return_sequences`, `max_new_tokens`, `max_length` that are not positive integers;
+        `InsufficientMemoryError` when what the decoding allocates up front (`decoding_memory`: the hypotheses'
+        encoder output, cross-attention keys and values, scores, and with `cache_implementation="static"` the
+        self-attention cache of every output position) exceeds what the model's device can allocate, saying how many
+        hypotheses, or output tokens, would fit. Settings come from the call, else `generation_config`, else the
+        model's. Reads shapes and settings only: no host synchronisation."""
+        defaults = generation_config if generation_config is not None else self.generation_config
+
+        def setting(name: str):
+            return kwargs[name] if kwargs.get(name) is not None else getattr(defaults, name, None)
+
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if ids is not None:
+            check_token_ids(ids, "input_ids")
+        if kwargs.get("decoder_input_ids") is not None:
+            check_token_ids(kwargs["decoder_input_ids"], "decoder_input_ids")
+        for name, means in (
+            ("num_beams", "1: greedy or sampling; 4 to 6 is usual for translation"),
+            ("num_return_sequences", "1: one translation per sentence; at most `num_beams`"),
+            ("max_new_tokens", "None: the saved cap"),
+            ("max_length", "None: the saved cap"),
+        ):
+            value = setting(name)  # None: unset, transformers' default
+            if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                continue
+            raise ValueError(f"`{name}` must be a positive integer ({means}), got {value!r}.")
+        if ids is None or ids.dim() != 2:
+            return  # the encoder names what is wrong with the source's shape
+        beams, sequences = setting("num_beams") or 1, setting("num_return_sequences") or 1
+        rows = ids.shape[0] * max(beams, sequences)
+        static = setting("cache_implementation") == "static"
+        new_tokens = setting("max_new_tokens")
+        cap = new_tokens if new_tokens is not None else (setting("max_length") or DEFAULT_MAX_OUTPUT_TOKENS + 2) - 1
+        cached = cap if static else 1
+        source = ids.shape[1]
+        per_row = decoding_memory(self.config, 1, source, cached, self.dtype)
+        what = f"generate() over {ids.shape[0]} sentence(s) of {source} tokens x num_beams={beams}"
+        what += f" = {rows:,} hypotheses" + (f", with a static cache of {cached:,} positions," if static else "")
+
+        def what_fits(available: int) -> str:
+            ways = [f"at most {available // per_row:,} hypotheses fit: lower num_beams (or the batch)"]
+            if static:
+                rest = decoding_memory(self.config, rows, source, 0, self.dtype)
+                per_position = decoding_memory(self.config, rows, source, 1, self.dtype) - rest
+                if per_position and available > rest:
+                    fitting = (available - rest) // per_position
+                    ways.insert(0, f"at most {fitting:,} output positions fit the static cache: lower max_new_tokens")
+                ways.append("or decode with the dynamic cache (leave cache_implementation unset)")
+            return "; ".join(ways)
+
+        check_fits(rows * per_row, what, what_fits, self.device)
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
         """One output cap per call: a `max_new_tokens` given to `generate()` replaces the saved `max_length` (the
