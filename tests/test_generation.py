@@ -184,3 +184,31 @@ def test_seeded_sampling_with_and_without_cache_agree(architecture_config, copy_
     assert torch.equal(cached, uncached)
     # the check has teeth: at this temperature the samples are not the greedy outputs
     assert not torch.equal(cached[::2, : greedy.shape[1]], greedy)
+
+
+def test_beam_search_moves_only_the_self_attention_half_of_the_cache(tiny_config, random_model, monkeypatch):
+    """A sentence's beams hold identical encoder-side states, so beam search reorders the self-attention half only
+    (the exactness across every architecture is `test_beam_search_with_and_without_cache_agree`); a direct
+    `reorder_cache` call still moves both halves."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    model = random_model(tiny_config(DlclConfig))
+    moved = []
+    original = EncoderDecoderCache.reorder_cache
+
+    def spy(cache, beam_idx):
+        moved.append("both halves")
+        return original(cache, beam_idx)
+
+    monkeypatch.setattr(EncoderDecoderCache, "reorder_cache", spy)
+    with torch.no_grad():
+        outputs = model.generate(
+            **source_inputs(), num_beams=3, max_new_tokens=4, return_dict_in_generate=True, use_cache=True
+        )
+    cache = outputs.past_key_values
+    assert moved == []  # generate() never called the whole cache's reordering
+    cross = cache.cross_attention_cache.layers[0]
+    before = cross.keys.clone()
+    flipped = torch.arange(before.shape[0] - 1, -1, -1)
+    cache.reorder_cache(flipped)
+    assert moved == ["both halves"] and torch.equal(cross.keys, before[flipped])
