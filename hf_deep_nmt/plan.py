@@ -89,8 +89,9 @@ def plan_run(
     checked."""
     if command == "train-staged":
         check_staged(model_args, data_args)
-    check_model_arguments(model_args)
+    # The saved model first: a folder that is not there is the problem to name, not the settings beside it.
     saved = check_saved_model(model_args) if model_args.model_name_or_path else None
+    check_model_arguments(model_args)
     config = saved if saved is not None else (_sizes_of_preset(model_args) if command != "prepare" else None)
     decoding = check_arguments(data_args, export_args, training_args)
     if command != "prepare":
