@@ -159,6 +159,17 @@ def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, default=default, help=item.metadata["help"], **kind)
 
 
+def _check_standard_streams(source: str, target: str) -> None:
+    """`UsageError` when the input is stdin or the output stdout and that stream was closed when the command started
+    (`<&-`, `>&-`): Python then has no stream there at all, and the text would be read from or written to nothing."""
+    if source == "-" and sys.stdin is None:
+        raise UsageError("--input - reads stdin, but stdin is closed; name a file with --input, or pipe the text in.")
+    if target == "-" and sys.stdout is None:
+        raise UsageError(
+            "--output - writes to stdout, but stdout is closed; name a file with --output, or redirect stdout."
+        )
+
+
 def _translate(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt translate", description="Translate lines of text.")
     parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
@@ -188,6 +199,7 @@ def _translate(argv: list[str]) -> int:
         raise UsageError(flag) from None
     from hf_deep_nmt.translate import check_output_path, read_lines, write_translations
 
+    _check_standard_streams(args.input, args.output)
     check_output_path(args.output, args.input, args.overwrite)
     device = _device(args.device)
     lines = read_lines(args.input)
@@ -250,6 +262,7 @@ def _push(argv: list[str]) -> int:
 
     from hf_deep_nmt.hub import push_to_hub, upload_operations
 
+    _check_repo_id(args.repo_id)
     if args.dry_run:
         for operation in upload_operations(args.folder):
             print(operation.path_in_repo)
@@ -257,6 +270,19 @@ def _push(argv: list[str]) -> int:
     info = push_to_hub(args.folder, args.repo_id, private=args.private, overwrite=args.overwrite)
     print(getattr(info, "commit_url", info))
     return 0
+
+
+def _check_repo_id(repo_id: str) -> None:
+    """`UsageError` naming REPO_ID when huggingface_hub's validator refuses it, before anything is read or listed."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        reason = _one_line(str(error).split(" Use `repo_type`")[0])  # the CLI has no repo_type to use
+        raise UsageError(
+            f"REPO_ID {repo_id!r} is not a Hub repository id ({reason}); write it as 'your-name/model-name'."
+        ) from None
 
 
 def _inspect(argv: list[str]) -> int:
@@ -271,16 +297,21 @@ def _inspect(argv: list[str]) -> int:
     )
     parser.add_argument("--source-lang", default="src")
     parser.add_argument("--target-lang", default="tgt")
-    parser.add_argument("--num-sentences", type=int, default=32, help="pairs of the batch (from the top of --data)")
-    parser.add_argument("--max-length", type=int, default=128, help="longer sides are truncated")
+    parser.add_argument(
+        "--num-sentences", type=_at_least(1), default=32, help="pairs of the batch (from the top of --data)"
+    )
+    parser.add_argument(
+        "--max-length",
+        type=_at_least(2),
+        default=128,
+        help="longer sides are truncated (at least 2: a token and </s>)",
+    )
     parser.add_argument(
         "--dropout", action="store_true", help="gradient norms in training mode (with dropout); default: without"
     )
     parser.add_argument("--output-dir", required=True, help="folder for inspect.json and the PNG plots")
     parser.add_argument("--overwrite", action="store_true", help="replace files of an earlier inspect run")
     args = parser.parse_args(argv)
-    if args.num_sentences < 1:
-        raise ValueError(f"--num-sentences must be a positive integer, got {args.num_sentences}.")
 
     from hf_deep_nmt.inspection import inspect_model
 
@@ -306,7 +337,7 @@ def _doctor(argv: list[str]) -> int:
 
 
 def _export_ctranslate2(argv: list[str]) -> int:
-    from hf_deep_nmt.ctranslate2_export import DEFAULT_MAX_POSITIONS, SERVABLE
+    from hf_deep_nmt.ctranslate2_export import DEFAULT_MAX_POSITIONS, MIN_MAX_POSITIONS, SERVABLE
 
     parser = _Parser(
         prog="hf-deep-nmt export-ctranslate2",
@@ -325,9 +356,10 @@ def _export_ctranslate2(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--max-positions",
-        type=_at_least(1),
+        type=_at_least(MIN_MAX_POSITIONS),
         default=DEFAULT_MAX_POSITIONS,
-        help="rows of the position table: the longest source, and the most decoding steps (start token included)",
+        help="rows of the position table: the longest source, and the most decoding steps (start token included); "
+        f"at least {MIN_MAX_POSITIONS}",
     )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace OUT when it holds an earlier export of hf-deep-nmt only"
@@ -552,8 +584,10 @@ def main(argv: list[str] | None = None) -> int:
             "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite] | "
             "grow MODEL OUT --layers N [--strategy top] [--aggregation dlcl|sparse]"
         )
+        if not argv:
+            print("hf-deep-nmt: error: a command is required (see `hf-deep-nmt --help`).", file=sys.stderr)
         print(usage, file=sys.stderr)
-        return 2 if argv and argv[0] not in ("-h", "--help") else 0
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return COMMANDS[argv[0]](argv[1:])
     except KeyboardInterrupt as error:

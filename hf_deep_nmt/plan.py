@@ -34,7 +34,7 @@ from hf_deep_nmt.data import parallel_files
 from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.folders import check_export_folder, check_run_folders
 from hf_deep_nmt.memory import check_training_size
-from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder
+from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder, check_saved_weights_finite
 
 
 @dataclass(frozen=True)
@@ -230,6 +230,7 @@ def check_saved_model(model_args: ModelArguments):
             f"package (one of {tuple(PRESETS)}){hint}."
         )
     check_recipe_agrees_with_saved_model(model_args, config)
+    check_saved_weights_finite(path, what)
     return config
 
 
