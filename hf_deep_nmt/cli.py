@@ -187,6 +187,7 @@ def _translate(argv: list[str]) -> int:
         help="decode with the static cache and a compiled decoding step (CUDA graphs on a GPU); same output",
     )
     args = parser.parse_args(argv)
+    _check_standard_streams(args.input, args.output)
 
     from hf_deep_nmt.decoding import DecodingOptions
 
@@ -199,7 +200,6 @@ def _translate(argv: list[str]) -> int:
         raise UsageError(flag) from None
     from hf_deep_nmt.translate import check_output_path, read_lines, write_translations
 
-    _check_standard_streams(args.input, args.output)
     check_output_path(args.output, args.input, args.overwrite)
     device = _device(args.device)
     lines = read_lines(args.input)
