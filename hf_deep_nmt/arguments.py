@@ -31,7 +31,7 @@ from hf_deep_nmt.growing import GROWTH_STRATEGIES
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 from hf_deep_nmt.recipes import CONFIG_SUFFIXES, read_recipe, recipe_path
 from hf_deep_nmt.streaming import DEFAULT_STREAM_BUFFER_PAIRS, streaming_problems
-from hf_deep_nmt.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE
+from hf_deep_nmt.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, SUBWORD_MODELS
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -296,6 +296,10 @@ def training_value_problems(args) -> list[str]:
             value is None or (number(value) and math.isfinite(value) and value > 0),
             "> 0 (a step count, or below 1 a fraction of the training steps) or unset",
         )
+    for name in ("seed", "data_seed"):  # numpy's and torch's generators take seeds in [0, 2**32)
+        value = getattr(args, name, None)
+        require(name, value is None or 0 <= value < 2**32, f"an integer from 0 to {2**32 - 1:,}")
+    require("dataloader_num_workers", args.dataloader_num_workers >= 0, ">= 0 (0: load in the main process)")
     limit = args.save_total_limit
     require("save_total_limit", limit is None or limit >= 1, ">= 1, or unset to keep every checkpoint")
     if args.fp16 and (args.use_cpu or not _fp16_device_available()):
@@ -496,6 +500,8 @@ def check_model_arguments(model_args: ModelArguments) -> None:
                 f"{saved_tokenizer!r} and is used as it is; remove {'it' if len(given) == 1 else 'them'} from the "
                 "recipe."
             )
+    if model_args.tokenizer_model is not None and model_args.tokenizer_model not in SUBWORD_MODELS:
+        raise ValueError(f"`tokenizer_model` must be one of {SUBWORD_MODELS}, got {model_args.tokenizer_model!r}.")
     size = model_args.tokenizer_vocab_size
     if size is not None and not MIN_VOCAB_SIZE <= size <= MAX_VOCAB_SIZE:
         raise ValueError(

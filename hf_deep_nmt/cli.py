@@ -45,6 +45,13 @@ def _at_least(minimum: int):
     return parse
 
 
+def _path(text: str) -> str:
+    """A path or Hub id argument: an empty one would be read as the current folder (`Path("")` is `.`)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a path, got {text!r}")
+    return text
+
+
 def _finite(text: str) -> float:
     try:
         value = float(text)
@@ -172,11 +179,18 @@ def _check_standard_streams(source: str, target: str) -> None:
 
 def _translate(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt translate", description="Translate lines of text.")
-    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "--input", default="-", help="UTF-8 text file, one sentence per line (split on \\n alone; default: stdin)"
+        "--model", type=_path, required=True, help="saved model folder or Hub repo id (with its tokenizer)"
     )
-    parser.add_argument("--output", default="-", help="file for the translations, streamed (default: stdout)")
+    parser.add_argument(
+        "--input",
+        type=_path,
+        default="-",
+        help="UTF-8 text file, one sentence per line (split on \\n alone; default: stdin)",
+    )
+    parser.add_argument(
+        "--output", type=_path, default="-", help="file for the translations, streamed (default: stdout)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     _add_decoding_flags(parser)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
@@ -231,10 +245,12 @@ def _average(argv: list[str]) -> int:
     parser = _Parser(
         prog="hf-deep-nmt average", description="Average model checkpoints into one loadable model folder."
     )
-    parser.add_argument("checkpoints", nargs="*", help="checkpoint folders (or use --output-dir with --last)")
-    parser.add_argument("--output-dir", help="a Trainer output folder holding checkpoint-<step> folders")
-    parser.add_argument("--last", type=int, help="average the newest N checkpoints of --output-dir")
-    parser.add_argument("--save-to", required=True, help="folder for the averaged model")
+    parser.add_argument(
+        "checkpoints", type=_path, nargs="*", help="checkpoint folders (or use --output-dir with --last)"
+    )
+    parser.add_argument("--output-dir", type=_path, help="a Trainer output folder holding checkpoint-<step> folders")
+    parser.add_argument("--last", type=_at_least(1), help="average the newest N checkpoints of --output-dir")
+    parser.add_argument("--save-to", type=_path, required=True, help="folder for the averaged model")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-to")
     args = parser.parse_args(argv)
 
@@ -253,7 +269,7 @@ def _average(argv: list[str]) -> int:
 
 def _push(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt push", description="Upload an exported folder to the Hub.")
-    parser.add_argument("folder", help="an exported folder (`export_dir` of a recipe)")
+    parser.add_argument("folder", type=_path, help="an exported folder (`export_dir` of a recipe)")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-name/dlcl-es-en")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing repository")
@@ -291,9 +307,14 @@ def _inspect(argv: list[str]) -> int:
         description="Per-layer gradient norms, layer similarities (SDT) and combination weights (DLCL) of a saved "
         "model on a batch of parallel text, as PNG plots and one JSON file.",
     )
-    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "--data", default=None, help="parallel text (.tsv, .jsonl or a prefix); default: the bundled validation set"
+        "--model", type=_path, required=True, help="saved model folder or Hub repo id (with its tokenizer)"
+    )
+    parser.add_argument(
+        "--data",
+        type=_path,
+        default=None,
+        help="parallel text (.tsv, .jsonl or a prefix); default: the bundled validation set",
     )
     parser.add_argument("--source-lang", default="src")
     parser.add_argument("--target-lang", default="tgt")
@@ -309,7 +330,7 @@ def _inspect(argv: list[str]) -> int:
     parser.add_argument(
         "--dropout", action="store_true", help="gradient norms in training mode (with dropout); default: without"
     )
-    parser.add_argument("--output-dir", required=True, help="folder for inspect.json and the PNG plots")
+    parser.add_argument("--output-dir", type=_path, required=True, help="folder for inspect.json and the PNG plots")
     parser.add_argument("--overwrite", action="store_true", help="replace files of an earlier inspect run")
     args = parser.parse_args(argv)
 
@@ -344,9 +365,11 @@ def _export_ctranslate2(argv: list[str]) -> int:
         description=f"Write a model as a CTranslate2 model folder (C++ decoding), with its tokenizer. Models with "
         f"{SERVABLE} can be written; any other is refused, naming what CTranslate2 cannot express.",
     )
-    parser.add_argument("model", help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "out", help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)"
+        "out",
+        type=_path,
+        help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)",
     )
     parser.add_argument(
         "--quantization",
@@ -413,9 +436,9 @@ def _grow(argv: list[str]) -> int:
         "tokenizer: a folder `hf-deep-nmt train` starts from with `model_name_or_path` (e.g. a converted Marian "
         "model). The source folder is not changed.",
     )
-    parser.add_argument("model", help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "out", help="folder for the grown model; an existing non-empty one is refused (see --overwrite)"
+        "out", type=_path, help="folder for the grown model; an existing non-empty one is refused (see --overwrite)"
     )
     parser.add_argument(
         "--layers", type=_at_least(1), default=None, help="encoder layers to add (default: a sparse encoder's block)"
@@ -507,8 +530,10 @@ def _convert_marian(argv: list[str]) -> int:
         "computes: same logits, same generation defaults, its tokenizer. Settings this package cannot express are "
         "refused by name before anything is written.",
     )
-    parser.add_argument("source", help="a MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)")
-    parser.add_argument("out", help="the folder to write")
+    parser.add_argument(
+        "source", type=_path, help="a MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)"
+    )
+    parser.add_argument("out", type=_path, help="the folder to write")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace OUT when an earlier export or conversion wrote it"
     )

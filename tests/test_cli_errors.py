@@ -323,6 +323,14 @@ def test_no_command_is_a_usage_error_and_help_is_not(capsys):
             ["export-ctranslate2", "m", "o", "--max-positions", "1"],
             "argument --max-positions: must be an integer >= 2, got '1'",
         ),
+        (
+            ["average", "--output-dir", "run", "--last", "0", "--save-to", "avg"],
+            "argument --last: must be an integer >= 1",
+        ),
+        (["translate", "--model", "m", "--output", ""], "argument --output: must name a path, got ''"),
+        (["inspect", "--model", "m", "--output-dir", " "], "argument --output-dir: must name a path, got ' '"),
+        (["grow", "m", "", "--layers", "1"], "argument out: must name a path, got ''"),
+        (["export-ctranslate2", "m", ""], "argument out: must name a path, got ''"),
     ],
 )
 def test_sizes_a_command_cannot_work_with_are_refused_by_the_parser(tmp_path, monkeypatch, capsys, command, message):

@@ -151,6 +151,13 @@ def check(tmp_path, **values):
             "`tokenizer_vocab_size` must be between 16 and 1,000,000 (the sizes a joint",
         ),
         ({"tokenizer_vocab_size": 8}, "`tokenizer_vocab_size` must be between 16 and 1,000,000"),
+        ({"tokenizer_model": "wordpiece"}, "`tokenizer_model` must be one of ('bpe', 'unigram'), got 'wordpiece'"),
+        ({"seed": -1}, "`seed` must be an integer from 0 to 4,294,967,295, got -1"),
+        ({"data_seed": 2**40}, "`data_seed` must be an integer from 0 to 4,294,967,295, got 1099511627776"),
+        (
+            {"dataloader_num_workers": -1},
+            "`dataloader_num_workers` must be >= 0 (0: load in the main process), got -1",
+        ),
     ],
     ids=lambda item: json.dumps(item)[:40] if isinstance(item, dict) else None,
 )
