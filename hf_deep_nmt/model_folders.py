@@ -29,7 +29,9 @@ def check_local_path(value: str | None, what: str) -> None:
         return
     text = str(value)
     if text.startswith(_LOCAL_PREFIXES) and not Path(text).expanduser().exists():
-        raise FileNotFoundError(f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id).")
+        raise FileNotFoundError(
+            f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id); check the path."
+        )
 
 
 # A folder holds a tokenizer `AutoTokenizer` can load when it has one of these (a fast tokenizer's `tokenizer.json`;
@@ -80,7 +82,8 @@ def check_model_folder(
             raise FileNotFoundError(f"{what} {text!r} does not exist ({config_hint}).")
         if text.startswith(_LOCAL_PREFIXES):
             raise FileNotFoundError(
-                f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id)."
+                f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id); check the "
+                f"path ({config_hint})."
             )
         if check_hub_id:
             _check_hub_id(text, folder)

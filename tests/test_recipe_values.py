@@ -177,6 +177,7 @@ def test_a_missing_saved_model_is_named_not_the_tokenizer_settings_beside_it(tmp
     with pytest.raises(FileNotFoundError) as error:
         check(tmp_path, model_type=None, model_name_or_path=str(absent), tokenizer_vocab_size=300)
     assert f"`model_name_or_path` '{absent}' does not exist" in str(error.value)
+    assert "check the path" in str(error.value)
     assert "tokenizer" not in str(error.value)
 
 
