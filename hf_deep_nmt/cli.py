@@ -500,7 +500,9 @@ def _upgrade_code(argv: list[str]) -> int:
         "folder is changed in place (the replaced files kept in a hidden backup folder); a repository gets one commit "
         "holding the changed code and config files.",
     )
-    parser.add_argument("source", help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)")
+    parser.add_argument(
+        "source", type=_path, help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="check and report; write and push nothing")
     parser.add_argument(
         "--num-checks", type=_at_least(1), default=DEFAULT_NUM_CHECKS, help="source inputs decoded for the check"

@@ -331,6 +331,7 @@ def test_no_command_is_a_usage_error_and_help_is_not(capsys):
         (["inspect", "--model", "m", "--output-dir", " "], "argument --output-dir: must name a path, got ' '"),
         (["grow", "m", "", "--layers", "1"], "argument out: must name a path, got ''"),
         (["export-ctranslate2", "m", ""], "argument out: must name a path, got ''"),
+        (["upgrade-code", ""], "argument source: must name a path, got ''"),
     ],
 )
 def test_sizes_a_command_cannot_work_with_are_refused_by_the_parser(tmp_path, monkeypatch, capsys, command, message):
