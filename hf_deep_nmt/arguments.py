@@ -31,6 +31,7 @@ from hf_deep_nmt.growing import GROWTH_STRATEGIES
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 from hf_deep_nmt.recipes import CONFIG_SUFFIXES, read_recipe, recipe_path
 from hf_deep_nmt.streaming import DEFAULT_STREAM_BUFFER_PAIRS, streaming_problems
+from hf_deep_nmt.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, SUBWORD_MODELS
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -196,6 +197,9 @@ class EvalExportArguments:
 
 
 LR_SCHEDULES = ("trainer", "inverse_sqrt", "noam")
+# The longest runs a recipe may ask for: past them the step count overflows the Trainer's integers.
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 2**31 - 1
 
 
 @dataclass
@@ -280,6 +284,11 @@ def training_value_problems(args) -> list[str]:
     if args.max_steps == -1:
         epochs = args.num_train_epochs
         require("num_train_epochs", number(epochs) and math.isfinite(epochs) and epochs > 0, "a finite number > 0")
+        if number(epochs) and math.isfinite(epochs) and epochs > MAX_EPOCHS:
+            require("num_train_epochs", False, f"at most {MAX_EPOCHS:,} (or set `max_steps` to count steps)")
+    require("max_steps", args.max_steps <= MAX_STEPS, f"at most {MAX_STEPS:,}")
+    output_dir = args.output_dir
+    require("output_dir", not isinstance(output_dir, str) or output_dir.strip() != "", "a folder name, not empty")
     for name in ("eval_steps", "save_steps", "logging_steps"):
         value = getattr(args, name)
         require(
@@ -287,6 +296,10 @@ def training_value_problems(args) -> list[str]:
             value is None or (number(value) and math.isfinite(value) and value > 0),
             "> 0 (a step count, or below 1 a fraction of the training steps) or unset",
         )
+    for name in ("seed", "data_seed"):  # numpy's and torch's generators take seeds in [0, 2**32)
+        value = getattr(args, name, None)
+        require(name, value is None or 0 <= value < 2**32, f"an integer from 0 to {2**32 - 1:,}")
+    require("dataloader_num_workers", args.dataloader_num_workers >= 0, ">= 0 (0: load in the main process)")
     limit = args.save_total_limit
     require("save_total_limit", limit is None or limit >= 1, ">= 1, or unset to keep every checkpoint")
     if args.fp16 and (args.use_cpu or not _fp16_device_available()):
@@ -472,6 +485,9 @@ def check_model_arguments(model_args: ModelArguments) -> None:
     `model_name_or_path`), for a preset that does not exist, an override that is not a field of its config, or one
     whose value the config refuses (its own message, naming the value). A saved model's folder and the recipe's
     agreement with it are checked by `hf_deep_nmt.plan.check_saved_model`."""
+    blank = empty_settings((model_args, ("model_name_or_path", "tokenizer_name_or_path", "model_type")))
+    if blank:
+        raise ValueError("; ".join(blank) + ".")
     saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
         given = {name: getattr(model_args, name) for name in DEFAULT_TOKENIZER_SETTINGS}
@@ -484,6 +500,14 @@ def check_model_arguments(model_args: ModelArguments) -> None:
                 f"{saved_tokenizer!r} and is used as it is; remove {'it' if len(given) == 1 else 'them'} from the "
                 "recipe."
             )
+    if model_args.tokenizer_model is not None and model_args.tokenizer_model not in SUBWORD_MODELS:
+        raise ValueError(f"`tokenizer_model` must be one of {SUBWORD_MODELS}, got {model_args.tokenizer_model!r}.")
+    size = model_args.tokenizer_vocab_size
+    if size is not None and not MIN_VOCAB_SIZE <= size <= MAX_VOCAB_SIZE:
+        raise ValueError(
+            f"`tokenizer_vocab_size` must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE:,} (the sizes a joint "
+            f"tokenizer is trained to), got {size:,}."
+        )
     if model_args.tokenizer_train_pairs is not None and model_args.tokenizer_train_pairs < 1:
         raise ValueError(f"`tokenizer_train_pairs` must be >= 1 or unset, got {model_args.tokenizer_train_pairs}.")
     if model_args.model_name_or_path:
@@ -515,6 +539,13 @@ def check_arguments(
         if value is not None and value < 1:
             problems.append(f"`{name}` must be >= 1, got {value}")
 
+    problems += empty_settings(
+        (data_args, ("train_file", "validation_file", "dataset_name", "prepared_data_dir")),
+        (export_args, ("export_dir",)),
+    )
+    problems += language_code_problems(data_args.source_lang, data_args.target_lang)
+    if export_args.translate_examples < 0:
+        problems.append(f"`translate_examples` must be >= 0 (0: show none), got {export_args.translate_examples}")
     at_least_one("num_beams", export_args.num_beams)
     at_least_one("max_eval_samples", data_args.max_eval_samples)
     at_least_one("per_device_eval_batch_size", training_args.per_device_eval_batch_size)
@@ -566,6 +597,34 @@ def check_arguments(
                 f"{export_args.average_checkpoints}` averages; raise it or unset it."
             )
     return options
+
+
+def empty_settings(*groups: tuple[Any, tuple[str, ...]]) -> list[str]:
+    """A problem for each named setting given as an empty (or blank) string: read as unset, it would silently train
+    without the file or folder it was meant to name."""
+    return [
+        f"`{name}` is an empty string; name a path, or leave `{name}` out of the recipe to use its default"
+        for arguments, names in groups
+        for name in names
+        if isinstance(getattr(arguments, name), str) and not getattr(arguments, name).strip()
+    ]
+
+
+def language_code_problems(source_lang: str, target_lang: str) -> list[str]:
+    """The language codes name the two sides of a pair (the columns of a `.jsonl` corpus, the files `PREFIX.SRC` and
+    `PREFIX.TGT`): each must be a non-empty word without spaces or path separators, and the two must differ."""
+    problems = []
+    for name, code in (("source_lang", source_lang), ("target_lang", target_lang)):
+        if not isinstance(code, str) or not code or any(c.isspace() or c in "/\\" for c in code):
+            problems.append(
+                f"`{name}` must be a language code such as 'es' or 'en' (no spaces or path separators), got {code!r}"
+            )
+    if not problems and source_lang == target_lang:
+        problems.append(
+            f"`source_lang` and `target_lang` are both {source_lang!r}: the two sides of a pair need two codes "
+            "(e.g. 'es' and 'en')"
+        )
+    return problems
 
 
 def evaluation_options(export_args, training_args) -> DecodingOptions:

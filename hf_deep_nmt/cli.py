@@ -45,6 +45,13 @@ def _at_least(minimum: int):
     return parse
 
 
+def _path(text: str) -> str:
+    """A path or Hub id argument: an empty one would be read as the current folder (`Path("")` is `.`)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a path, got {text!r}")
+    return text
+
+
 def _finite(text: str) -> float:
     try:
         value = float(text)
@@ -159,13 +166,31 @@ def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(flag, default=default, help=item.metadata["help"], **kind)
 
 
+def _check_standard_streams(source: str, target: str) -> None:
+    """`UsageError` when the input is stdin or the output stdout and that stream was closed when the command started
+    (`<&-`, `>&-`): Python then has no stream there at all, and the text would be read from or written to nothing."""
+    if source == "-" and sys.stdin is None:
+        raise UsageError("--input - reads stdin, but stdin is closed; name a file with --input, or pipe the text in.")
+    if target == "-" and sys.stdout is None:
+        raise UsageError(
+            "--output - writes to stdout, but stdout is closed; name a file with --output, or redirect stdout."
+        )
+
+
 def _translate(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt translate", description="Translate lines of text.")
-    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "--input", default="-", help="UTF-8 text file, one sentence per line (split on \\n alone; default: stdin)"
+        "--model", type=_path, required=True, help="saved model folder or Hub repo id (with its tokenizer)"
     )
-    parser.add_argument("--output", default="-", help="file for the translations, streamed (default: stdout)")
+    parser.add_argument(
+        "--input",
+        type=_path,
+        default="-",
+        help="UTF-8 text file, one sentence per line (split on \\n alone; default: stdin)",
+    )
+    parser.add_argument(
+        "--output", type=_path, default="-", help="file for the translations, streamed (default: stdout)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     _add_decoding_flags(parser)
     parser.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps (default: cuda when available)")
@@ -183,6 +208,7 @@ def _translate(argv: list[str]) -> int:
         "average, at least 1, so that no thread waits for a core other work holds)",
     )
     args = parser.parse_args(argv)
+    _check_standard_streams(args.input, args.output)
 
     from hf_deep_nmt.decoding import DecodingOptions
 
@@ -227,10 +253,12 @@ def _average(argv: list[str]) -> int:
     parser = _Parser(
         prog="hf-deep-nmt average", description="Average model checkpoints into one loadable model folder."
     )
-    parser.add_argument("checkpoints", nargs="*", help="checkpoint folders (or use --output-dir with --last)")
-    parser.add_argument("--output-dir", help="a Trainer output folder holding checkpoint-<step> folders")
-    parser.add_argument("--last", type=int, help="average the newest N checkpoints of --output-dir")
-    parser.add_argument("--save-to", required=True, help="folder for the averaged model")
+    parser.add_argument(
+        "checkpoints", type=_path, nargs="*", help="checkpoint folders (or use --output-dir with --last)"
+    )
+    parser.add_argument("--output-dir", type=_path, help="a Trainer output folder holding checkpoint-<step> folders")
+    parser.add_argument("--last", type=_at_least(1), help="average the newest N checkpoints of --output-dir")
+    parser.add_argument("--save-to", type=_path, required=True, help="folder for the averaged model")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-to")
     args = parser.parse_args(argv)
 
@@ -249,7 +277,7 @@ def _average(argv: list[str]) -> int:
 
 def _push(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt push", description="Upload an exported folder to the Hub.")
-    parser.add_argument("folder", help="an exported folder (`export_dir` of a recipe)")
+    parser.add_argument("folder", type=_path, help="an exported folder (`export_dir` of a recipe)")
     parser.add_argument("repo_id", help="Hub repository, e.g. your-name/dlcl-es-en")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing repository")
@@ -258,6 +286,7 @@ def _push(argv: list[str]) -> int:
 
     from hf_deep_nmt.hub import push_to_hub, upload_operations
 
+    _check_repo_id(args.repo_id)
     if args.dry_run:
         for operation in upload_operations(args.folder):
             print(operation.path_in_repo)
@@ -267,28 +296,51 @@ def _push(argv: list[str]) -> int:
     return 0
 
 
+def _check_repo_id(repo_id: str) -> None:
+    """`UsageError` naming REPO_ID when huggingface_hub's validator refuses it, before anything is read or listed."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        reason = _one_line(str(error).split(" Use `repo_type`")[0])  # the CLI has no repo_type to use
+        raise UsageError(
+            f"REPO_ID {repo_id!r} is not a Hub repository id ({reason}); write it as 'your-name/model-name'."
+        ) from None
+
+
 def _inspect(argv: list[str]) -> int:
     parser = _Parser(
         prog="hf-deep-nmt inspect",
         description="Per-layer gradient norms, layer similarities (SDT) and combination weights (DLCL) of a saved "
         "model on a batch of parallel text, as PNG plots and one JSON file.",
     )
-    parser.add_argument("--model", required=True, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "--data", default=None, help="parallel text (.tsv, .jsonl or a prefix); default: the bundled validation set"
+        "--model", type=_path, required=True, help="saved model folder or Hub repo id (with its tokenizer)"
+    )
+    parser.add_argument(
+        "--data",
+        type=_path,
+        default=None,
+        help="parallel text (.tsv, .jsonl or a prefix); default: the bundled validation set",
     )
     parser.add_argument("--source-lang", default="src")
     parser.add_argument("--target-lang", default="tgt")
-    parser.add_argument("--num-sentences", type=int, default=32, help="pairs of the batch (from the top of --data)")
-    parser.add_argument("--max-length", type=int, default=128, help="longer sides are truncated")
+    parser.add_argument(
+        "--num-sentences", type=_at_least(1), default=32, help="pairs of the batch (from the top of --data)"
+    )
+    parser.add_argument(
+        "--max-length",
+        type=_at_least(2),
+        default=128,
+        help="longer sides are truncated (at least 2: a token and </s>)",
+    )
     parser.add_argument(
         "--dropout", action="store_true", help="gradient norms in training mode (with dropout); default: without"
     )
-    parser.add_argument("--output-dir", required=True, help="folder for inspect.json and the PNG plots")
+    parser.add_argument("--output-dir", type=_path, required=True, help="folder for inspect.json and the PNG plots")
     parser.add_argument("--overwrite", action="store_true", help="replace files of an earlier inspect run")
     args = parser.parse_args(argv)
-    if args.num_sentences < 1:
-        raise ValueError(f"--num-sentences must be a positive integer, got {args.num_sentences}.")
 
     from hf_deep_nmt.inspection import inspect_model
 
@@ -314,16 +366,18 @@ def _doctor(argv: list[str]) -> int:
 
 
 def _export_ctranslate2(argv: list[str]) -> int:
-    from hf_deep_nmt.ctranslate2_export import DEFAULT_MAX_POSITIONS, SERVABLE
+    from hf_deep_nmt.ctranslate2_export import DEFAULT_MAX_POSITIONS, MIN_MAX_POSITIONS, SERVABLE
 
     parser = _Parser(
         prog="hf-deep-nmt export-ctranslate2",
         description=f"Write a model as a CTranslate2 model folder (C++ decoding), with its tokenizer. Models with "
         f"{SERVABLE} can be written; any other is refused, naming what CTranslate2 cannot express.",
     )
-    parser.add_argument("model", help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "out", help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)"
+        "out",
+        type=_path,
+        help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)",
     )
     parser.add_argument(
         "--quantization",
@@ -333,9 +387,10 @@ def _export_ctranslate2(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--max-positions",
-        type=_at_least(1),
+        type=_at_least(MIN_MAX_POSITIONS),
         default=DEFAULT_MAX_POSITIONS,
-        help="rows of the position table: the longest source, and the most decoding steps (start token included)",
+        help="rows of the position table: the longest source, and the most decoding steps (start token included); "
+        f"at least {MIN_MAX_POSITIONS}",
     )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace OUT when it holds an earlier export of hf-deep-nmt only"
@@ -389,9 +444,9 @@ def _grow(argv: list[str]) -> int:
         "tokenizer: a folder `hf-deep-nmt train` starts from with `model_name_or_path` (e.g. a converted Marian "
         "model). The source folder is not changed.",
     )
-    parser.add_argument("model", help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
     parser.add_argument(
-        "out", help="folder for the grown model; an existing non-empty one is refused (see --overwrite)"
+        "out", type=_path, help="folder for the grown model; an existing non-empty one is refused (see --overwrite)"
     )
     parser.add_argument(
         "--layers", type=_at_least(1), default=None, help="encoder layers to add (default: a sparse encoder's block)"
@@ -454,7 +509,9 @@ def _upgrade_code(argv: list[str]) -> int:
         "holding the changed code and config files. The check runs the folder's own model code (a dry run too): it "
         "runs only with --trust-remote-code.",
     )
-    parser.add_argument("source", help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)")
+    parser.add_argument(
+        "source", type=_path, help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)"
+    )
     parser.add_argument(
         "--dry-run", action="store_true", help="check and report (the check runs the old code); write and push nothing"
     )
@@ -500,8 +557,10 @@ def _convert_marian(argv: list[str]) -> int:
         "computes: same logits, same generation defaults, its tokenizer. Settings this package cannot express are "
         "refused by name before anything is written.",
     )
-    parser.add_argument("source", help="a MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)")
-    parser.add_argument("out", help="the folder to write")
+    parser.add_argument(
+        "source", type=_path, help="a MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)"
+    )
+    parser.add_argument("out", type=_path, help="the folder to write")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace OUT when an earlier export or conversion wrote it"
     )
@@ -577,8 +636,10 @@ def main(argv: list[str] | None = None) -> int:
             "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite] | "
             "grow MODEL OUT --layers N [--strategy top] [--aggregation dlcl|sparse]"
         )
+        if not argv:
+            print("hf-deep-nmt: error: a command is required (see `hf-deep-nmt --help`).", file=sys.stderr)
         print(usage, file=sys.stderr)
-        return 2 if argv and argv[0] not in ("-h", "--help") else 0
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
     try:
         return COMMANDS[argv[0]](argv[1:])
     except KeyboardInterrupt as error:

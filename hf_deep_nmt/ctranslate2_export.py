@@ -62,6 +62,9 @@ ACTIVATIONS = {
 # Rows of the position table: a source of up to this many tokens, and decoding of up to this many steps (the start
 # token included), as `translate` allows (`DEFAULT_MAX_OUTPUT_TOKENS` tokens and `</s>`).
 DEFAULT_MAX_POSITIONS = DEFAULT_MAX_OUTPUT_TOKENS + 2
+# The smallest table that translates anything: a source of one token and its `</s>`, and decoding the start token
+# then one token (one row only holds the start token, so no step could be taken).
+MIN_MAX_POSITIONS = 2
 SERVABLE = (
     "pre- or post-norm (DeepNorm included), residual layers in both stacks, multi-head decoder self-attention, no "
     "relative position keys, no MSC"
@@ -206,8 +209,11 @@ def check_max_positions(config, max_positions: int) -> None:
     """`ValueError` for a `max_positions` that is not a positive integer, `InsufficientMemoryError` stating the
     estimate when its position table cannot be built here: `max_positions x d_model` float32 values, held about four
     times over while it is computed, copied into the specification and written. Checked before the model is loaded."""
-    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
-        raise ValueError(f"`max_positions` must be a positive integer, got {max_positions!r}.")
+    if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < MIN_MAX_POSITIONS:
+        raise ValueError(
+            f"`max_positions` must be an integer >= {MIN_MAX_POSITIONS} (a one-token source with its </s>, and the "
+            f"start token plus one decoding step), got {max_positions!r}."
+        )
     check_memory(
         4 * 4 * max_positions * int(config.d_model),
         f"The position table of --max-positions {max_positions} (x d_model {config.d_model}, float32)",

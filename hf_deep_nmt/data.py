@@ -9,6 +9,7 @@ import errno
 import itertools
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -104,13 +105,48 @@ def decode_line(path: Path, number: int, raw: bytes) -> str:
             "them, e.g. `tr -d '\\000'`, or fix the tool that wrote the file)."
         )
     try:
-        return raw.decode("utf-8").rstrip("\r\n")
+        text = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as error:
         raise ValueError(
             f"{path}:{number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line, "
             f"0x{raw[error.start]:02x}); find the file's encoding (`file -i {path}`) and convert it "
             f"(`iconv -f ENCODING -t UTF-8`)."
         ) from None
+    check_line_breaks(path, number, text)
+    return text
+
+
+# Characters that some readers take for the end of a line and others do not (Python's `str.splitlines` and text
+# files opened with universal newlines split on them, `wc -l`, this reader and most command-line tools only on \n):
+# inside a sentence they would make readers disagree on where a pair ends and the two sides of a corpus drift apart,
+# so a corpus line holding one is refused, naming it. (A CR right before the \n of a CRLF line ending is no such
+# character: it is removed with the line ending.)
+LINE_BREAKS = {
+    "\r": "carriage return",
+    "\x0b": "vertical tab",
+    "\x0c": "form feed",
+    "\x1c": "file separator",
+    "\x1d": "group separator",
+    "\x1e": "record separator",
+    "\x85": "next line",
+    "\u2028": "line separator",
+    "\u2029": "paragraph separator",
+}
+_LINE_BREAK = re.compile(f"[{''.join(LINE_BREAKS)}]")
+
+
+def check_line_breaks(path: Path, number: int, text: str) -> None:
+    """`ValueError` naming `path`, line `number`, the character and its column when `text` (a line, or a sentence of
+    it) holds one of `LINE_BREAKS`."""
+    found = _LINE_BREAK.search(text)
+    if found is not None:
+        character = found.group()
+        raise ValueError(
+            f"{path}:{number}: a {LINE_BREAKS[character]} (U+{ord(character):04X}) at column {found.start() + 1} "
+            "inside a sentence; some readers split lines on it and others do not, so the pairs would not line up. "
+            "Replace it with a space, e.g. `perl -CSD -pi -e 's/[\\r\\x0b\\x0c\\x1c-\\x1e\\x85\\x{2028}\\x{2029}]"
+            f"(?!\\n)/ /g' {path}`."
+        )
 
 
 def _lines(path: Path, checked: bool = False):
@@ -158,13 +194,33 @@ def tsv_pair(path: Path, number: int, line: str) -> tuple[str, str]:
     return fields[0], fields[1]
 
 
+class _DuplicateKey(Exception):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    record = dict(pairs)
+    if len(record) != len(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return record
+
+
 def jsonl_pair(path: Path, number: int, line: str, source_key: str, target_key: str) -> tuple[str, str]:
     """Line `number` of a JSONL file as a checked pair: an object with `source_key` and `target_key` string fields (or
     a `translation` dict holding them), no empty side."""
     try:
-        record = json.loads(line)
+        record = json.loads(line, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as error:
         raise ValueError(f"{path}:{number}: invalid JSON ({error.msg}).") from None
+    except _DuplicateKey as error:
+        raise ValueError(
+            f"{path}:{number}: the key {error.args[0]!r} is given twice in one object (JSON readers differ on "
+            "which one counts); keep one."
+        ) from None
     record = record.get("translation", record) if isinstance(record, dict) else record
     if (
         not isinstance(record, dict)
@@ -178,6 +234,8 @@ def jsonl_pair(path: Path, number: int, line: str, source_key: str, target_key: 
             f"{{'translation': {{{source_key!r}: ..., {target_key!r}: ...}}}} (`source_lang` / `target_lang` "
             "name the keys)."
         )
+    for side in (record[source_key], record[target_key]):  # a JSON string may hold an escaped line break
+        check_line_breaks(path, number, side)
     _check_pair(path, number, record[source_key], record[target_key])
     return record[source_key], record[target_key]
 

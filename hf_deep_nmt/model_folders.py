@@ -29,7 +29,9 @@ def check_local_path(value: str | None, what: str) -> None:
         return
     text = str(value)
     if text.startswith(_LOCAL_PREFIXES) and not Path(text).expanduser().exists():
-        raise FileNotFoundError(f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id).")
+        raise FileNotFoundError(
+            f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id); check the path."
+        )
 
 
 # A folder holds a tokenizer `AutoTokenizer` can load when it has one of these (a fast tokenizer's `tokenizer.json`;
@@ -80,7 +82,8 @@ def check_model_folder(
             raise FileNotFoundError(f"{what} {text!r} does not exist ({config_hint}).")
         if text.startswith(_LOCAL_PREFIXES):
             raise FileNotFoundError(
-                f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id)."
+                f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id); check the "
+                f"path ({config_hint})."
             )
         if check_hub_id:
             _check_hub_id(text, folder)
@@ -222,3 +225,30 @@ def _check_model_type(model_type, where: str, way_out: str) -> None:
         f"{where} names `model_type` {model_type!r}, which neither this package ({ours}) nor transformers knows; "
         f"{way_out}."
     )
+
+
+def check_saved_weights_finite(folder: str | Path, what: str = "Model folder") -> None:
+    """`ValueError` naming `folder`, the weight file and the first tensor that holds a NaN or an infinite value, read
+    from the folder's safetensors files one tensor at a time (nothing is built): a model that starts a training run
+    with such a weight makes every loss NaN, and the run would skip step after step and blame the learning rate. A
+    folder without safetensors weights, or a Hub id, is left to the checks after loading."""
+    import torch  # here, not at start-up: only a saved model to start from needs it
+    from safetensors import safe_open
+
+    from hf_deep_nmt.weights import safetensors_header, saved_weight_files
+
+    local = Path(str(folder)).expanduser()
+    if not local.is_dir():
+        return
+    for path in saved_weight_files(local):
+        safetensors_header(path)  # a cut-off file is named as such, not as an error of the library
+        with safe_open(str(path), framework="pt") as weights:
+            for name in weights.keys():
+                tensor = weights.get_tensor(name)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    kind = "NaN" if bool(torch.isnan(tensor).any()) else "infinite"
+                    raise ValueError(
+                        f"{what} {str(folder)!r} holds {kind} weights (the first: {name} in {path.name}); a run "
+                        "started from it trains on NaN losses. Start from an earlier checkpoint of the model, or "
+                        "from a fresh preset (`model_type`)."
+                    )

@@ -34,7 +34,7 @@ from hf_deep_nmt.data import parallel_files
 from hf_deep_nmt.decoding import DecodingOptions
 from hf_deep_nmt.folders import check_export_folder, check_run_folders
 from hf_deep_nmt.memory import check_training_size
-from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder
+from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder, check_saved_weights_finite
 
 
 @dataclass(frozen=True)
@@ -89,8 +89,9 @@ def plan_run(
     checked."""
     if command == "train-staged":
         check_staged(model_args, data_args)
-    check_model_arguments(model_args)
+    # The saved model first: a folder that is not there is the problem to name, not the settings beside it.
     saved = check_saved_model(model_args) if model_args.model_name_or_path else None
+    check_model_arguments(model_args)
     config = saved if saved is not None else (_sizes_of_preset(model_args) if command != "prepare" else None)
     decoding = check_arguments(data_args, export_args, training_args)
     if command != "prepare":
@@ -229,6 +230,7 @@ def check_saved_model(model_args: ModelArguments):
             f"package (one of {tuple(PRESETS)}){hint}."
         )
     check_recipe_agrees_with_saved_model(model_args, config)
+    check_saved_weights_finite(path, what)
     return config
 
 

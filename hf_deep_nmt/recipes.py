@@ -4,6 +4,7 @@ before importing them (`hf_deep_nmt.cli`); `hf_deep_nmt.arguments` turns the val
 
 from __future__ import annotations
 
+import codecs
 import json
 from pathlib import Path
 from typing import Any
@@ -45,8 +46,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def read_recipe(path: Path) -> Any:
     """The values of a JSON or YAML recipe file; `ValueError` naming the file for text that is not valid and for a
-    key given twice in one mapping (the last would silently win, e.g. a second `model_overrides`)."""
-    text = path.read_text(encoding="utf-8")
+    key given twice in one mapping (the last would silently win, e.g. a second `model_overrides`). The text is UTF-8,
+    with or without a byte-order mark (as some editors save it); any other encoding is refused, naming the file."""
+    text = _recipe_text(path)
     try:
         if path.suffix == ".json":
             return json.loads(text, object_pairs_hook=_unique_pairs)
@@ -55,6 +57,29 @@ def read_recipe(path: Path) -> Any:
         raise ValueError(f"{path}: {error}; the last would silently win, so keep one.") from None
     except (ValueError, yaml.YAMLError) as error:
         raise ValueError(f"{path}: not valid {path.suffix[1:].upper()}: {error}") from None
+
+
+def _recipe_text(path: Path) -> str:
+    data = path.read_bytes()
+    for mark, encoding in (
+        (codecs.BOM_UTF32_LE, "UTF-32"),
+        (codecs.BOM_UTF32_BE, "UTF-32"),
+        (codecs.BOM_UTF16_LE, "UTF-16"),
+        (codecs.BOM_UTF16_BE, "UTF-16"),
+    ):
+        if data.startswith(mark):
+            raise ValueError(
+                f"{path}: the recipe is {encoding} text (it starts with a {encoding} byte-order mark); save it as "
+                f"UTF-8 (e.g. `iconv -f {encoding} -t UTF-8 {path} > recipe{path.suffix}`)."
+            )
+    try:
+        return data.decode("utf-8-sig")  # a UTF-8 byte-order mark is dropped
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte {data[error.start]:#04x} at byte {error.start}, line {line}); save the "
+            "recipe as UTF-8."
+        ) from None
 
 
 def recipe_path(argv: list[str]) -> Path | None:

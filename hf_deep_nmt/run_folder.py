@@ -753,6 +753,10 @@ class RunFolder:
             if record is not None
             else f"outputs of an earlier run without a recipe record ({[path.name for path in earlier[:5]]})"
         )
+        recorded = record.get("shape") if record is not None else None
+        if isinstance(recorded, dict) and self.shape is not None and recorded != self.shape:
+            # the launch changed too (e.g. torchrun with another process count): say so, or it goes unnoticed
+            what += f", trained with {_describe_shape(recorded)} where this one has {_describe_shape(self.shape)}"
         raise RunFolderError(f"output_dir {str(self.folder)!r} holds {what}; {ways_out}.")
 
     def finish(self) -> None:

@@ -21,6 +21,12 @@ def _interleave(pairs: Iterable[tuple[str, str]]) -> Iterator[str]:
         yield target
 
 
+# The sizes of a vocabulary `train_joint_tokenizer` trains: room for the special tokens, and at most a million tokens
+# (four times the largest multilingual vocabularies; far larger sizes abort inside the tokenizers library).
+MIN_VOCAB_SIZE = 16
+MAX_VOCAB_SIZE = 1_000_000
+
+
 def train_joint_tokenizer(
     pairs: Iterable[tuple[str, str]],
     vocab_size: int = 8000,
@@ -31,8 +37,8 @@ def train_joint_tokenizer(
     """Train one subword vocabulary on both sides of `pairs` (the shared vocabulary of the papers' En-De systems)."""
     if model not in SUBWORD_MODELS:
         raise ValueError(f"`model` must be one of {SUBWORD_MODELS}, got {model!r}.")
-    if vocab_size < 16:
-        raise ValueError(f"`vocab_size` must be at least 16, got {vocab_size!r}.")
+    if not MIN_VOCAB_SIZE <= vocab_size <= MAX_VOCAB_SIZE:
+        raise ValueError(f"`vocab_size` must be between {MIN_VOCAB_SIZE} and {MAX_VOCAB_SIZE:,}, got {vocab_size!r}.")
     specials = list(SPECIAL_TOKENS.values())
     if model == "bpe":
         tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))

@@ -360,6 +360,14 @@ def safetensors_header(path: str | os.PathLike) -> dict:
             "restore the file from the exported folder."
         )
     header.pop("__metadata__", None)
+    ends = [entry.get("data_offsets", [0, 0])[-1] for entry in header.values() if isinstance(entry, dict)]
+    data_size = max([end for end in ends if isinstance(end, int)], default=0)
+    if 8 + header_size + data_size > size:
+        raise ValueError(
+            f"{str(path)!r} is not a whole safetensors file (cut off): its header places tensor data up to byte "
+            f"{8 + header_size + data_size} in a file of {size}; save the model again, or restore the file from the "
+            "exported folder."
+        )
     return header
 
 

@@ -296,3 +296,90 @@ def test_push_uploads_a_link_to_a_file_inside_the_folder_and_refuses_a_link_to_a
     (folder / "more").symlink_to(folder / "docs")
     with pytest.raises(ValueError, match=r"more is a symbolic link to a folder"):
         upload_operations(folder)
+
+
+# ---- issue 40, class 7: the commands' remaining silent and misleading one-liners ------------------------------------
+
+
+def test_no_command_is_a_usage_error_and_help_is_not(capsys):
+    assert main([]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("hf-deep-nmt: error: a command is required (see `hf-deep-nmt --help`).\nusage:")
+    assert main(["--help"]) == 0 and "usage: hf-deep-nmt" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        (
+            ["inspect", "--model", "m", "--output-dir", "o", "--max-length", "0"],
+            "argument --max-length: must be an integer >= 2, got '0'",
+        ),
+        (
+            ["inspect", "--model", "m", "--output-dir", "o", "--num-sentences", "-1"],
+            "argument --num-sentences: must be an integer >= 1, got '-1'",
+        ),
+        (
+            ["export-ctranslate2", "m", "o", "--max-positions", "1"],
+            "argument --max-positions: must be an integer >= 2, got '1'",
+        ),
+        (
+            ["average", "--output-dir", "run", "--last", "0", "--save-to", "avg"],
+            "argument --last: must be an integer >= 1",
+        ),
+        (["translate", "--model", "m", "--output", ""], "argument --output: must name a path, got ''"),
+        (["inspect", "--model", "m", "--output-dir", " "], "argument --output-dir: must name a path, got ' '"),
+        (["grow", "m", "", "--layers", "1"], "argument out: must name a path, got ''"),
+        (["export-ctranslate2", "m", ""], "argument out: must name a path, got ''"),
+        (["upgrade-code", ""], "argument source: must name a path, got ''"),
+    ],
+)
+def test_sizes_a_command_cannot_work_with_are_refused_by_the_parser(tmp_path, monkeypatch, capsys, command, message):
+    monkeypatch.chdir(tmp_path)
+    assert main(command) == 2
+    assert message in error_line(capsys)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("repo_id", ["not a/valid/id", "org/", "org//x"])
+def test_push_names_an_invalid_repo_id_even_in_a_dry_run(exported, capsys, repo_id):
+    for extra in (["--dry-run"], []):
+        assert main(["push", str(exported), repo_id, *extra]) == 2
+        error = error_line(capsys)
+        assert f"REPO_ID {repo_id!r} is not a Hub repository id (" in error and "'your-name/model-name'" in error
+        assert "repo_type" not in error
+
+
+def test_translate_names_a_closed_stdin_and_a_closed_stdout(tmp_path):
+    """A real process started with stdin and stdout closed (Python then has no stream there): both cases in one."""
+    import subprocess
+
+    source = tmp_path / "in.es"
+    source.write_text("hola\n", encoding="utf-8")
+    script = (
+        "import sys\nfrom hf_deep_nmt_cli import main\n"  # the command line's entry: refusals import no torch
+        "print('codes', main(['translate', '--model', 'absent']), "
+        f"main(['translate', '--model', 'absent', '--input', {str(source)!r}]), file=sys.stderr)\n"
+    )
+
+    def close_stdin_and_stdout():
+        os.close(0)
+        os.close(1)
+
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        preexec_fn=close_stdin_and_stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=120,
+    )
+    lines = done.stderr.splitlines()
+    assert lines[-1] == "codes 2 2", done.stderr
+    assert lines[-3] == (
+        "hf-deep-nmt translate: error: --input - reads stdin, but stdin is closed; name a file with --input, or pipe "
+        "the text in."
+    )
+    assert lines[-2] == (
+        "hf-deep-nmt translate: error: --output - writes to stdout, but stdout is closed; name a file with --output, "
+        "or redirect stdout."
+    )

@@ -143,7 +143,7 @@ def test_a_position_table_beyond_memory_is_refused_with_its_size(tiny_export, tm
         export_ctranslate2(model, tokenizer, tmp_path / "ct2", max_positions=10**8)
     assert not (tmp_path / "ct2").exists()
     check_max_positions(model.config, 1026)  # the default fits
-    with pytest.raises(ValueError, match=r"`max_positions` must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match=r"`max_positions` must be an integer >= 2 \(a one-token source .*, got 0"):
         check_max_positions(model.config, 0)
 
 

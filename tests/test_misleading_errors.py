@@ -485,3 +485,97 @@ def test_export_dir_dot_is_refused_with_the_settings_not_after_training(tmp_path
     with pytest.raises(ValueError, match=rf"'\.' is the current folder \({here}\) or a folder above it"):
         check_before_work(*arguments)
     assert not (tmp_path / "out").exists() and list(here.iterdir()) == []
+
+
+# ---- issue 40, class 7: corpus lines readers split differently, JSON keys twice, weights that lie ------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("c.tsv", "sí\tyes\r\nmu\rndo\tworld\r\n", r"c\.tsv:2: a carriage return \(U\+000D\) at column 3 inside"),
+        ("c.tsv", "sí\tyes\nmundo\tthe\u2028world\n", r"c\.tsv:2: a line separator \(U\+2028\) at column 10 inside"),
+        ("c.jsonl", '{"es": "a\\u2029b", "en": "x"}\n', r"c\.jsonl:1: a paragraph separator \(U\+2029\) at column 2"),
+    ],
+)
+def test_a_line_break_inside_a_sentence_is_refused_naming_line_and_character(tmp_path, name, text, expected):
+    path = tmp_path / name
+    path.write_bytes(text.encode("utf-8"))
+    with pytest.raises(ValueError, match=expected) as caught:
+        load_parallel_dataset(train_file=str(path), source_lang="es", target_lang="en")
+    assert "some readers split lines on it and others do not" in str(caught.value)
+    assert "Replace it with a space, e.g. `perl -CSD -pi -e" in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_a_crlf_corpus_is_still_read_and_a_two_file_corpus_with_a_cr_is_refused(tmp_path):
+    (tmp_path / "ok.tsv").write_bytes("sí\tyes\r\nmundo\tworld\r\n".encode())
+    pairs = load_parallel_dataset(train_file=str(tmp_path / "ok.tsv"))["train"]
+    assert pairs["source"] == ["sí", "mundo"] and pairs["target"] == ["yes", "world"]
+    (tmp_path / "two.es").write_bytes(b"uno\ndos\rtres\n")
+    (tmp_path / "two.en").write_bytes(b"one\ntwo three\n")
+    with pytest.raises(ValueError, match=r"two\.es:2: a carriage return \(U\+000D\) at column 4"):
+        load_parallel_dataset(train_file=str(tmp_path / "two"), source_lang="es", target_lang="en")
+
+
+def test_a_jsonl_key_given_twice_is_refused_naming_the_key_and_line(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('{"es": "hola", "en": "hi"}\n{"es": "sí", "en": "yes", "en": "no"}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"c\.jsonl:2: the key 'en' is given twice in one object .* keep one"):
+        load_parallel_dataset(train_file=str(path), source_lang="es", target_lang="en")
+
+
+def test_a_safetensors_file_cut_after_its_header_is_named_by_translate(saved_model, tmp_path, capsys):
+    import struct
+
+    from hf_deep_nmt.cli import main
+
+    weights = (saved_model / "model.safetensors").read_bytes()
+    header = 8 + struct.unpack("<Q", weights[:8])[0]
+    folder = damaged_copy(saved_model, tmp_path, "model.safetensors", weights[: header + 16])
+    source = tmp_path / "in.es"
+    source.write_text("hola\n", encoding="utf-8")
+    assert main(["translate", "--model", str(folder), "--input", str(source), "--output", str(tmp_path / "o")]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "SafetensorError" not in error, error
+    assert f"'{folder / 'model.safetensors'}' is not a whole safetensors file (cut off): its header places" in error
+    assert f"up to byte {len(weights)} in a file of {header + 16}; save the model again" in error
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_saved_model_with_nan_weights_is_refused_before_training_naming_the_tensor(saved_model, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from hf_deep_nmt.training import check_before_work
+
+    folder = tmp_path / "nan-model"
+    shutil.copytree(saved_model, folder)
+    weights = load_file(folder / "model.safetensors")
+    name = sorted(weights)[3]
+    weights[name].view(-1)[1] = float("nan")
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    arguments = recipe_arguments(tmp_path, model_type=None, model_name_or_path=str(folder))
+    with pytest.raises(ValueError) as caught:
+        check_before_work(*arguments)
+    message = str(caught.value)
+    assert f"`model_name_or_path` '{folder}' holds NaN weights (the first: {name} in model.safetensors)" in message
+    assert "learning rate" not in message and "earlier checkpoint" in message
+    assert not (tmp_path / "out").exists()
+    check_before_work(*recipe_arguments(tmp_path, model_type=None, model_name_or_path=str(saved_model)))
+
+
+def test_a_run_of_another_recipe_also_names_a_changed_process_count(tmp_path):
+    from hf_deep_nmt.run_folder import RUN_RECORD, RunFolder, RunFolderError
+
+    folder = tmp_path / "run"
+    (folder / "checkpoint-2").mkdir(parents=True)
+    one = {"world_size": 1, "per_process": 8, "gradient_accumulation_steps": 1, "unit": "sentences", "per_update": 8}
+    two = {**one, "world_size": 2, "per_update": 16}
+    (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "recipe": {"max_steps": 3}, "shape": one}))
+    expected = (
+        r"holds a run of another recipe \(max_steps: 3 -> 2\), trained with 1 process\(es\), 8 sentences per update "
+        r"\(8 x 1 accumulation x 1\) where this one has 2 process\(es\), 16 sentences per update"
+    )
+    with pytest.raises(RunFolderError, match=expected), RunFolder(folder, "train", {"max_steps": 2}, two) as again:
+        again.start(None, False)

@@ -117,3 +117,77 @@ def test_the_train_command_refuses_a_duplicated_key_before_reading_data(tmp_path
     with pytest.raises(ValueError, match=r"key 'max_steps' appears more than once"):
         train_run([str(path)])
     assert not (tmp_path / "run").exists()
+
+
+# ---- values that used to train silently or fail only after work (issue 40, class 7) --------------------------------
+
+
+def check(tmp_path, **values):
+    """Parse a recipe of `BASE` and `values` and run every check of the run plan; the output folder is never made."""
+    from hf_deep_nmt.training import check_before_work
+
+    path = recipe(tmp_path, json.dumps({**BASE, "output_dir": str(tmp_path / "run"), **values}))
+    try:
+        return check_before_work(*parse_arguments([str(path)]))
+    finally:
+        assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        ({"output_dir": ""}, "`output_dir` must be a folder name, not empty, got ''"),
+        ({"export_dir": " "}, "`export_dir` is an empty string; name a path, or leave `export_dir` out"),
+        ({"train_file": ""}, "`train_file` is an empty string; name a path, or leave `train_file` out"),
+        ({"model_name_or_path": ""}, "`model_name_or_path` is an empty string; name a path"),
+        ({"source_lang": ""}, "`source_lang` must be a language code such as 'es' or 'en' (no spaces or path"),
+        ({"target_lang": "en/x"}, "`target_lang` must be a language code such as 'es' or 'en' (no spaces or path"),
+        ({"source_lang": "en"}, "`source_lang` and `target_lang` are both 'en': the two sides of a pair need two"),
+        ({"translate_examples": -3}, "`translate_examples` must be >= 0 (0: show none), got -3"),
+        ({"num_train_epochs": 1e308}, "`num_train_epochs` must be at most 1,000,000 (or set `max_steps` to count"),
+        ({"max_steps": 2**40}, "`max_steps` must be at most 2,147,483,647, got 1099511627776"),
+        (
+            {"tokenizer_vocab_size": 10**8},
+            "`tokenizer_vocab_size` must be between 16 and 1,000,000 (the sizes a joint",
+        ),
+        ({"tokenizer_vocab_size": 8}, "`tokenizer_vocab_size` must be between 16 and 1,000,000"),
+        ({"tokenizer_model": "wordpiece"}, "`tokenizer_model` must be one of ('bpe', 'unigram'), got 'wordpiece'"),
+        ({"seed": -1}, "`seed` must be an integer from 0 to 4,294,967,295, got -1"),
+        ({"data_seed": 2**40}, "`data_seed` must be an integer from 0 to 4,294,967,295, got 1099511627776"),
+        (
+            {"dataloader_num_workers": -1},
+            "`dataloader_num_workers` must be >= 0 (0: load in the main process), got -1",
+        ),
+    ],
+    ids=lambda item: json.dumps(item)[:40] if isinstance(item, dict) else None,
+)
+def test_an_empty_path_a_bad_language_code_or_an_out_of_range_count_is_refused_naming_it(tmp_path, values, message):
+    with pytest.raises(ValueError) as error:
+        check(tmp_path, **values)
+    assert message in str(error.value)
+
+
+def test_the_largest_accepted_values_still_plan(tmp_path):
+    plan = check(tmp_path, num_train_epochs=1e6, translate_examples=0, tokenizer_vocab_size=10**6)
+    assert plan.training_args.num_train_epochs == 1e6 and plan.model_args.tokenizer_vocab_size == 10**6
+
+
+def test_a_missing_saved_model_is_named_not_the_tokenizer_settings_beside_it(tmp_path):
+    absent = tmp_path / "no-such-model"
+    with pytest.raises(FileNotFoundError) as error:
+        check(tmp_path, model_type=None, model_name_or_path=str(absent), tokenizer_vocab_size=300)
+    assert f"`model_name_or_path` '{absent}' does not exist" in str(error.value)
+    assert "check the path" in str(error.value)
+    assert "tokenizer" not in str(error.value)
+
+
+def test_a_recipe_with_a_utf8_byte_order_mark_is_read_and_a_utf16_one_is_named(tmp_path):
+    path = tmp_path / "recipe.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({**BASE, "max_steps": 7}).encode())
+    assert parse_arguments([str(path)])[3].max_steps == 7
+    path.write_bytes(json.dumps(BASE).encode("utf-16"))
+    with pytest.raises(ValueError, match=rf"{path}: the recipe is UTF-16 text .* save it as UTF-8 \(e\.g\. `iconv"):
+        parse_arguments([str(path)])
+    path.write_bytes(b'{"model_type": "deep_nmt", "output_dir": "caf\xe9"}')
+    with pytest.raises(ValueError, match=rf"{path}: not UTF-8 text \(byte 0xe9 at byte 45, line 1\)"):
+        parse_arguments([str(path)])
