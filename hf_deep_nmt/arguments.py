@@ -30,7 +30,6 @@ from hf_deep_nmt.decoding import LENGTH_PENALTY_FORMS, MAX_EVALUATION_OUTPUT_TOK
 from hf_deep_nmt.growing import GROWTH_STRATEGIES
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 from hf_deep_nmt.recipes import CONFIG_SUFFIXES, read_recipe, recipe_path
-from hf_deep_nmt.streaming import DEFAULT_STREAM_BUFFER_PAIRS, streaming_problems
 from hf_deep_nmt.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, SUBWORD_MODELS
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
@@ -39,6 +38,8 @@ PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASS
 DEFAULT_PRESET = "deep_nmt_dlcl"
 # What a newly trained joint tokenizer is when the recipe does not say.
 DEFAULT_TOKENIZER_SETTINGS = {"tokenizer_vocab_size": 8000, "tokenizer_model": "bpe"}
+# pairs each process holds in its streaming buffer (`stream_buffer_pairs`, hf_deep_nmt.streaming)
+DEFAULT_STREAM_BUFFER_PAIRS = 100_000
 
 
 @dataclass
@@ -597,6 +598,53 @@ def check_arguments(
                 f"{export_args.average_checkpoints}` averages; raise it or unset it."
             )
     return options
+
+
+def streaming_problems(data_args, training_args) -> list[str]:
+    """What is wrong with the streaming settings, each naming the value and what is valid (empty when nothing is):
+    `stream_buffer_pairs` below 1 (`tokenizer_train_pairs` is checked with the model settings); with
+    `streaming: true`, no `max_steps`, no corpus to
+    stream (`train_file` or `dataset_name`), a `max_tokens` below the longest pair the length limits admit, or more
+    than one data-loader worker."""
+    problems = []
+    value = data_args.stream_buffer_pairs
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        problems.append(
+            "`stream_buffer_pairs` (pairs held in the shuffling, length-bucketing buffer of each process) must be an "
+            f"integer >= 1, got {value!r}"
+        )
+    if not getattr(data_args, "streaming", False):
+        return problems
+    if training_args.max_steps is None or training_args.max_steps < 1:
+        problems.append(
+            f"`streaming: true` needs `max_steps` (a streamed corpus has no length to count epochs in), got "
+            f"max_steps={training_args.max_steps}; set it to the number of optimizer steps to train"
+        )
+    if not data_args.train_file and not data_args.dataset_name:
+        named = (
+            f" (`validation_file` {data_args.validation_file!r} names only the evaluation data)"
+            if data_args.validation_file
+            else ""
+        )
+        problems.append(
+            f"`streaming: true` needs the corpus to stream, `train_file` or `dataset_name`{named}; without either the "
+            "bundled sample is used, which fits in memory: remove `streaming`"
+        )
+    max_tokens = getattr(training_args, "max_tokens", None)
+    longest = max(data_args.max_source_length, data_args.max_target_length)
+    if max_tokens is not None and max_tokens < longest:
+        problems.append(
+            f"with `streaming: true`, `max_tokens` ({max_tokens}) must hold the longest pair the length limits admit "
+            f"(max(`max_source_length`, `max_target_length`) = {longest} tokens): a streamed corpus cannot be checked "
+            "for longer pairs before training; raise `max_tokens` or lower the limits"
+        )
+    workers = training_args.dataloader_num_workers
+    if workers > 1:
+        problems.append(
+            f"`streaming: true` reads the corpus with one reader per process: `dataloader_num_workers` must be 0 "
+            f"(read between steps) or 1 (read beside training), got {workers}"
+        )
+    return problems
 
 
 def empty_settings(*groups: tuple[Any, tuple[str, ...]]) -> list[str]:

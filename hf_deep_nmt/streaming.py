@@ -70,6 +70,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import logging
 
+from hf_deep_nmt.arguments import DEFAULT_STREAM_BUFFER_PAIRS
 from hf_deep_nmt.batching import token_batches
 from hf_deep_nmt.checkpoints import ChecksumRecorder, _write_json_atomically
 from hf_deep_nmt.data import (
@@ -88,59 +89,8 @@ logger = logging.get_logger(__name__)
 
 STREAM_STATE_FILE = "stream_state.json"
 STREAM_STATE_FORMAT = 1
-DEFAULT_STREAM_BUFFER_PAIRS = 100_000
 # pairs tokenized in one call (the batch `datasets.map` gives `tokenize_parallel`)
 TOKENIZE_CHUNK = 1000
-
-
-# ---- settings -------------------------------------------------------------------------------------------------------
-
-
-def streaming_problems(data_args, training_args) -> list[str]:
-    """What is wrong with the streaming settings, each naming the value and what is valid (empty when nothing is):
-    `stream_buffer_pairs` below 1 (`tokenizer_train_pairs` is checked with the model settings); with
-    `streaming: true`, no `max_steps`, no corpus to
-    stream (`train_file` or `dataset_name`), a `max_tokens` below the longest pair the length limits admit, or more
-    than one data-loader worker."""
-    problems = []
-    value = data_args.stream_buffer_pairs
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        problems.append(
-            "`stream_buffer_pairs` (pairs held in the shuffling, length-bucketing buffer of each process) must be an "
-            f"integer >= 1, got {value!r}"
-        )
-    if not getattr(data_args, "streaming", False):
-        return problems
-    if training_args.max_steps is None or training_args.max_steps < 1:
-        problems.append(
-            f"`streaming: true` needs `max_steps` (a streamed corpus has no length to count epochs in), got "
-            f"max_steps={training_args.max_steps}; set it to the number of optimizer steps to train"
-        )
-    if not data_args.train_file and not data_args.dataset_name:
-        named = (
-            f" (`validation_file` {data_args.validation_file!r} names only the evaluation data)"
-            if data_args.validation_file
-            else ""
-        )
-        problems.append(
-            f"`streaming: true` needs the corpus to stream, `train_file` or `dataset_name`{named}; without either the "
-            "bundled sample is used, which fits in memory: remove `streaming`"
-        )
-    max_tokens = getattr(training_args, "max_tokens", None)
-    longest = max(data_args.max_source_length, data_args.max_target_length)
-    if max_tokens is not None and max_tokens < longest:
-        problems.append(
-            f"with `streaming: true`, `max_tokens` ({max_tokens}) must hold the longest pair the length limits admit "
-            f"(max(`max_source_length`, `max_target_length`) = {longest} tokens): a streamed corpus cannot be checked "
-            "for longer pairs before training; raise `max_tokens` or lower the limits"
-        )
-    workers = training_args.dataloader_num_workers
-    if workers > 1:
-        problems.append(
-            f"`streaming: true` reads the corpus with one reader per process: `dataloader_num_workers` must be 0 "
-            f"(read between steps) or 1 (read beside training), got {workers}"
-        )
-    return problems
 
 
 # ---- local files, read lazily ---------------------------------------------------------------------------------------
@@ -771,66 +721,3 @@ def read_validation(data_args, corpus: dict | None = None) -> datasets.Dataset |
     pairs = read_parallel_file(path, data_args.source_lang, data_args.target_lang, files)
     check_read_pairs(path, "validation_file", pairs, data_args.source_lang, data_args.target_lang)
     return datasets.Dataset.from_dict(pairs)
-
-
-def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path | None = None, plan=None):
-    """`hf_deep_nmt.training.prepare` for `streaming: true`: the tokenizer (the recipe's, the one saved in
-    `tokenizer_dir` by an earlier run, or one trained on the first `tokenizer_train_pairs` pairs of the stream and
-    saved there; default `output_dir/tokenizer`), the validation split tokenized as without streaming, and the
-    training data as a `StreamedPairs` (read while training). `plan`: the run's `hf_deep_nmt.plan.RunPlan`, whose
-    checked corpus files and saved model are used as they are."""
-    from transformers import set_seed
-
-    from hf_deep_nmt.data import tokenize_parallel
-    from hf_deep_nmt.evaluation import check_source_lengths
-    from hf_deep_nmt.prepared_data import tokenizer_train_pairs
-    from hf_deep_nmt.training import Prepared, load_tokenizer
-    from hf_deep_nmt.translate import MAX_SOURCE_TOKENS
-
-    set_seed(training_args.seed)
-    corpus = plan.corpus if plan is not None else None
-    source = stream_source(data_args, corpus)
-    if isinstance(source, FileSource):
-        _check_head(source, data_args)
-    validation = read_validation(data_args, corpus)
-    if validation is not None and data_args.max_eval_samples:
-        validation = validation.select(range(min(data_args.max_eval_samples, len(validation))))
-    tokenizer_dir = Path(tokenizer_dir or Path(training_args.output_dir) / "tokenizer")
-    # one process trains and saves the tokenizer; the others then load it from `tokenizer_dir`
-    with training_args.main_process_first(local=False, desc="streaming tokenizer"):
-        sample: dict[str, Any] = {}
-        if not model_args.saved_tokenizer() and not (tokenizer_dir / "tokenizer.json").is_file():
-            head = source.first_pairs(tokenizer_train_pairs(model_args))
-            if not head[SOURCE]:
-                raise ValueError(f"The streamed corpus {source.name!r} holds no sentence pairs; give one with pairs.")
-            sample = {"train": {SOURCE: head[SOURCE], TARGET: head[TARGET]}}
-            logger.warning(f"Training the tokenizer on the first {len(head[SOURCE])} pairs of the stream.")
-        tokenizer = load_tokenizer(model_args, sample, tokenizer_dir, plan)
-    references, eval_dataset = [], None
-    if validation is not None:  # the final evaluation translates each source in full: checked before step 1
-        where = (
-            f"`validation_file` {data_args.validation_file!r}"
-            if not data_args.dataset_name
-            else f"{data_args.dataset_name!r} split {data_args.dataset_validation_split!r}, counting rows as lines "
-            "from 1,"
-        )
-        check_source_lengths(validation[SOURCE], tokenizer, MAX_SOURCE_TOKENS, where)
-        references = validation[TARGET]
-        # evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set
-        eval_dataset = tokenize_parallel(
-            validation, tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
-        )
-    stream = StreamedPairs(
-        source,
-        tokenizer,
-        data_args.stream_buffer_pairs,
-        data_args.max_source_length,
-        data_args.max_target_length,
-        max_tokens=training_args.max_tokens,
-        max_sentences=training_args.per_device_train_batch_size,
-        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
-    )
-    raw = {"train": StreamedCorpus(stream)}
-    if validation is not None:
-        raw["validation"] = validation
-    return Prepared(raw, tokenizer, stream, eval_dataset, references)

@@ -72,7 +72,14 @@ from hf_deep_nmt.plan import (  # noqa: F401  (check_saved_model, check_repo_id,
 from hf_deep_nmt.preemption import raise_if_preempted, signals_held
 from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
 from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
-from hf_deep_nmt.streaming import prepare_streaming
+from hf_deep_nmt.streaming import (
+    FileSource,
+    StreamedCorpus,
+    StreamedPairs,
+    _check_head,
+    read_validation,
+    stream_source,
+)
 from hf_deep_nmt.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.trainer import DeepNMTTrainer
 from hf_deep_nmt.translate import MAX_SOURCE_TOKENS, translate
@@ -247,6 +254,68 @@ def prepare(
         # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
         eval_dataset = data.validation.select_columns(list(ID_COLUMNS))
     return Prepared(raw, tokenizer, data.train, eval_dataset, references, data)
+
+
+def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path | None = None, plan=None):
+    """`prepare` for `streaming: true`: the tokenizer (the recipe's, the one saved in
+    `tokenizer_dir` by an earlier run, or one trained on the first `tokenizer_train_pairs` pairs of the stream and
+    saved there; default `output_dir/tokenizer`), the validation split tokenized as without streaming, and the
+    training data as a `StreamedPairs` (read while training). `plan`: the run's `hf_deep_nmt.plan.RunPlan`, whose
+    checked corpus files and saved model are used as they are."""
+    from transformers import set_seed
+
+    from hf_deep_nmt.data import tokenize_parallel
+    from hf_deep_nmt.evaluation import check_source_lengths
+    from hf_deep_nmt.prepared_data import tokenizer_train_pairs
+    from hf_deep_nmt.translate import MAX_SOURCE_TOKENS
+
+    set_seed(training_args.seed)
+    corpus = plan.corpus if plan is not None else None
+    source = stream_source(data_args, corpus)
+    if isinstance(source, FileSource):
+        _check_head(source, data_args)
+    validation = read_validation(data_args, corpus)
+    if validation is not None and data_args.max_eval_samples:
+        validation = validation.select(range(min(data_args.max_eval_samples, len(validation))))
+    tokenizer_dir = Path(tokenizer_dir or Path(training_args.output_dir) / "tokenizer")
+    # one process trains and saves the tokenizer; the others then load it from `tokenizer_dir`
+    with training_args.main_process_first(local=False, desc="streaming tokenizer"):
+        sample: dict[str, Any] = {}
+        if not model_args.saved_tokenizer() and not (tokenizer_dir / "tokenizer.json").is_file():
+            head = source.first_pairs(tokenizer_train_pairs(model_args))
+            if not head[SOURCE]:
+                raise ValueError(f"The streamed corpus {source.name!r} holds no sentence pairs; give one with pairs.")
+            sample = {"train": {SOURCE: head[SOURCE], TARGET: head[TARGET]}}
+            logger.warning(f"Training the tokenizer on the first {len(head[SOURCE])} pairs of the stream.")
+        tokenizer = load_tokenizer(model_args, sample, tokenizer_dir, plan)
+    references, eval_dataset = [], None
+    if validation is not None:  # the final evaluation translates each source in full: checked before step 1
+        where = (
+            f"`validation_file` {data_args.validation_file!r}"
+            if not data_args.dataset_name
+            else f"{data_args.dataset_name!r} split {data_args.dataset_validation_split!r}, counting rows as lines "
+            "from 1,"
+        )
+        check_source_lengths(validation[SOURCE], tokenizer, MAX_SOURCE_TOKENS, where)
+        references = validation[TARGET]
+        # evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set
+        eval_dataset = tokenize_parallel(
+            validation, tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
+        )
+    stream = StreamedPairs(
+        source,
+        tokenizer,
+        data_args.stream_buffer_pairs,
+        data_args.max_source_length,
+        data_args.max_target_length,
+        max_tokens=training_args.max_tokens,
+        max_sentences=training_args.per_device_train_batch_size,
+        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
+    )
+    raw = {"train": StreamedCorpus(stream)}
+    if validation is not None:
+        raw["validation"] = validation
+    return Prepared(raw, tokenizer, stream, eval_dataset, references)
 
 
 def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
