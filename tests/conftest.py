@@ -144,6 +144,18 @@ def method_families(every_check: bool = False) -> dict[str, tuple[type, dict]]:
     return families
 
 
+def package_free_environment(hf_home, modules, **extra: str) -> dict[str, str]:
+    """The environment of a subprocess that loads models the way a user without this package does: no Hugging Face
+    variable of this session, no PYTHONPATH (run it from an empty folder, so the checkout is not importable either),
+    the Hub offline, its own `HF_HOME` and remote-code modules cache; plus `extra`."""
+    environment = {
+        key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))
+    }
+    environment.pop("PYTHONPATH", None)
+    environment.update(HF_HUB_OFFLINE="1", HF_HOME=str(hf_home), HF_MODULES_CACHE=str(modules), **extra)
+    return environment
+
+
 # No test may reach the network: connections to anything but this machine are refused (subprocesses get
 # HF_HUB_OFFLINE=1 from the environment above).
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "", None}

@@ -8,7 +8,6 @@ under an address-space limit (RLIMIT_AS), so that a regression fails instead of 
 
 import contextlib
 import json
-import os
 import resource
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ARCHITECTURES, TINY_SIZES
+from conftest import ARCHITECTURES, TINY_SIZES, package_free_environment
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForSeq2SeqLM
 
@@ -379,16 +378,7 @@ def remote_results(saved, tmp_path_factory):
     cases = {"folders": list(FOLDER_CASES), "generate": generate, "source": LONG_SOURCE.tolist()}
     cases["beyond_memory"] = beyond_memory
     (workdir / "cases.json").write_text(json.dumps(cases))
-    environment = {
-        key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))
-    }
-    environment.pop("PYTHONPATH", None)
-    environment.update(
-        HF_HUB_OFFLINE="1",
-        HF_HOME=str(workdir / "hf_home"),
-        HF_MODULES_CACHE=str(workdir / "modules"),
-        OMP_NUM_THREADS="1",
-    )
+    environment = package_free_environment(str(workdir / "hf_home"), str(workdir / "modules"), OMP_NUM_THREADS="1")
     completed = subprocess.run(
         [sys.executable, "run.py", str(saved), str(LIMIT)],
         cwd=workdir,

@@ -1,13 +1,12 @@
 """`AutoModel` loads the encoder-decoder without the output layer, with the package installed and as remote code."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import method_families
+from conftest import method_families, package_free_environment
 from transformers import AutoModel
 
 from hf_deep_nmt import BASE_MODEL_CLASSES
@@ -84,11 +83,7 @@ def test_auto_model_loads_saved_folders_as_remote_code_without_the_package(tiny_
     workdir.mkdir()
     (workdir / "load.py").write_text(LOAD_SCRIPT)
     torch.save(INPUTS, workdir / "inputs.pt")
-    env = {
-        key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))
-    }
-    env.pop("PYTHONPATH", None)
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf_home"), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env = package_free_environment(str(tmp_path / "hf_home"), str(tmp_path / "modules"))
     completed = subprocess.run(
         [sys.executable, "load.py", *folders],
         cwd=workdir,

@@ -3,14 +3,13 @@ and from a Hub cache by repo id, and give the same logits as the package."""
 
 import ast
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import method_families
+from conftest import method_families, package_free_environment
 
 import hf_deep_nmt.modeling.configuration_deep_nmt
 import hf_deep_nmt.modeling.contract_deep_nmt
@@ -99,11 +98,7 @@ def load_in_clean_process(tmp_path: Path, jobs: list[tuple[str, str, list[str]]]
     (workdir / "load.py").write_text(LOAD_SCRIPT)
     (workdir / "jobs.json").write_text(json.dumps(jobs))
     torch.save(inputs, workdir / "inputs.pt")
-    env = {
-        key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))
-    }
-    env.pop("PYTHONPATH", None)
-    env.update(HF_HUB_OFFLINE="1", HF_HOME=str(hf_home), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    env = package_free_environment(str(hf_home), str(tmp_path / "modules"))
     completed = subprocess.run(
         [sys.executable, "load.py"],
         check=False,

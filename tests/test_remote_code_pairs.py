@@ -9,7 +9,6 @@ beam-search and static-cache outputs (tokens and scores) stay those the installe
 """
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import package_free_environment
 from datasets import Dataset
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, cache_utils
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
@@ -196,16 +196,7 @@ def clean_process(families, tmp_path_factory):
         "predict_rows": predict_rows(families["inputs"], families["labels"]),
     }
     torch.save(plan, workdir / "plan.pt")
-    env = {
-        key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))
-    }
-    env.pop("PYTHONPATH", None)
-    env.update(
-        HF_HUB_OFFLINE="1",
-        HF_HOME=str(tmp_path / "hf_home"),
-        HF_MODULES_CACHE=str(tmp_path / "modules"),
-        OMP_NUM_THREADS="1",
-    )
+    env = package_free_environment(str(tmp_path / "hf_home"), str(tmp_path / "modules"), OMP_NUM_THREADS="1")
     completed = subprocess.run(
         [sys.executable, "run.py"],
         check=False,
