@@ -63,8 +63,8 @@ def test_mix_ln_runs_post_norm_layers_below_pre_norm_ones_and_keeps_the_final_la
     for stack in ("encoder", "decoder"):
         getattr(expected.model, stack).layers[0] = getattr(post_norm.model, stack).layers[0]
     same_weights(mixed, expected)
-    placement = [norm.pre_norm for layer in mixed.model.encoder.layers for norm in (layer.self_attn_layer_norm,)]
-    assert placement == [False, True, True]
+    assert [layer.self_attn_layer_norm.pre_norm for layer in mixed.model.encoder.layers] == [False, True, True]
+    assert [layer.final_layer_norm.pre_norm for layer in mixed.model.decoder.layers] == [False, True]
     assert torch.equal(logits(mixed), logits(expected))
     assert not torch.allclose(logits(mixed), logits(pre_norm))
 
