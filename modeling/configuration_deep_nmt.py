@@ -28,6 +28,9 @@ logger = logging.get_logger(__name__)
 
 LAYER_AGGREGATIONS = ("residual", "dlcl", "sparse")
 DLCL_WEIGHTS = ("learned", "average", "one")
+# Initial DLCL weights (learned ones): the uniform average of the stored outputs, or DenseFormer's identity (weight 1
+# on the newest stored output, 0 elsewhere), under which the stack starts as the plain residual one.
+DLCL_INITS = ("uniform", "identity")
 INIT_SCHEMES = ("default", "ds_init")
 DS_INIT_MODES = ("paper", "code")
 DECODER_SELF_ATTENTIONS = ("multi_head", "merged_average", "average")
@@ -54,6 +57,9 @@ LATER_SETTINGS = (
     "growth",
     "deepnorm",
     "tokenizer_fingerprint",
+    "encoder_post_norm_layers",
+    "decoder_post_norm_layers",
+    "dlcl_init",
 )
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
@@ -159,6 +165,11 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "encoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
     "decoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
     "dlcl_weights": _choice(DLCL_WEIGHTS),
+    "dlcl_init": _choice(DLCL_INITS),
+    **dict.fromkeys(
+        ("encoder_post_norm_layers", "decoder_post_norm_layers"),
+        FieldKind("a non-negative integer (0 = off)", lambda value: _is_int(value) and value >= 0),
+    ),
     "init_scheme": _choice(INIT_SCHEMES),
     "ds_init_mode": _choice(DS_INIT_MODES),
     "decoder_self_attention": _choice(DECODER_SELF_ATTENTIONS),
@@ -213,11 +224,24 @@ DEPENDS_ON = (
         ("decoder_layer_aggregation",),
     ),
     DependsOn(
-        ("dlcl_weights", "dlcl_history_norm"),
+        ("dlcl_weights", "dlcl_history_norm", "dlcl_init"),
         "only apply to DLCL: set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
         "to 'dlcl' or 'sparse'",
         lambda config: bool({"dlcl", "sparse"} & {config.encoder_layer_aggregation, config.decoder_layer_aggregation}),
         ("encoder_layer_aggregation", "decoder_layer_aggregation"),
+    ),
+    DependsOn(
+        ("dlcl_init",),
+        "needs learned DLCL weights (`dlcl_weights='learned'`): the constant ablations have their own values",
+        lambda config: config.dlcl_weights == "learned",
+        ("dlcl_weights",),
+    ),
+    DependsOn(
+        ("encoder_post_norm_layers", "decoder_post_norm_layers"),
+        "set Mix-LN's post-norm layers below the pre-norm ones of a pre-norm model: they need `pre_norm=True` "
+        "(DeepNorm, post-norm throughout, needs `pre_norm=False` and so excludes them)",
+        lambda config: config.pre_norm,
+        ("pre_norm",),
     ),
     DependsOn(
         MSC_SWITCHES,
@@ -362,7 +386,31 @@ def _deepnorm_is_post_norm_with_its_own_init(config: DeepNMTConfig) -> str | Non
     return None
 
 
+def _mix_ln_fits_its_stacks(config: DeepNMTConfig) -> str | None:
+    for side in ("encoder", "decoder"):
+        field = f"{side}_post_norm_layers"
+        count, layers = getattr(config, field), getattr(config, f"{side}_layers")
+        if count == 0:
+            continue
+        if count > layers:
+            return f"`{field}` must be at most `{side}_layers` ({layers}), got {count}."
+        aggregation = getattr(config, f"{side}_layer_aggregation")
+        if aggregation != "residual":
+            return (
+                f"Mix-LN places the LayerNorm per layer of a plain residual stack; DLCL's history norms follow one "
+                f"placement for the whole stack: `{field}` needs `{side}_layer_aggregation='residual'`, got "
+                f"{aggregation!r}."
+            )
+        if side == "encoder" and config.msc_block_layers is not None:
+            return (
+                f"MSC's encoder blocks end in their own LayerNorms, outside Mix-LN's per-layer rule: `{field}` needs "
+                f"`msc_block_layers=None`, got {config.msc_block_layers!r}."
+            )
+    return None
+
+
 STRUCTURAL_RULES = (
+    _mix_ln_fits_its_stacks,
     _deepnorm_is_post_norm_with_its_own_init,
     _msc_blocks_pair_with_decoder_layers,
     _encoder_layers_fill_the_msc_blocks,
@@ -542,6 +590,15 @@ class DeepNMTConfig(PreTrainedConfig):
         dlcl_weights (`str`, *optional*, defaults to `"learned"`):
             DLCL combination weights: `"learned"` (scalars initialised to the uniform average 1/(r+1)), or the
             constant ablations of the paper, `"average"` (fixed 1/(r+1)) and `"one"` (fixed 1).
+        dlcl_init (`str`, *optional*, defaults to `"uniform"`):
+            Initial value of learned DLCL weights: `"uniform"` (1/(r+1), DLCL) or `"identity"` (DenseFormer,
+            Pagliardini et al. 2024: weight 1 on the newest stored output, 0 on the others), under which the stack
+            starts as the plain residual stack with the same layers. Written into `config.json` only when set.
+        encoder_post_norm_layers / decoder_post_norm_layers (`int`, *optional*, defaults to 0):
+            Mix-LN (Li et al. 2024): the first k layers of the stack are post-norm, the layers above pre-norm; needs
+            `pre_norm=True` and a residual stack. The stack keeps its final LayerNorm while it has a pre-norm layer
+            (k below the stack's depth), as the pre-norm part of Mix-LN does; so k = 0 is the pre-norm stack and k =
+            the depth is exactly the post-norm one (`pre_norm=False`). Written into `config.json` only when set.
         sparse_block_size (`int`, *optional*, defaults to 6):
             Block size p of `"sparse"` aggregation (SDT sparse connections, Li et al. 2020) when a stack's boundaries
             are not given: blocks `[0, p, 2p, ..., L]` (the last one shorter when p does not divide L).
@@ -677,6 +734,9 @@ class DeepNMTConfig(PreTrainedConfig):
     decoder_layer_aggregation: str | None = None
     dlcl_weights: str = "learned"
     dlcl_history_norm: bool = True
+    dlcl_init: str = "uniform"
+    encoder_post_norm_layers: int = 0
+    decoder_post_norm_layers: int = 0
     sparse_block_size: int = 6
     encoder_block_boundaries: list[int] | None = None
     decoder_block_boundaries: list[int] | None = None

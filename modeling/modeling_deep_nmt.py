@@ -628,6 +628,19 @@ DECODER_ATTENTION_CLASSES = {
 }
 
 
+def layer_is_pre_norm(config: DeepNMTConfig, side: str, layer_idx: int) -> bool:
+    """Whether layer `layer_idx` (0-based) of stack `side` is pre-norm: `pre_norm`, except for Mix-LN's first
+    `{side}_post_norm_layers` layers, which are post-norm."""
+    return config.pre_norm and layer_idx >= getattr(config, f"{side}_post_norm_layers")
+
+
+def stack_has_final_norm(config: DeepNMTConfig, side: str) -> bool:
+    """Whether the layers of stack `side` leave a final LayerNorm to the stack: a pre-norm stack's top layer is
+    pre-norm (under Mix-LN, while the post-norm layers do not fill the stack: the pre-norm part keeps its final
+    LayerNorm; a stack of post-norm layers only is the post-norm stack, without one)."""
+    return layer_is_pre_norm(config, side, getattr(config, f"{side}_layers") - 1)
+
+
 class DeepNMTResidualNorm(nn.LayerNorm):
     """One residual block: the LayerNorm of a sublayer with the residual dropout and the placement rule,
 
@@ -635,13 +648,16 @@ class DeepNMTResidualNorm(nn.LayerNorm):
         pre-norm  (Eq. 4):             x <- x + Drop(F(LN(x)))
         DeepNorm (DeepNet Eq. 1):      x <- LN(alpha * x + Drop(F(x)))   (post-norm, alpha of the block's stack)
 
+    Mix-LN (`{side}_post_norm_layers` = k): the blocks of the first k layers of a pre-norm stack are post-norm
+    (`layer_is_pre_norm`).
+
     `around(x, F)` applies the block to the sublayer `F`; called as a module it is the plain LayerNorm. The layer
     holds it under the norm's name, as Marian names its norms (`self_attn_layer_norm`, `encoder_attn_layer_norm`,
     `final_layer_norm`), so the saved parameter names are the LayerNorm's."""
 
-    def __init__(self, config: DeepNMTConfig, side: str):
+    def __init__(self, config: DeepNMTConfig, side: str, layer_idx: int):
         super().__init__(config.d_model, eps=config.layer_norm_eps)
-        self.pre_norm = config.pre_norm
+        self.pre_norm = layer_is_pre_norm(config, side, layer_idx)
         self.dropout = config.dropout
         self.residual_scale = config.deepnorm_constants(side)[0]  # DeepNorm's alpha; 1 otherwise
 
@@ -700,7 +716,7 @@ class DeepNMTLayer(GradientCheckpointingLayer):
         self.activation_dropout = config.activation_dropout
         self.fc1 = DeepNMTLinear.in_layer(width, ffn_dim, config, side, layer_idx)
         self.fc2 = DeepNMTLinear.in_layer(ffn_dim, width, config, side, layer_idx)
-        self.final_layer_norm = DeepNMTResidualNorm(config, side)
+        self.final_layer_norm = DeepNMTResidualNorm(config, side, layer_idx)
         # set by each layer after its own attention (`msc_context_modules`); None where it attends no context
         self.context_attn: DeepNMTAttention | None = None
         self.fusion_gate: DeepNMTLinear | None = None
@@ -737,7 +753,7 @@ class DeepNMTEncoderLayer(DeepNMTLayer):
         super().__init__(config, layer_idx, config.encoder_ffn_dim, "encoder")
         heads = config.encoder_attention_heads
         self.self_attn = DeepNMTAttention(config, heads, False, layer_idx, side="encoder")
-        self.self_attn_layer_norm = DeepNMTResidualNorm(config, "encoder")
+        self.self_attn_layer_norm = DeepNMTResidualNorm(config, "encoder", layer_idx)
         self.context_attn, self.fusion_gate = msc_context_modules(config, "encoder", heads, layer_idx)
 
     def forward(
@@ -761,9 +777,9 @@ class DeepNMTDecoderLayer(DeepNMTLayer):
         self.self_attn = self.self_attn_layer_norm = None  # MAtt: merged into the cross-attention sublayer
         if self_attention is not None:
             self.self_attn = self_attention.in_decoder(config, layer_idx, is_cross_attention=False)
-            self.self_attn_layer_norm = DeepNMTResidualNorm(config, "decoder")
+            self.self_attn_layer_norm = DeepNMTResidualNorm(config, "decoder", layer_idx)
         self.encoder_attn = cross_attention.in_decoder(config, layer_idx, is_cross_attention=True)
-        self.encoder_attn_layer_norm = DeepNMTResidualNorm(config, "decoder")
+        self.encoder_attn_layer_norm = DeepNMTResidualNorm(config, "decoder", layer_idx)
         self.context_attn, self.fusion_gate = msc_context_modules(
             config, "decoder", config.decoder_attention_heads, layer_idx
         )
@@ -892,8 +908,11 @@ class DeepNMTBlockHistory(DeepNMTLayerHistory):
         else:
             self.layer_norms = nn.ModuleList(nn.Identity() for _ in range(norms))
 
-    def initial_weight(self, mode: str) -> torch.Tensor:
-        """`"learned"`/`"average"`: W[r, k] = 1/(r+1) for k <= r; `"one"`: W[r, k] = 1 for k <= r."""
+    def initial_weight(self, mode: str, init: str = "uniform") -> torch.Tensor:
+        """`"learned"`/`"average"`: W[r, k] = 1/(r+1) for k <= r; `"one"`: W[r, k] = 1 for k <= r. Learned weights
+        with `init="identity"` (DenseFormer): W[r, r] = 1, 0 elsewhere, so each row is its newest stored output."""
+        if mode == "learned" and init == "identity":
+            return torch.eye(self.size)
         weight = torch.ones(self.size, self.size).tril()
         return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True)
 
@@ -1080,7 +1099,7 @@ def parameter_parts(config: DeepNMTConfig, output_layer: bool = True) -> dict[st
             relative = self_attention == "multi_head"
         if msc_attends_context(config, side):
             layer += attention + (linear(2 * d, d) if config.msc_fusion == "gate" else 0)
-        final_norm = norm if config.pre_norm and not (side == "encoder" and msc) else 0
+        final_norm = norm if stack_has_final_norm(config, side) and not (side == "encoder" and msc) else 0
         parts[f"{side} layers"] = layers * layer + final_norm
         window, heads = config.relative_position_window, getattr(config, f"{side}_attention_heads")
         if window and relative:
@@ -1335,7 +1354,7 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
             init.ones_(module.weight)
             init.zeros_(module.bias)
         elif isinstance(module, DeepNMTBlockHistory):
-            init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights))
+            init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights, self.config.dlcl_init))
         elif isinstance(module, DeepNMTAttention) and module.relative_keys is not None:
             init.xavier_uniform_(module.relative_keys)
         elif isinstance(module, nn.GRUCell):
@@ -1359,7 +1378,7 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
         # post-norm output row, and so does a history whose output is normalised (MSC's top block).
         self.layer_norm = None
-        if config.pre_norm and not self.history.ends_normalised:
+        if stack_has_final_norm(config, side) and not self.history.ends_normalised:
             self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
 
     def history_modules(self) -> dict[str, nn.Module | None]:

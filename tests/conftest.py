@@ -122,6 +122,14 @@ ARCHITECTURES = [
         (DeepNMTConfig, dict(msc_block_layers=[1, 2], msc_context="block_output", init_scheme="ds_init")),
         id="msc-no-collaboration-dsinit",
     ),
+    # Mix-LN: the first 2 of 3 encoder layers and the first of 2 decoder layers post-norm, pre-norm above
+    pytest.param((DeepNMTConfig, dict(encoder_post_norm_layers=2, decoder_post_norm_layers=1)), id="mixln"),
+    # DenseFormer: DLCL with identity-initialised weights and no history LayerNorms (the tiny models perturb every
+    # weight, so the histories mix)
+    pytest.param(
+        (DeepNMTConfig, dict(layer_aggregation="dlcl", dlcl_init="identity", dlcl_history_norm=False)),
+        id="denseformer",
+    ),
 ]
 
 

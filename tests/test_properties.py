@@ -104,6 +104,12 @@ def valid_configs(draw, msc: bool | None = None):
     if "dlcl" in (encoder_aggregation, decoder_aggregation) or "sparse" in (encoder_aggregation, decoder_aggregation):
         fields["dlcl_weights"] = draw(st.sampled_from(["learned", "average", "one"]))
         fields["dlcl_history_norm"] = draw(st.booleans())
+        if fields["dlcl_weights"] == "learned":  # DLCL's uniform or DenseFormer's identity start
+            fields["dlcl_init"] = draw(st.sampled_from(["uniform", "identity"]))
+    # Mix-LN: the first k layers of a pre-norm residual stack post-norm (not MSC's encoder)
+    for side, aggregation in (("encoder", encoder_aggregation), ("decoder", decoder_aggregation)):
+        if fields["pre_norm"] and aggregation == "residual" and not (use_msc and side == "encoder"):
+            fields[f"{side}_post_norm_layers"] = draw(st.integers(0, fields[f"{side}_layers"]))
     if encoder_aggregation == "sparse":
         fields["encoder_block_boundaries"] = draw(sparse_boundaries(fields["encoder_layers"]))
     if decoder_aggregation == "sparse":
@@ -228,6 +234,7 @@ def invalid_configs(draw):
     msc = fields["config_class"] is MscConfig
     kinds = ["size", "heads", "probability", "bool", "choice", "window", "eps", "ids", "divisible", "ds_init"]
     kinds += ["boundaries", "boundaries_without_sparse", "sparse_block_size", "dlcl_weights", "aan_ffn", "vocab"]
+    kinds += ["post_norm_layers"]
     kinds += (
         ["msc_layout", "msc_choice", "l2", "msc_encoder_layers"] if msc else ["encoder_layers", "msc_without_layout"]
     )
@@ -281,6 +288,17 @@ def invalid_configs(draw):
         field, value = "sparse_block_size", draw(st.sampled_from([0, -2, "2", 1.5, True]))
     elif kind == "dlcl_weights":
         field, value = "dlcl_weights", draw(st.sampled_from(["softmax", None, 1]))
+    elif kind == "post_norm_layers":  # Mix-LN: not a count, more layers than the stack, or on a post-norm model
+        field = "decoder_post_norm_layers"
+        too_many = fields["decoder_layers"] + 1
+        value = draw(st.sampled_from([-1, 1.5, "1", True, None, too_many, "post-norm"]))
+        if value == "post-norm":
+            deepnorm = fields["init_scheme"] == "default" and not msc and draw(st.booleans())
+            fields["pre_norm"], fields["deepnorm"], value = False, deepnorm, 1
+        else:
+            fields["decoder_layer_aggregation"] = "residual"
+            if fields["encoder_layer_aggregation"] == "residual":
+                fields.pop("dlcl_weights", None), fields.pop("dlcl_history_norm", None), fields.pop("dlcl_init", None)
     elif kind == "aan_ffn":  # the AAN's FFN without the AAN
         fields["decoder_self_attention"] = draw(st.sampled_from(["multi_head"] + ([] if msc else ["merged_average"])))
         field, value = "aan_ffn", True
@@ -362,6 +380,10 @@ def test_the_strategies_cover_every_switch():
         ),
         lambda f: f["deepnorm"] and "dlcl" in (f["encoder_layer_aggregation"], f["decoder_layer_aggregation"]),
         lambda f: f["sinusoid_frequencies"] == "marian" and f["output_bias"] and not f["sdpa_avoid_cudnn"],
+        # Mix-LN: a stack post-norm throughout, and a boundary inside a stack; DenseFormer's identity-started DLCL
+        lambda f: f.get("encoder_layers", 0) >= 2 and f.get("encoder_post_norm_layers") == f["encoder_layers"],
+        lambda f: 0 < f.get("decoder_post_norm_layers", 0) < f["decoder_layers"],
+        lambda f: f.get("dlcl_init") == "identity" and f.get("dlcl_history_norm") is False,
         *(
             lambda f, context=context: f.get("msc_context") == context
             for context in ("gru", "gru_per_block", "ffn", "ffn_per_block")
