@@ -164,6 +164,30 @@ def package_free_environment(hf_home, modules, **extra: str) -> dict[str, str]:
     return environment
 
 
+@pytest.fixture(scope="session")
+def sample_slice(tmp_path_factory):
+    """`sample_slice(pairs, vocab_size)`: a folder holding the bundled sample's first `pairs` pairs (`train.tsv`), the
+    first two again as `valid.tsv`, and a joint tokenizer trained on them (`tokenizer/`), for the tests that run
+    whole training commands; built once per size in a session. Read it, never write into it (copy it first)."""
+    from hf_deep_nmt.data import sample_corpus_dir
+    from hf_deep_nmt.tokenizer import train_joint_tokenizer
+
+    built = {}
+
+    def make(pairs: int = 48, vocab_size: int = 300) -> Path:
+        if (pairs, vocab_size) not in built:
+            folder = tmp_path_factory.mktemp(f"sample-{pairs}-{vocab_size}")
+            lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:pairs]
+            (folder / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            (folder / "valid.tsv").write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
+            tokenizer = train_joint_tokenizer([line.split("\t") for line in lines], vocab_size=vocab_size)
+            tokenizer.save_pretrained(folder / "tokenizer")
+            built[pairs, vocab_size] = folder
+        return built[pairs, vocab_size]
+
+    return make
+
+
 # No test may reach the network: connections to anything but this machine are refused (subprocesses get
 # HF_HUB_OFFLINE=1 from the environment above).
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0", "", None}

@@ -30,8 +30,6 @@ from hf_deep_nmt.callbacks import (
     last_complete_checkpoint,
     resolve_resume_checkpoint,
 )
-from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {
@@ -48,14 +46,8 @@ STEPS, SAVE_EVERY = 9, 3
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:96]
-    (folder / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (folder / "valid.tsv").write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
-    pairs = [line.split("\t") for line in lines]
-    train_joint_tokenizer(pairs, vocab_size=300).save_pretrained(folder / "tokenizer")
-    return folder
+def corpus(sample_slice):
+    return sample_slice(96, 300)
 
 
 def train_arguments(corpus: Path, output_dir: Path) -> list[str]:

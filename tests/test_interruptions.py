@@ -21,10 +21,8 @@ from safetensors.torch import load_file
 from transformers import TrainerCallback
 
 from hf_deep_nmt import staged, training
-from hf_deep_nmt.data import sample_corpus_dir
 from hf_deep_nmt.preemption import TrainingPreempted
 from hf_deep_nmt.run_folder import RUN_RECORD
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {
@@ -41,13 +39,8 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:48]
-    (folder / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (folder / "valid.tsv").write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
-    train_joint_tokenizer([line.split("\t") for line in lines], vocab_size=300).save_pretrained(folder / "tokenizer")
-    return folder
+def corpus(sample_slice):
+    return sample_slice(48, 300)
 
 
 def arguments(corpus: Path, folder: Path, command: str = "train") -> list[str]:

@@ -22,7 +22,6 @@ from hf_deep_nmt import run_folder
 from hf_deep_nmt.arguments import parse_arguments
 from hf_deep_nmt.callbacks import checkpoint_problem, numbered_checkpoints
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.data import sample_corpus_dir
 from hf_deep_nmt.preemption import (
     OutputFolderTakenOver,
     PreemptionCallback,
@@ -40,7 +39,6 @@ from hf_deep_nmt.run_folder import (
     run_recipe,
 )
 from hf_deep_nmt.staged import run_staged
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {
@@ -56,13 +54,8 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:48]
-    (folder / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (folder / "valid.tsv").write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
-    train_joint_tokenizer([line.split("\t") for line in lines], vocab_size=300).save_pretrained(folder / "tokenizer")
-    return folder
+def corpus(sample_slice):
+    return sample_slice(48, 300)
 
 
 def train_arguments(corpus: Path, output_dir: Path) -> list[str]:

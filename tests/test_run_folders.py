@@ -20,7 +20,7 @@ from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, parse_argume
 from hf_deep_nmt.averaging import average_checkpoints, list_checkpoints
 from hf_deep_nmt.callbacks import checkpoint_problem, last_complete_checkpoint
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir
+from hf_deep_nmt.data import load_parallel_dataset
 from hf_deep_nmt.hub import WRITTEN_MARKER, export_hub_folder
 from hf_deep_nmt.run_folder import LOCK_FILE, RUN_RECORD, RunFolder, RunFolderError
 from hf_deep_nmt.staged import run_staged
@@ -48,13 +48,8 @@ def tree(folder: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("corpus")
-    lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:48]
-    (folder / "train.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (folder / "valid.tsv").write_text("\n".join(lines[:2]) + "\n", encoding="utf-8")
-    train_joint_tokenizer([line.split("\t") for line in lines], vocab_size=400).save_pretrained(folder / "tokenizer")
-    return folder
+def corpus(sample_slice):
+    return sample_slice(48, 400)
 
 
 def recipe_arguments(corpus: Path, output_dir: Path, *extra: str) -> list[str]:
