@@ -59,6 +59,18 @@ SERVABLE = {
 }
 
 
+def assert_scores_match(model, tokenizer, translator, encoded, source_tokens, targets) -> None:
+    """CTranslate2's per-token log-probabilities of `targets` (`</s>` included) are the model's, within 1e-4."""
+    scores = translator.score_batch(source_tokens, [tokenizer.convert_ids_to_tokens(t) for t in targets])
+    for ids, target, score in zip(encoded, targets, scores):
+        decoder_input = torch.tensor([[model.config.decoder_start_token_id, *target]])
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids]), decoder_input_ids=decoder_input).logits[0]
+        labels = torch.tensor([*target, tokenizer.eos_token_id])
+        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(score.log_probs), log_probs, rtol=0, atol=1e-4)
+
+
 @pytest.fixture(scope="module")
 def tokenizer():
     return train_joint_tokenizer(PAIRS * 10, vocab_size=300, min_frequency=1)
@@ -153,14 +165,7 @@ def test_ctranslate2_decodes_and_scores_as_this_package(name, tokenizer, tmp_pat
     # per-token log-probabilities of arbitrary targets, </s> included
     generator = torch.Generator().manual_seed(0)
     targets = [torch.randint(4, len(tokenizer), (length,), generator=generator).tolist() for length in (3, 9, 14)]
-    scores = translator.score_batch(source_tokens[:3], [tokenizer.convert_ids_to_tokens(t) for t in targets])
-    for ids, target, score in zip(encoded, targets, scores):
-        decoder_input = torch.tensor([[model.config.decoder_start_token_id, *target]])
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids]), decoder_input_ids=decoder_input).logits[0]
-        labels = torch.tensor([*target, tokenizer.eos_token_id])
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None])[:, 0]
-        torch.testing.assert_close(torch.tensor(score.log_probs), log_probs, rtol=0, atol=1e-4)
+    assert_scores_match(model, tokenizer, translator, encoded, source_tokens[:3], targets)
 
 
 @pytest.fixture(scope="module")
@@ -200,14 +205,7 @@ def test_deepnorm_exports_as_a_plain_post_norm_model_decoding_the_same_tokens(de
     targets = [
         torch.randint(4, len(tokenizer), (9,), generator=torch.Generator().manual_seed(i)).tolist() for i in (0, 1)
     ]
-    scores = translator.score_batch(source_tokens[:2], [tokenizer.convert_ids_to_tokens(t) for t in targets])
-    for ids, target, score in zip(encoded, targets, scores):
-        decoder_input = torch.tensor([[model.config.decoder_start_token_id, *target]])
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([ids]), decoder_input_ids=decoder_input).logits[0]
-        labels = torch.tensor([*target, tokenizer.eos_token_id])
-        log_probs = torch.log_softmax(logits, dim=-1).gather(-1, labels[:, None])[:, 0]
-        torch.testing.assert_close(torch.tensor(score.log_probs), log_probs, rtol=0, atol=1e-4)
+    assert_scores_match(model, tokenizer, translator, encoded, source_tokens[:2], targets)
 
 
 @needs_ctranslate2
