@@ -633,7 +633,8 @@ def main(argv: list[str] | None = None) -> int:
             "usage: hf-deep-nmt [--debug] {train | train-staged | prepare} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
-            "upgrade-code FOLDER_OR_REPO_ID [--dry-run] | convert-marian SOURCE OUT [--overwrite] | "
+            "upgrade-code FOLDER_OR_REPO_ID [--dry-run] [--trust-remote-code] | "
+            "convert-marian SOURCE OUT [--overwrite] | "
             "grow MODEL OUT --layers N [--strategy top] [--aggregation dlcl|sparse]"
         )
         if not argv:
