@@ -313,16 +313,17 @@ def _listed_checksum_records(record: dict[str, Any]) -> list[str]:
 
 
 def missing_checksum_records(folder: str | Path, record: dict[str, Any] | None) -> list[Path]:
-    """The checksum records the run record lists that are gone while their folder holds a complete checkpoint: without
-    them `verify_checkpoint` has nothing to compare with, and a swapped or edited checkpoint would be resumed
-    unchecked. (A folder holding only a checkpoint its run was killed while writing, before any record was written,
-    resumes from nothing, as before.)"""
+    """The checksum records the run record lists that are gone while their folder holds two or more complete
+    checkpoints: without them `verify_checkpoint` has nothing to compare with, and a swapped or edited checkpoint would
+    be resumed unchecked. The record is written after each checkpoint is complete, so a folder with one complete
+    checkpoint and no record is what a run killed between the two leaves (CI caught that kill): it resumes unchecked,
+    as before the record existed."""
     found = []
     for relative in _listed_checksum_records(record or {}):
         path = Path(folder) / relative
         if ".." in Path(relative).parts or path.is_file():
             continue
-        if any(checkpoint_problem(checkpoint) is None for checkpoint in numbered_checkpoints(path.parent)):
+        if sum(checkpoint_problem(checkpoint) is None for checkpoint in numbered_checkpoints(path.parent)) > 1:
             found.append(path)
     return found
 

@@ -346,8 +346,10 @@ def test_a_stage_folders_checksum_record_is_listed_and_its_absence_refused(train
     stage = root / "stage-1-1-layers"
     with RunFolder(root, "train-staged", recipe) as folder:
         folder.start(None, False)
-        claim_outputs(root, stage / "checkpoint-2", stage / CHECKSUMS_FILE)
-        shutil.copytree(trained_run / "checkpoint-2", stage / "checkpoint-2")
+        # two complete checkpoints: one alone without a record is what a kill before its first recording leaves
+        for name in ("checkpoint-2", "checkpoint-4"):
+            claim_outputs(root, stage / name, stage / CHECKSUMS_FILE)
+            shutil.copytree(trained_run / name, stage / name)
         (stage / CHECKSUMS_FILE).write_text(json.dumps({"format": 1, "checkpoints": {}}))
     record = json.loads((root / RUN_RECORD).read_text())
     assert record["written"] == ["stage-1-1-layers"]
