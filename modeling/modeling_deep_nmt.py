@@ -1195,6 +1195,7 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
 
 # --- Sizes, before anything is built ---------------------------------------------------------------------------------
 
+
 class DeepNMTHyperHistory(DeepNMTResidualHistory):
     """Hyper-Connections' stack (`{side}_hyper_connections` = n): a residual stack whose state is the n residual
     streams (..., n, d), n copies of the embedding at the start; each layer reads and returns the streams (its
