@@ -1193,9 +1193,6 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
         return {"block_outputs": torch.stack(state.blocks, dim=1), "context_states": contexts}
 
 
-# --- Sizes, before anything is built ---------------------------------------------------------------------------------
-
-
 class DeepNMTHyperHistory(DeepNMTResidualHistory):
     """Hyper-Connections' stack (`{side}_hyper_connections` = n): a residual stack whose state is the n residual
     streams (..., n, d), n copies of the embedding at the start; each layer reads and returns the streams (its
@@ -1214,6 +1211,9 @@ class DeepNMTHyperHistory(DeepNMTResidualHistory):
 
     def stack_output(self, state: list[torch.Tensor]) -> torch.Tensor:
         return state[-1].sum(dim=-2)
+
+
+# --- Sizes, before anything is built ---------------------------------------------------------------------------------
 
 
 # Memory each layer takes beyond its tensors (the Python objects of its modules), about 9-37 KiB per layer measured on
