@@ -68,7 +68,7 @@ LATER_SETTINGS = (
 )
 # Hyper-Connections' per-stack expansions, which `_resolve` derives from `hyper_connections`: `to_dict` leaves them out
 # where they and `hyper_connections` are all 0 (loading derives 0 again).
-HYPER_CONNECTION_SIDES = ("encoder_hyper_connections", "decoder_hyper_connections")
+_HYPER_CONNECTION_SIDES = ("encoder_hyper_connections", "decoder_hyper_connections")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
 # `PreTrainedConfig` itself: not unknown keys.
@@ -176,7 +176,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "dlcl_init": _choice(DLCL_INITS),
     # the global expansion before the per-stack ones, which default to it
     **dict.fromkeys(
-        ("hyper_connections", *HYPER_CONNECTION_SIDES),
+        ("hyper_connections", *_HYPER_CONNECTION_SIDES),
         FieldKind(
             "0 (off) or an integer >= 2 (the number of residual streams; one stream is the plain residual)",
             lambda value: _is_int(value) and (value == 0 or value >= 2),
@@ -269,7 +269,7 @@ DEPENDS_ON = (
         "only apply to Hyper-Connections: set `hyper_connections` (or `encoder_hyper_connections` / "
         "`decoder_hyper_connections`) to the number of residual streams, >= 2",
         lambda config: bool(config.encoder_hyper_connections or config.decoder_hyper_connections),
-        HYPER_CONNECTION_SIDES,
+        _HYPER_CONNECTION_SIDES,
     ),
     DependsOn(
         MSC_SWITCHES,
@@ -474,7 +474,6 @@ def _hyper_connections_fit_their_stacks(config: DeepNMTConfig) -> str | None:
 
 STRUCTURAL_RULES = (
     _mix_ln_fits_its_stacks,
-    _hyper_connections_fit_their_stacks,
     _deepnorm_is_post_norm_with_its_own_init,
     _msc_blocks_pair_with_decoder_layers,
     _encoder_layers_fill_the_msc_blocks,
@@ -485,6 +484,7 @@ STRUCTURAL_RULES = (
     _marian_sinusoids_have_an_even_width,
     _block_boundaries_cut_their_stack,
     _token_ids_are_in_their_vocabulary,
+    _hyper_connections_fit_their_stacks,
 )
 
 
@@ -900,8 +900,8 @@ class DeepNMTConfig(PreTrainedConfig):
         for field in LATER_SETTINGS:
             if field in output and output[field] == defaults[field].default == own[field].default:
                 del output[field]
-        if not self.hyper_connections and not any(getattr(self, field) for field in HYPER_CONNECTION_SIDES):
-            for field in HYPER_CONNECTION_SIDES:
+        if not self.hyper_connections and not any(getattr(self, field) for field in _HYPER_CONNECTION_SIDES):
+            for field in _HYPER_CONNECTION_SIDES:
                 output.pop(field, None)
         return output
 
@@ -943,7 +943,7 @@ class DeepNMTConfig(PreTrainedConfig):
             self.encoder_layer_aggregation = self.layer_aggregation
         if self.decoder_layer_aggregation is None:
             self.decoder_layer_aggregation = self.layer_aggregation
-        for field in HYPER_CONNECTION_SIDES:
+        for field in _HYPER_CONNECTION_SIDES:
             if getattr(self, field) is None:
                 setattr(self, field, self.hyper_connections)
         if isinstance(self.msc_block_layers, tuple):

@@ -14,6 +14,7 @@ from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
 from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
+from hf_deep_nmt.diagnostics import layer_outputs
 from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     _shape_findings,
@@ -321,3 +322,16 @@ def test_ctranslate2_and_growing_refuse_them_by_name(mhc_model):
     assert any(line.startswith("`hyper_connections=2` (Hyper-Connections:") for line in blockers)
     with pytest.raises(ValueError, match=r"`encoder_hyper_connections=2` \(Hyper-Connections: "):
         grow_encoder(mhc_model, 1)
+
+
+def test_layer_diagnostics_read_the_sum_of_the_streams(tiny_config, random_model, padded_batch):
+    """`layer_outputs` (SDT's similarities) reads each layer's streams summed: at initialisation, with the residual
+    model's weights, n times the residual model's layer outputs."""
+    plain = random_model(tiny_config())
+    model = DeepNMTForConditionalGeneration(tiny_config(hyper_connections=3)).eval()
+    model.load_state_dict(plain.state_dict(), strict=False)
+    batch = {key: padded_batch[key] for key in ("input_ids", "attention_mask", "labels")}
+    for side in ("encoder", "decoder"):
+        ours, theirs = layer_outputs(model, batch, side), layer_outputs(plain, batch, side)
+        torch.testing.assert_close(ours[0], theirs[0])
+        torch.testing.assert_close(torch.stack(ours[1:]), 3 * torch.stack(theirs[1:]), rtol=1e-5, atol=1e-5)
