@@ -739,9 +739,11 @@ class DeepNMTHyperConnection(nn.Module):
             alpha = alpha + self.alpha_scale * torch.tanh(normed @ self.dynamic_alpha)
             beta = beta + self.beta_scale * torch.tanh(normed @ self.dynamic_beta)
         if self.sinkhorn_iterations:
-            width = torch.sigmoid(alpha[..., :1])
-            alpha = torch.cat([width, sinkhorn_knopp(alpha[..., 1:], self.sinkhorn_iterations)], dim=-1)
-            beta = 2.0 * torch.sigmoid(beta)
+            # in float32 whatever the model's dtype (as mHC computes its maps): the sums of the iteration stay exact
+            width = torch.sigmoid(alpha[..., :1].float())
+            mixing = sinkhorn_knopp(alpha[..., 1:].float(), self.sinkhorn_iterations)
+            alpha = torch.cat([width, mixing], dim=-1).to(streams.dtype)
+            beta = (2.0 * torch.sigmoid(beta.float())).to(streams.dtype)
         return alpha, beta
 
     def around(
