@@ -204,6 +204,18 @@ def test_the_saved_folder_runs_as_remote_code(mhc_model, tmp_path):
         assert torch.equal(remote.generate(**options), mhc_model.generate(**options))
 
 
+def test_every_stream_weight_gets_a_gradient(mhc_model, padded_batch):
+    inputs = {key: padded_batch[key] for key in ("input_ids", "attention_mask", "labels")}
+    mhc_model.zero_grad()
+    mhc_model(**inputs).loss.backward()
+    grads = {name: parameter.grad for name, parameter in mhc_model.named_parameters() if ".hyper." in name}
+    mhc_model.zero_grad(set_to_none=True)
+    # 12 residual blocks (3 encoder layers x 2, 2 decoder layers x 3), each with 8 tensors: static alpha and beta, the
+    # LayerNorm's weight and bias, W_alpha, W_beta, s_alpha, s_beta
+    assert len(grads) == 12 * 8
+    assert all(grad is not None and torch.isfinite(grad).all() and grad.abs().max() > 0 for grad in grads.values())
+
+
 def test_default_lora_leaves_the_stream_weights_frozen_as_the_dlcl_weights(tiny_config, random_model, padded_batch):
     peft = pytest.importorskip("peft")
     model = random_model(tiny_config(**MHC))
