@@ -6,9 +6,9 @@ sinusoidal positions in either frequency setting (written into the model as a ta
 token embeddings, shared or separate source/target embeddings, a tied or separate output layer with or without a bias
 (`output_bias`), and the ReLU/GELU/SiLU/tanh/sigmoid activations.
 What it does not, refused by name before any work (`ctranslate2_blockers`): DLCL and sparse (SDT) layer histories,
-MAtt and the AAN, MSC, and relative position keys (CTranslate2 applies relative keys *instead of* absolute positions
-in a stack, while these models add both; its asymmetric variant keeps the absolute ones but counts distances from the
-first query during incremental decoding, so decoder self-attention would not match either).
+Hyper-Connections, MAtt and the AAN, MSC, and relative position keys (CTranslate2 applies relative keys *instead of*
+absolute positions in a stack, while these models add both; its asymmetric variant keeps the absolute ones but counts
+distances from the first query during incremental decoding, so decoder self-attention would not match either).
 
 Details that make the outputs match (`tests/test_ctranslate2.py` compares them):
 
@@ -164,8 +164,19 @@ SETTINGS: dict[str, SettingCheck | None] = {
             "msc_context",
             "msc_context_sides",
             "msc_fusion",
+            "hyper_connections_dynamic",
+            "hyper_connections_sinkhorn_iterations",
         ),
         ANY,
+    ),
+    **dict.fromkeys(
+        ("hyper_connections", "encoder_hyper_connections", "decoder_hyper_connections"),
+        lambda value: (
+            None
+            if not value
+            else "Hyper-Connections: several residual streams mixed by learned weights around every sublayer, where "
+            "CTranslate2's Transformer has one residual stream"
+        ),
     ),
     "encoder_layer_aggregation": _aggregation_problem,
     "decoder_layer_aggregation": _aggregation_problem,

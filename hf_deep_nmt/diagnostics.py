@@ -197,7 +197,8 @@ def combination_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
 
 def layer_outputs(model: nn.Module, batch: Mapping[str, Any], side: str = "encoder") -> list[torch.Tensor]:
     """`[y_0, y_1, ..., y_L]` of one stack on `batch`, without dropout: y_0 the embedding (token embedding scaled, plus
-    positions), y_i the output of layer i as the layer returns it (before any combination or final LayerNorm).
+    positions), y_i the output of layer i as the layer returns it (before any combination or final LayerNorm; with
+    Hyper-Connections the sum of its residual streams, what the stack's output is made of).
     The decoder side needs `labels` or `decoder_input_ids` in the batch."""
     stack = _stack(model, side)
     device = next(model.parameters()).device
@@ -209,9 +210,12 @@ def layer_outputs(model: nn.Module, batch: Mapping[str, Any], side: str = "encod
     ids = batch["input_ids"] if side == "encoder" else batch["decoder_input_ids"]
     outputs: list[torch.Tensor | None] = [None] * len(stack.layers)
 
+    streams = getattr(stack.history, "streams", 0)  # Hyper-Connections: layers return their residual streams
+
     def capture(index):
         def hook(module, args, output):
-            outputs[index] = (output[0] if isinstance(output, tuple) else output).detach()
+            tensor = (output[0] if isinstance(output, tuple) else output).detach()
+            outputs[index] = tensor.sum(dim=-2) if streams else tensor  # the streams' sum, as the stack ends
 
         return hook
 

@@ -91,6 +91,16 @@ GROWABLE: dict[str, SettingCheck | None] = {
         None,
     ),
     "msc_block_layers": _msc_problem,
+    **dict.fromkeys(
+        ("hyper_connections", "encoder_hyper_connections", "decoder_hyper_connections"),
+        lambda value: (
+            None
+            if not value
+            else "Hyper-Connections: each residual block's stream weights belong to its place in the stack (the "
+            "stream its input starts from), which a copied layer would not keep"
+        ),
+    ),
+    **dict.fromkeys(("hyper_connections_dynamic", "hyper_connections_sinkhorn_iterations"), None),
 }
 
 

@@ -60,7 +60,15 @@ LATER_SETTINGS = (
     "encoder_post_norm_layers",
     "decoder_post_norm_layers",
     "dlcl_init",
+    "hyper_connections",
+    "encoder_hyper_connections",
+    "decoder_hyper_connections",
+    "hyper_connections_dynamic",
+    "hyper_connections_sinkhorn_iterations",
 )
+# Hyper-Connections' per-stack expansions, which `_resolve` derives from `hyper_connections`: `to_dict` leaves them out
+# where they and `hyper_connections` are all 0 (loading derives 0 again).
+_HYPER_CONNECTION_SIDES = ("encoder_hyper_connections", "decoder_hyper_connections")
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
 # `PreTrainedConfig` itself: not unknown keys.
@@ -166,6 +174,19 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "decoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
     "dlcl_weights": _choice(DLCL_WEIGHTS),
     "dlcl_init": _choice(DLCL_INITS),
+    # the global expansion before the per-stack ones, which default to it
+    **dict.fromkeys(
+        ("hyper_connections", *_HYPER_CONNECTION_SIDES),
+        FieldKind(
+            "0 (off) or an integer >= 2 (the number of residual streams; one stream is the plain residual)",
+            lambda value: _is_int(value) and (value == 0 or value >= 2),
+        ),
+    ),
+    "hyper_connections_dynamic": BOOL,
+    "hyper_connections_sinkhorn_iterations": FieldKind(
+        "a non-negative integer (0 = plain Hyper-Connections, > 0 = mHC's Sinkhorn-Knopp iterations)",
+        lambda value: _is_int(value) and value >= 0,
+    ),
     **dict.fromkeys(
         ("encoder_post_norm_layers", "decoder_post_norm_layers"),
         FieldKind("a non-negative integer (0 = off)", lambda value: _is_int(value) and value >= 0),
@@ -242,6 +263,13 @@ DEPENDS_ON = (
         "(DeepNorm, post-norm throughout, needs `pre_norm=False` and so excludes them)",
         lambda config: config.pre_norm,
         ("pre_norm",),
+    ),
+    DependsOn(
+        ("hyper_connections_dynamic", "hyper_connections_sinkhorn_iterations"),
+        "only apply to Hyper-Connections: set `hyper_connections` (or `encoder_hyper_connections` / "
+        "`decoder_hyper_connections`) to the number of residual streams, >= 2",
+        lambda config: bool(config.encoder_hyper_connections or config.decoder_hyper_connections),
+        _HYPER_CONNECTION_SIDES,
     ),
     DependsOn(
         MSC_SWITCHES,
@@ -409,6 +437,41 @@ def _mix_ln_fits_its_stacks(config: DeepNMTConfig) -> str | None:
     return None
 
 
+def _hyper_connections_fit_their_stacks(config: DeepNMTConfig) -> str | None:
+    for side in ("encoder", "decoder"):
+        field = f"{side}_hyper_connections"
+        streams = getattr(config, field)
+        if not streams:
+            continue
+        setting = f"`{field}={streams}`"
+        if config.deepnorm or not config.pre_norm:
+            what = "DeepNorm's post-norm layers" if config.deepnorm else "post-norm layers (`pre_norm=False`)"
+            return (
+                f"Hyper-Connections replace the residual of pre-norm sublayers, x + F(LN(x)); {setting} needs "
+                f"`pre_norm=True`, got {what}."
+            )
+        mixed = getattr(config, f"{side}_post_norm_layers")
+        if mixed:
+            return (
+                f"Hyper-Connections replace the residual of pre-norm sublayers, and Mix-LN's first layers are "
+                f"post-norm: {setting} needs `{side}_post_norm_layers=0`, got {mixed}."
+            )
+        aggregation = getattr(config, f"{side}_layer_aggregation")
+        if aggregation != "residual":
+            return (
+                f"Hyper-Connections carry {streams} residual streams through the stack, DLCL and sparse connections "
+                f"combine single layer outputs: {setting} needs `{side}_layer_aggregation='residual'`, got "
+                f"{aggregation!r}."
+            )
+        if config.msc_block_layers is not None:
+            return (
+                f"MSC hands each encoder block's single output to its decoder layer, which the {streams} residual "
+                f"streams of Hyper-Connections do not make: {setting} needs `msc_block_layers=None`, got "
+                f"{config.msc_block_layers!r}."
+            )
+    return None
+
+
 STRUCTURAL_RULES = (
     _mix_ln_fits_its_stacks,
     _deepnorm_is_post_norm_with_its_own_init,
@@ -421,6 +484,7 @@ STRUCTURAL_RULES = (
     _marian_sinusoids_have_an_even_width,
     _block_boundaries_cut_their_stack,
     _token_ids_are_in_their_vocabulary,
+    _hyper_connections_fit_their_stacks,
 )
 
 
@@ -594,6 +658,22 @@ class DeepNMTConfig(PreTrainedConfig):
             Initial value of learned DLCL weights: `"uniform"` (1/(r+1), DLCL) or `"identity"` (DenseFormer,
             Pagliardini et al. 2024: weight 1 on the newest stored output, 0 on the others), under which the stack
             starts as the plain residual stack with the same layers. Written into `config.json` only when set.
+        hyper_connections (`int`, *optional*, defaults to 0):
+            Hyper-Connections (Zhu et al., ICLR 2025) with this many residual streams n >= 2 on both stacks; 0 is the
+            plain residual. `encoder_hyper_connections` / `decoder_hyper_connections` override it per stack. The
+            stack carries n copies of its stream; each sublayer reads a learned mix of them and writes its output
+            back into each with a learned weight, while an n x n matrix mixes the copies (the modeling file's
+            `DeepNMTHyperConnection`); the stack starts from n copies of the embedding and ends with their sum. At
+            initialisation the stack computes the pre-norm residual one (up to the final LayerNorm's epsilon). Needs
+            pre-norm sublayers on that stack (not post-norm, DeepNorm or Mix-LN's post-norm layers), a residual
+            stack (not DLCL or sparse) and no MSC. Written into `config.json` only when set.
+        hyper_connections_dynamic (`bool`, *optional*, defaults to `False`):
+            Dynamic Hyper-Connections: the mixing weights also depend on the stream, through tanh of a projection
+            of the LayerNorm-ed copies scaled by learned factors (initialised 0.01, the projections 0).
+        hyper_connections_sinkhorn_iterations (`int`, *optional*, defaults to 0):
+            0: the Hyper-Connections' weights are used as they are. > 0: mHC (Xie et al., DeepSeek 2025): they are
+            logits, the input mix goes through a sigmoid, the output weights through 2 x sigmoid, and the stream
+            mixing matrix is made doubly stochastic by this many Sinkhorn-Knopp iterations of its exponential.
         encoder_post_norm_layers / decoder_post_norm_layers (`int`, *optional*, defaults to 0):
             Mix-LN (Li et al. 2024): the first k layers of the stack are post-norm, the layers above pre-norm; needs
             `pre_norm=True` and a residual stack. The stack keeps its final LayerNorm while it has a pre-norm layer
@@ -737,6 +817,11 @@ class DeepNMTConfig(PreTrainedConfig):
     dlcl_init: str = "uniform"
     encoder_post_norm_layers: int = 0
     decoder_post_norm_layers: int = 0
+    hyper_connections: int = 0
+    encoder_hyper_connections: int | None = None
+    decoder_hyper_connections: int | None = None
+    hyper_connections_dynamic: bool = False
+    hyper_connections_sinkhorn_iterations: int = 0
     sparse_block_size: int = 6
     encoder_block_boundaries: list[int] | None = None
     decoder_block_boundaries: list[int] | None = None
@@ -815,6 +900,9 @@ class DeepNMTConfig(PreTrainedConfig):
         for field in LATER_SETTINGS:
             if field in output and output[field] == defaults[field].default == own[field].default:
                 del output[field]
+        if not self.hyper_connections and not any(getattr(self, field) for field in _HYPER_CONNECTION_SIDES):
+            for field in _HYPER_CONNECTION_SIDES:
+                output.pop(field, None)
         return output
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
@@ -855,6 +943,9 @@ class DeepNMTConfig(PreTrainedConfig):
             self.encoder_layer_aggregation = self.layer_aggregation
         if self.decoder_layer_aggregation is None:
             self.decoder_layer_aggregation = self.layer_aggregation
+        for field in _HYPER_CONNECTION_SIDES:
+            if getattr(self, field) is None:
+                setattr(self, field, self.hyper_connections)
         if isinstance(self.msc_block_layers, tuple):
             self.msc_block_layers = list(self.msc_block_layers)
         if self.msc_block_layers is None:

@@ -641,6 +641,127 @@ def stack_has_final_norm(config: DeepNMTConfig, side: str) -> bool:
     return layer_is_pre_norm(config, side, getattr(config, f"{side}_layers") - 1)
 
 
+def hyper_connection_sublayers(config: DeepNMTConfig, side: str) -> int:
+    """Residual blocks per layer of stack `side`: attention and FFN in the encoder; self-attention (none where MAtt
+    merges it away), cross-attention and FFN in the decoder."""
+    if side == "encoder":
+        return 2
+    return 3 if DECODER_ATTENTION_CLASSES[config.decoder_self_attention][0] is not None else 2
+
+
+def sinkhorn_knopp(logits: torch.Tensor, iterations: int) -> torch.Tensor:
+    """mHC's projection of `logits` (..., n, n) onto the doubly stochastic matrices: M = exp(logits), then
+    `iterations` times each row divided by its sum, then each column by its sum (the columns sum to 1 exactly, the
+    rows to within the iteration's convergence). The largest logit is subtracted first, which leaves the result
+    unchanged (the iteration is invariant to a factor of M) and keeps exp finite."""
+    matrix = torch.exp(logits - logits.amax(dim=(-2, -1), keepdim=True))
+    for _ in range(iterations):
+        matrix = matrix / matrix.sum(dim=-1, keepdim=True)
+        matrix = matrix / matrix.sum(dim=-2, keepdim=True)
+    return matrix
+
+
+class DeepNMTHyperConnection(nn.Module):
+    r"""
+    Hyper-Connections around one pre-norm sublayer F (Zhu et al., "Hyper-Connections", ICLR 2025, §2 and
+    Algorithm 2 of its appendix), optionally with mHC's constraints (Xie et al., "mHC: Manifold-Constrained
+    Hyper-Connections", DeepSeek 2025, §4). The residual stream is n copies H = (h_1 .. h_n), shape (..., n, d).
+    The weights are `alpha` (n x (n+1), column 0 A_m, columns 1..n A_r) and `beta` (n):
+
+        h_in  = sum_i A_m[i] h_i                                   (width connection: the sublayer's input)
+        h'_j  = sum_i A_r[i, j] h_i + beta[j] Drop(F(LN(h_in)))     (depth connection, and the copies mixed)
+
+    i.e. H' = A_r^T H + beta^T F(LN(A_m^T H)). Static: alpha and beta are parameters (`static_alpha`,
+    `static_beta`). Dynamic (`hyper_connections_dynamic`, the paper's Eq. 11-13), with H~ = LN(H) per copy (a
+    LayerNorm of its own, `norm`):
+
+        alpha(H) = s_alpha * tanh(H~ W_alpha) + static_alpha        W_alpha: d x (n+1)   (`dynamic_alpha`)
+        beta(H)  = s_beta  * tanh(H~ W_beta)  + static_beta         W_beta:  d           (`dynamic_beta`)
+
+    mHC (`hyper_connections_sinkhorn_iterations` = t > 0): the weights above are logits, mapped as mHC's Eq. 8 does,
+
+        A_m = sigmoid(alpha[:, 0]),   beta = 2 sigmoid(beta),   A_r = SinkhornKnopp_t(alpha[:, 1:])
+
+    (`sinkhorn_knopp`: exp, then t alternating row and column normalisations, ending with the one that makes each
+    new copy's weights sum to 1), so the copies are mixed by a doubly stochastic matrix. The dynamic term is the one
+    above (tanh of the per-copy normalised stream) rather than mHC's linear map of the flattened stream.
+
+    Initialisation (the paper's, so that the stack starts as the pre-norm residual one): sublayer k of the stack
+    (counted from 0 across its layers, `hyper_connection_sublayers` per layer) has A_m the one-hot e_{k mod n},
+    A_r = I, beta = 1, W = 0, s = 0.01. With all copies equal to x (the stack starts from n copies of the
+    embedding) every copy becomes x + F(LN(x)), and the stack's sum of the copies is n times the pre-norm stack's
+    output, which its final LayerNorm maps to the same output up to its epsilon (LN(n y; eps) = LN(y; eps / n^2)).
+    mHC cannot hold a one-hot behind a sigmoid or an identity behind Sinkhorn-Knopp; it starts halfway between those
+    and the uniform average: sigmoid(A_m) = (e_{k mod n} + 1/n) / 2, A_r = (I + 1/n) / 2 (doubly stochastic, so the
+    iteration keeps it), 2 sigmoid(beta) = 1; each of these still maps n equal copies x to x + F(LN(x)).
+    """
+
+    def __init__(self, config: DeepNMTConfig, side: str, layer_idx: int, sublayer: int):
+        super().__init__()
+        streams = getattr(config, f"{side}_hyper_connections")
+        self.streams = streams
+        self.index = layer_idx * hyper_connection_sublayers(config, side) + sublayer
+        self.sinkhorn_iterations = config.hyper_connections_sinkhorn_iterations
+        self.dynamic = config.hyper_connections_dynamic
+        self.static_alpha = nn.Parameter(torch.empty(streams, streams + 1))
+        self.static_beta = nn.Parameter(torch.empty(streams))
+        if self.dynamic:
+            self.norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+            self.dynamic_alpha = nn.Parameter(torch.empty(config.d_model, streams + 1))
+            self.dynamic_beta = nn.Parameter(torch.empty(config.d_model))
+            self.alpha_scale = nn.Parameter(torch.empty(1))
+            self.beta_scale = nn.Parameter(torch.empty(1))
+
+    def extra_repr(self) -> str:
+        return (
+            f"streams={self.streams}, reads_copy={self.index % self.streams}, dynamic={self.dynamic}, "
+            f"sinkhorn_iterations={self.sinkhorn_iterations}"
+        )
+
+    def initial_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(`static_alpha`, `static_beta`) at initialisation (see the class docstring)."""
+        n = self.streams
+        width = torch.zeros(n)
+        width[self.index % n] = 1.0
+        mixing, depth = torch.eye(n), torch.ones(n)
+        if self.sinkhorn_iterations:
+            width = (width + 1.0 / n) / 2
+            width = torch.log(width) - torch.log1p(-width)  # the logit: sigmoid gives the half-way weights back
+            mixing = torch.log((mixing + 1.0 / n) / 2)  # exp gives the doubly stochastic matrix back
+            depth = torch.zeros(n)  # 2 sigmoid(0) = 1
+        return torch.cat([width[:, None], mixing], dim=1), depth
+
+    def weights(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`alpha` (n x (n+1), or (..., n, n+1) when dynamic) and `beta` (n, or (..., n)) for `streams`."""
+        alpha, beta = self.static_alpha, self.static_beta
+        if self.dynamic:
+            normed = self.norm(streams)
+            alpha = alpha + self.alpha_scale * torch.tanh(normed @ self.dynamic_alpha)
+            beta = beta + self.beta_scale * torch.tanh(normed @ self.dynamic_beta)
+        if self.sinkhorn_iterations:
+            # in float32 whatever the model's dtype (as mHC computes its maps): the sums of the iteration stay exact
+            width = torch.sigmoid(alpha[..., :1].float())
+            mixing = sinkhorn_knopp(alpha[..., 1:].float(), self.sinkhorn_iterations)
+            alpha = torch.cat([width, mixing], dim=-1).to(streams.dtype)
+            beta = (2.0 * torch.sigmoid(beta.float())).to(streams.dtype)
+        return alpha, beta
+
+    def around(
+        self,
+        streams: torch.Tensor,
+        norm: nn.LayerNorm,
+        sublayer: Callable[[torch.Tensor], torch.Tensor],
+        dropout_p: float,
+        training: bool,
+    ) -> torch.Tensor:
+        """H' = A_r^T H + beta^T Drop(F(norm(A_m^T H))) for the streams H (..., n, d): position-wise, so a decoder's
+        caches see only the sublayer's input `norm(A_m^T H)`."""
+        alpha, beta = self.weights(streams)
+        mixed = alpha.transpose(-1, -2) @ streams  # (..., n+1, d): the sublayer input, then the n mixed copies
+        outputs = dropout(sublayer(norm(mixed[..., 0, :])), dropout_p, training)
+        return mixed[..., 1:, :] + beta.unsqueeze(-1) * outputs.unsqueeze(-2)
+
+
 class DeepNMTResidualNorm(nn.LayerNorm):
     """One residual block: the LayerNorm of a sublayer with the residual dropout and the placement rule,
 
@@ -653,19 +774,28 @@ class DeepNMTResidualNorm(nn.LayerNorm):
 
     `around(x, F)` applies the block to the sublayer `F`; called as a module it is the plain LayerNorm. The layer
     holds it under the norm's name, as Marian names its norms (`self_attn_layer_norm`, `encoder_attn_layer_norm`,
-    `final_layer_norm`), so the saved parameter names are the LayerNorm's."""
+    `final_layer_norm`), so the saved parameter names are the LayerNorm's.
 
-    def __init__(self, config: DeepNMTConfig, side: str, layer_idx: int):
+    Hyper-Connections (`{side}_hyper_connections` = n): the block's residual is `hyper`, a
+    `DeepNMTHyperConnection` (pre-norm only), and `x` is the n residual streams (..., n, d); `sublayer` is the
+    block's place in its layer (from 0), which picks the stream its input starts from."""
+
+    def __init__(self, config: DeepNMTConfig, side: str, layer_idx: int, sublayer: int = 0):
         super().__init__(config.d_model, eps=config.layer_norm_eps)
         self.pre_norm = layer_is_pre_norm(config, side, layer_idx)
         self.dropout = config.dropout
         self.residual_scale = config.deepnorm_constants(side)[0]  # DeepNorm's alpha; 1 otherwise
+        self.hyper = None
+        if getattr(config, f"{side}_hyper_connections"):
+            self.hyper = DeepNMTHyperConnection(config, side, layer_idx, sublayer)
 
     def extra_repr(self) -> str:
         scale = f", residual_scale={self.residual_scale:.6g}" if self.residual_scale != 1.0 else ""
         return f"{super().extra_repr()}, pre_norm={self.pre_norm}, dropout={self.dropout}{scale}"
 
     def around(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        if self.hyper is not None:
+            return self.hyper.around(hidden_states, self, sublayer, self.dropout, self.training)
         inputs = self(hidden_states) if self.pre_norm else hidden_states
         outputs = dropout(sublayer(inputs), self.dropout, self.training)
         skip = hidden_states if self.residual_scale == 1.0 else self.residual_scale * hidden_states
@@ -716,7 +846,9 @@ class DeepNMTLayer(GradientCheckpointingLayer):
         self.activation_dropout = config.activation_dropout
         self.fc1 = DeepNMTLinear.in_layer(width, ffn_dim, config, side, layer_idx)
         self.fc2 = DeepNMTLinear.in_layer(ffn_dim, width, config, side, layer_idx)
-        self.final_layer_norm = DeepNMTResidualNorm(config, side, layer_idx)
+        self.final_layer_norm = DeepNMTResidualNorm(
+            config, side, layer_idx, hyper_connection_sublayers(config, side) - 1
+        )
         # set by each layer after its own attention (`msc_context_modules`); None where it attends no context
         self.context_attn: DeepNMTAttention | None = None
         self.fusion_gate: DeepNMTLinear | None = None
@@ -779,7 +911,9 @@ class DeepNMTDecoderLayer(DeepNMTLayer):
             self.self_attn = self_attention.in_decoder(config, layer_idx, is_cross_attention=False)
             self.self_attn_layer_norm = DeepNMTResidualNorm(config, "decoder", layer_idx)
         self.encoder_attn = cross_attention.in_decoder(config, layer_idx, is_cross_attention=True)
-        self.encoder_attn_layer_norm = DeepNMTResidualNorm(config, "decoder", layer_idx)
+        self.encoder_attn_layer_norm = DeepNMTResidualNorm(
+            config, "decoder", layer_idx, 0 if self.self_attn is None else 1
+        )
         self.context_attn, self.fusion_gate = msc_context_modules(
             config, "decoder", config.decoder_attention_heads, layer_idx
         )
@@ -1061,7 +1195,28 @@ class DeepNMTMultiscaleHistory(DeepNMTLayerHistory):
         return {"block_outputs": torch.stack(state.blocks, dim=1), "context_states": contexts}
 
 
+class DeepNMTHyperHistory(DeepNMTResidualHistory):
+    """Hyper-Connections' stack (`{side}_hyper_connections` = n): a residual stack whose state is the n residual
+    streams (..., n, d), n copies of the embedding at the start; each layer reads and returns the streams (its
+    residual blocks are `DeepNMTHyperConnection`s), and the stack output is their sum (Zhu et al. 2025, §2)."""
+
+    def __init__(self, config: DeepNMTConfig, side: str):
+        super().__init__(config, getattr(config, f"{side}_layers"))
+        self.streams = getattr(config, f"{side}_hyper_connections")
+
+    @classmethod
+    def for_stack(cls, config: DeepNMTConfig, side: str) -> DeepNMTLayerHistory:
+        return cls(config, side)
+
+    def start(self, embedding: torch.Tensor) -> list[torch.Tensor]:
+        return [embedding.unsqueeze(-2).expand(*embedding.shape[:-1], self.streams, embedding.shape[-1])]
+
+    def stack_output(self, state: list[torch.Tensor]) -> torch.Tensor:
+        return state[-1].sum(dim=-2)
+
+
 # --- Sizes, before anything is built ---------------------------------------------------------------------------------
+
 
 # Memory each layer takes beyond its tensors (the Python objects of its modules), about 9-37 KiB per layer measured on
 # the meta device: a lower bound, so that a config of a million layers is refused before its modules fill the memory.
@@ -1109,6 +1264,12 @@ def parameter_parts(config: DeepNMTConfig, output_layer: bool = True) -> dict[st
             size = layers + 1 if aggregation == "dlcl" else len(getattr(config, f"{side}_block_boundaries"))
             norms = (size - 1) * norm if config.dlcl_history_norm else 0
             parts[f"{side} layer-history weights"] = size * size + norms
+        streams = getattr(config, f"{side}_hyper_connections")
+        if streams:
+            block = streams * (streams + 1) + streams  # static alpha and beta
+            if config.hyper_connections_dynamic:
+                block += norm + d * (streams + 1) + d + 2  # the LayerNorm, W_alpha, W_beta, s_alpha, s_beta
+            parts[f"{side} hyper-connection weights"] = layers * hyper_connection_sublayers(config, side) * block
     if msc:
         blocks = len(config.msc_blocks)
         cells = 0
@@ -1144,6 +1305,8 @@ def _part_settings(config: DeepNMTConfig, part: str) -> str:
     elif part.endswith("layer-history weights"):
         names = [f"{side}_layer_aggregation", f"{side}_layers"]
         names += [f"{side}_block_boundaries"] if getattr(config, f"{side}_layer_aggregation") == "sparse" else []
+    elif part.endswith("hyper-connection weights"):
+        names = [f"{side}_hyper_connections", "hyper_connections_dynamic", f"{side}_layers", "d_model"]
     elif part.startswith("MSC"):
         names = ["msc_block_layers", "msc_context", "d_model"]
     else:
@@ -1232,6 +1395,24 @@ def _shape_findings(config: DeepNMTConfig, shapes: dict[str, tuple[int, ...]]) -
                 compare(name, (size, size), setting)
         elif held is not None:
             findings.append(f"{setting} has no layer-history weights, but the file holds {name} {tuple(held)}")
+        streams = getattr(config, f"{side}_hyper_connections")
+        hyper = f"{prefix}0.final_layer_norm.hyper."
+        for name, expected, setting in (
+            (hyper + "static_alpha", (streams, streams + 1), f"{side}_hyper_connections={streams}"),
+            (
+                hyper + "dynamic_alpha",
+                (d, streams + 1),
+                f"{side}_hyper_connections={streams}, hyper_connections_dynamic={config.hyper_connections_dynamic}",
+            ),
+        ):
+            held = body.get(name)
+            wanted = bool(streams) and (name.endswith("static_alpha") or config.hyper_connections_dynamic)
+            if wanted and held is None and indices:
+                findings.append(f"{setting} give {name} {expected}, but the file has none")
+            elif wanted:
+                compare(name, expected, setting)
+            elif held is not None:
+                findings.append(f"{setting} give no {name}, but the file holds one {tuple(held)}")
     return findings
 
 
@@ -1355,6 +1536,15 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
             init.zeros_(module.bias)
         elif isinstance(module, DeepNMTBlockHistory):
             init.copy_(module.weight, module.initial_weight(self.config.dlcl_weights, self.config.dlcl_init))
+        elif isinstance(module, DeepNMTHyperConnection):
+            alpha, beta = module.initial_weights()
+            init.copy_(module.static_alpha, alpha)
+            init.copy_(module.static_beta, beta)
+            if module.dynamic:
+                init.zeros_(module.dynamic_alpha)
+                init.zeros_(module.dynamic_beta)
+                init.constant_(module.alpha_scale, 0.01)
+                init.constant_(module.beta_scale, 0.01)
         elif isinstance(module, DeepNMTAttention) and module.relative_keys is not None:
             init.xavier_uniform_(module.relative_keys)
         elif isinstance(module, nn.GRUCell):
@@ -1374,7 +1564,10 @@ class DeepNMTStack(DeepNMTPreTrainedModel):
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = embed_tokens
         self.embed_positions = DeepNMTSinusoidalPositions(config.d_model, config.sinusoid_frequencies)
-        self.history = LAYER_AGGREGATION_CLASSES[aggregation].for_stack(config, side)
+        history = LAYER_AGGREGATION_CLASSES[aggregation]
+        if getattr(config, f"{side}_hyper_connections"):
+            history = DeepNMTHyperHistory  # on a residual stack: the config refuses the others
+        self.history = history.for_stack(config, side)
         # Pre-norm stacks end with a LayerNorm (Eq. 4). Post-norm layers already end in one, as does the DLCL
         # post-norm output row, and so does a history whose output is normalised (MSC's top block).
         self.layer_norm = None

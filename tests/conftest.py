@@ -130,6 +130,14 @@ ARCHITECTURES = [
         (DeepNMTConfig, dict(layer_aggregation="dlcl", dlcl_init="identity", dlcl_history_norm=False)),
         id="denseformer",
     ),
+    # Hyper-Connections, dynamic, with mHC's Sinkhorn-constrained stream mixing: 2 streams in both stacks
+    pytest.param(
+        (
+            DeepNMTConfig,
+            dict(hyper_connections=2, hyper_connections_dynamic=True, hyper_connections_sinkhorn_iterations=3),
+        ),
+        id="hyper",
+    ),
 ]
 
 

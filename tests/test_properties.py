@@ -114,6 +114,13 @@ def valid_configs(draw, msc: bool | None = None):
         fields["encoder_block_boundaries"] = draw(sparse_boundaries(fields["encoder_layers"]))
     if decoder_aggregation == "sparse":
         fields["sparse_block_size"] = draw(st.integers(1, 3))
+    # Hyper-Connections: 2 or 3 streams on a pre-norm residual stack without Mix-LN's post-norm layers (not MSC)
+    for side, aggregation in (("encoder", encoder_aggregation), ("decoder", decoder_aggregation)):
+        if fields["pre_norm"] and aggregation == "residual" and not use_msc and not fields[f"{side}_post_norm_layers"]:
+            fields[f"{side}_hyper_connections"] = draw(st.sampled_from([0, 2, 3]))
+    if fields.get("encoder_hyper_connections") or fields.get("decoder_hyper_connections"):
+        fields["hyper_connections_dynamic"] = draw(st.booleans())
+        fields["hyper_connections_sinkhorn_iterations"] = draw(st.sampled_from([0, 2]))
     return fields
 
 
@@ -236,7 +243,9 @@ def invalid_configs(draw):
     kinds += ["boundaries", "boundaries_without_sparse", "sparse_block_size", "dlcl_weights", "aan_ffn", "vocab"]
     kinds += ["post_norm_layers"]
     kinds += (
-        ["msc_layout", "msc_choice", "l2", "msc_encoder_layers"] if msc else ["encoder_layers", "msc_without_layout"]
+        ["msc_layout", "msc_choice", "l2", "msc_encoder_layers"]
+        if msc
+        else ["encoder_layers", "msc_without_layout", "hyper_connections"]
     )
     kind = draw(st.sampled_from(kinds))
     if kind == "size":
@@ -299,6 +308,12 @@ def invalid_configs(draw):
             fields["decoder_layer_aggregation"] = "residual"
             if fields["encoder_layer_aggregation"] == "residual":
                 fields.pop("dlcl_weights", None), fields.pop("dlcl_history_norm", None), fields.pop("dlcl_init", None)
+    elif kind == "hyper_connections":  # one stream, not a count, or streams on a DLCL stack
+        field = "decoder_hyper_connections"
+        value = draw(st.sampled_from([1, -2, 2.5, "2", True, "dlcl"]))
+        if value == "dlcl":
+            fields["decoder_layer_aggregation"], fields["decoder_post_norm_layers"], value = "dlcl", 0, 2
+            fields.pop("decoder_block_boundaries", None)
     elif kind == "aan_ffn":  # the AAN's FFN without the AAN
         fields["decoder_self_attention"] = draw(st.sampled_from(["multi_head"] + ([] if msc else ["merged_average"])))
         field, value = "aan_ffn", True
@@ -384,6 +399,9 @@ def test_the_strategies_cover_every_switch():
         lambda f: f.get("encoder_layers", 0) >= 2 and f.get("encoder_post_norm_layers") == f["encoder_layers"],
         lambda f: 0 < f.get("decoder_post_norm_layers", 0) < f["decoder_layers"],
         lambda f: f.get("dlcl_init") == "identity" and f.get("dlcl_history_norm") is False,
+        # Hyper-Connections: mHC's dynamic variant (static and plain ones: `hyper_connections_dynamic` is drawn both
+        # ways, the iterations 0 or 2)
+        lambda f: f.get("hyper_connections_dynamic") and f.get("hyper_connections_sinkhorn_iterations") == 2,
         *(
             lambda f, context=context: f.get("msc_context") == context
             for context in ("gru", "gru_per_block", "ffn", "ffn_per_block")
