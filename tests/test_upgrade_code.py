@@ -115,6 +115,10 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
     else:
         assert report.old_cached_wrong == {"greedy": 0, "beam4": 0}
 
+    again = upgrade_folder(published)  # nothing to change: no check, so no code runs and no consent is needed
+    assert again.changed == [] and not again.written and again.old_version == __version__
+    if family != "msc":
+        return  # the command's check is the same code for every family: checked independently once, on MSC's cache
     # Checked again here, independently of the command's own check: the upgraded folder, as remote code.
     inputs = tmp_path / "inputs.pt"
     torch.save(check_inputs(json.loads((published / "config.json").read_text()), 3, seed=7), inputs)
@@ -123,9 +127,6 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
     decoded = decode_in_clean_process(published, inputs, work, "after")
     assert decoded["greedy-cached"] == decoded["greedy-uncached"]
     assert decoded["beam4-cached"] == decoded["beam4-uncached"]
-
-    again = upgrade_folder(published)  # nothing to change: no check, so no code runs and no consent is needed
-    assert again.changed == [] and not again.written and again.old_version == __version__
 
 
 def test_the_folders_code_runs_only_with_consent_and_a_dry_run_writes_nothing(published, tmp_path, monkeypatch):
