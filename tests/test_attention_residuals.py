@@ -9,6 +9,9 @@ import pytest
 import torch
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
+from hf_deep_nmt.diagnostics import combination_weights
+from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNormConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTAttentionResidualHistory,
@@ -187,6 +190,7 @@ def test_sizes_and_weights_file_checks_know_the_pseudo_queries(tiny_config, tmp_
     config = tiny_config(DeepNMTConfig, encoder_layer_aggregation="attnres", decoder_layer_aggregation="block_attnres")
     model = DeepNMTForConditionalGeneration(config)
     assert type(model.model.encoder.history) is DeepNMTAttentionResidualHistory
+    assert combination_weights(model) == {}  # input-dependent weights: no matrix for the diagnostics to read
     # a query and a key gain (d_model each) per layer and one pair for the stack output
     added = count_parameters(config) - count_parameters(tiny_config(DeepNMTConfig))
     assert added == 2 * (3 + 1) * 16 + 2 * (2 + 1) * 16
@@ -203,3 +207,14 @@ def test_sizes_and_weights_file_checks_know_the_pseudo_queries(tiny_config, tmp_
     plain = [str(tmp_path / "plain" / "model.safetensors")]
     with pytest.raises(ValueError, match=r"pseudo-queries encoder.history.queries \(4, 16\), but the file has none"):
         check_config_matches_weights(config, plain, "here")
+
+
+def test_growing_and_the_ctranslate2_export_refuse_them_by_name(tiny_config):
+    config = tiny_config(DeepNMTConfig, encoder_layer_aggregation="block_attnres", decoder_layer_aggregation="attnres")
+    blockers = ctranslate2_blockers(config)
+    assert any(line.startswith("`encoder_layer_aggregation='block_attnres'` (Block Attention") for line in blockers)
+    assert any(line.startswith("`decoder_layer_aggregation='attnres'` (Attention Residuals") for line in blockers)
+    with pytest.raises(
+        ValueError, match=r"`decoder_layer_aggregation='attnres'` \(Attention Residuals: a pseudo-query"
+    ):
+        grow_encoder(DeepNMTForConditionalGeneration(config), 1)
