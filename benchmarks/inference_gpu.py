@@ -96,7 +96,9 @@ def ct2_rows(model, tokenizer, family: str, size: dict, batches: dict, workdir: 
     from hf_deep_nmt.ctranslate2_export import export_ctranslate2
 
     folder = export_ctranslate2(model.float().cpu(), tokenizer, workdir / f"{family}-ct2", overwrite=True)
-    tokens = {name: [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids.cpu()] for name, ids in batches.items()}
+    tokens = {
+        name: [tokenizer.convert_ids_to_tokens(row.tolist()) for row in ids.cpu()] for name, ids in batches.items()
+    }
     new, rows = size["new_tokens"], {}
     for label, compute_type in (("ct2_fp16", "float16"), ("ct2_int8", "int8_float16")):
         translator = ctranslate2.Translator(str(folder), device=device.type, compute_type=compute_type)

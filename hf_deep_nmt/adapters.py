@@ -8,9 +8,10 @@ listed in). Registering the package's models (`hf_deep_nmt.registration`) adds e
     get_peft_model(model, LoraConfig(task_type="SEQ_2_SEQ_LM"))
 
 adapts every linear map inside the layers of any family. The output layer and the embeddings are not adapted (nor
-are the DLCL combination weights, the Hyper-Connections' stream weights or the relative position tables, which are not
-linear layers: peft leaves them frozen); the MSC context cell, a `torch.nn.GRUCell`, is no layer type LoRA adapts,
-but its weight matrices are parameters it can adapt (`target_parameters=GRU_PARAMETERS`), and
+are the DLCL combination weights, the Attention Residuals pseudo-queries and key gains, the Hyper-Connections' stream
+weights or the relative position tables, which are not linear layers: they stay frozen); the MSC context cell, a
+`torch.nn.GRUCell`, is no layer type LoRA adapts, but its weight matrices are parameters it can adapt
+(`target_parameters=GRU_PARAMETERS`), and
 `modules_to_save=["context"]` trains the cell in full instead.
 """
 

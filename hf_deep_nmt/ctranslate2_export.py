@@ -96,7 +96,11 @@ def quantization_choices() -> tuple[str, ...]:
 def _aggregation_problem(value) -> str | None:
     if value == "residual":
         return None
-    what = "DLCL layer history" if value == "dlcl" else "sparse (SDT) block connections"
+    what = {
+        "dlcl": "DLCL layer history",
+        "attnres": "Attention Residuals (a softmax over the earlier layers)",
+        "block_attnres": "Block Attention Residuals (a softmax over the earlier blocks)",
+    }.get(value, "sparse (SDT) block connections")
     return f"{what}: a CTranslate2 layer reads only the layer below"
 
 

@@ -174,7 +174,8 @@ class GradientNormCallback(TrainerCallback):
 
 
 def combination_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
-    """The combination matrices of the stacks that have one (DLCL or sparse aggregation).
+    """The combination matrices of the stacks that have one (DLCL or sparse aggregation; the Attention Residuals'
+    weights depend on the input, and have none).
 
     Returns, per such stack, `{"weight": (B+1) x (B+1) lower-triangular tensor, "boundaries": [0, b_1, ..., L]}`:
     row r weighs the stored outputs 0..r (0 = the embedding, j = the output of block j) in the input of block r+1;
@@ -187,7 +188,7 @@ def combination_weights(model: nn.Module) -> dict[str, dict[str, Any]]:
     }
     result = {}
     for side, (aggregation, layers, boundaries) in layouts.items():
-        if aggregation == "residual":
+        if aggregation not in ("dlcl", "sparse"):  # residual, or Attention Residuals (input-dependent: no matrix)
             continue
         weight = _stack(model, side).history.weight
         boundaries = list(boundaries) if aggregation == "sparse" else list(range(layers + 1))

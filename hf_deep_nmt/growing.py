@@ -70,6 +70,15 @@ def _msc_problem(value) -> str | None:
     return "MSC: each encoder block is tied to a decoder layer, so a new block would need a new decoder layer too"
 
 
+def _attention_residuals_problem(value) -> str | None:
+    if value not in ("attnres", "block_attnres"):
+        return None
+    return (
+        "Attention Residuals: a pseudo-query per layer, which growing does not copy or extend; grow a 'residual', "
+        "'dlcl' or 'sparse' stack"
+    )
+
+
 # Every setting growing knows (an allow-list: a setting missing here, a new method's say, is refused by name): the
 # encoder's layers are copied as they are, so every setting of a layer carries over; the layer histories grow as the
 # module docstring says, DeepNorm's layers are rescaled to its new alpha; MSC is refused.
@@ -80,7 +89,7 @@ GROWABLE: dict[str, SettingCheck | None] = {
             *("encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim"),
             *("activation_function", "scale_embedding", "share_embeddings", "tie_word_embeddings", "output_bias"),
             *("pre_norm", "sinusoid_frequencies", "relative_position_window", "decoder_self_attention", "aan_ffn"),
-            *("layer_aggregation", "encoder_layer_aggregation", "decoder_layer_aggregation", "sparse_block_size"),
+            *("layer_aggregation", "sparse_block_size"),
             *("encoder_block_boundaries", "decoder_block_boundaries", "dlcl_weights", "dlcl_history_norm"),
             *("init_scheme", "ds_init_alpha", "ds_init_mode", "dropout", "attention_dropout", "activation_dropout"),
             *("encoder_l2_lambda", "msc_context", "msc_context_sides", "msc_fusion", "decoder_layer_types"),
@@ -101,6 +110,8 @@ GROWABLE: dict[str, SettingCheck | None] = {
         ),
     ),
     **dict.fromkeys(("hyper_connections_dynamic", "hyper_connections_sinkhorn_iterations"), None),
+    "encoder_layer_aggregation": _attention_residuals_problem,
+    "decoder_layer_aggregation": _attention_residuals_problem,
 }
 
 

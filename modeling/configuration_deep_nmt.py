@@ -26,7 +26,9 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-LAYER_AGGREGATIONS = ("residual", "dlcl", "sparse")
+LAYER_AGGREGATIONS = ("residual", "dlcl", "sparse", "attnres", "block_attnres")
+# Aggregations cut into blocks by `{side}_block_boundaries` (SDT's sparse connections, Block Attention Residuals).
+BLOCK_AGGREGATIONS = ("sparse", "block_attnres")
 DLCL_WEIGHTS = ("learned", "average", "one")
 # Initial DLCL weights (learned ones): the uniform average of the stored outputs, or DenseFormer's identity (weight 1
 # on the newest stored output, 0 elsewhere), under which the stack starts as the plain residual one.
@@ -234,14 +236,14 @@ DEPENDS_ON = (
     ),
     DependsOn(
         ("encoder_block_boundaries",),
-        "only applies with `encoder_layer_aggregation='sparse'`",
-        lambda config: config.encoder_layer_aggregation == "sparse",
+        "only applies with `encoder_layer_aggregation='sparse'` or 'block_attnres'",
+        lambda config: config.encoder_layer_aggregation in BLOCK_AGGREGATIONS,
         ("encoder_layer_aggregation",),
     ),
     DependsOn(
         ("decoder_block_boundaries",),
-        "only applies with `decoder_layer_aggregation='sparse'`",
-        lambda config: config.decoder_layer_aggregation == "sparse",
+        "only applies with `decoder_layer_aggregation='sparse'` or 'block_attnres'",
+        lambda config: config.decoder_layer_aggregation in BLOCK_AGGREGATIONS,
         ("decoder_layer_aggregation",),
     ),
     DependsOn(
@@ -347,7 +349,7 @@ def _shared_embeddings_have_one_vocabulary(config: DeepNMTConfig) -> str | None:
 
 def _block_boundaries_cut_their_stack(config: DeepNMTConfig) -> str | None:
     for side in ("encoder", "decoder"):
-        if getattr(config, f"{side}_layer_aggregation") != "sparse":
+        if getattr(config, f"{side}_layer_aggregation") not in BLOCK_AGGREGATIONS:
             continue
         field, layers = f"{side}_block_boundaries", getattr(config, f"{side}_layers")
         boundaries = getattr(config, field)
@@ -414,6 +416,37 @@ def _deepnorm_is_post_norm_with_its_own_init(config: DeepNMTConfig) -> str | Non
     return None
 
 
+def _attention_residuals_have_pre_norm_layers(config: DeepNMTConfig) -> str | None:
+    # Attention Residuals attend each layer's contribution `layer(x) - x`: the residual branch of a pre-norm layer.
+    for side in ("encoder", "decoder"):
+        aggregation = getattr(config, f"{side}_layer_aggregation")
+        if aggregation not in ("attnres", "block_attnres"):
+            continue
+        field = f"{side}_layer_aggregation={aggregation!r}"
+        if config.deepnorm:
+            return (
+                f"Attention Residuals attend the residual branches of pre-norm layers, and DeepNorm is post-norm: "
+                f"`{field}` needs `deepnorm=False`, or a stack aggregation of 'residual', 'dlcl' or 'sparse'."
+            )
+        if not config.pre_norm:
+            return (
+                f"Attention Residuals attend the residual branches of pre-norm layers: `{field}` needs "
+                "`pre_norm=True`, got `pre_norm=False` (post-norm stacks take 'residual', 'dlcl' or 'sparse')."
+            )
+        if getattr(config, f"{side}_post_norm_layers"):
+            return (
+                f"Attention Residuals attend the residual branches of pre-norm layers, and Mix-LN's first layers are "
+                f"post-norm: `{field}` needs `{side}_post_norm_layers=0`, got "
+                f"{getattr(config, f'{side}_post_norm_layers')!r}."
+            )
+        if side == "encoder" and config.msc_block_layers is not None:
+            return (
+                f"MSC encoder blocks are residual stacks read block by block: `{field}` needs "
+                f"`msc_block_layers=None`, got {config.msc_block_layers!r} (MSC encoders take 'residual')."
+            )
+    return None
+
+
 def _mix_ln_fits_its_stacks(config: DeepNMTConfig) -> str | None:
     for side in ("encoder", "decoder"):
         field = f"{side}_post_norm_layers"
@@ -473,6 +506,7 @@ def _hyper_connections_fit_their_stacks(config: DeepNMTConfig) -> str | None:
 
 
 STRUCTURAL_RULES = (
+    _attention_residuals_have_pre_norm_layers,
     _mix_ln_fits_its_stacks,
     _deepnorm_is_post_norm_with_its_own_init,
     _msc_blocks_pair_with_decoder_layers,
@@ -649,8 +683,11 @@ class DeepNMTConfig(PreTrainedConfig):
         layer_aggregation (`str`, *optional*, defaults to `"residual"`):
             How a layer's input is built from the outputs below it, for both stacks: `"residual"` (the previous
             layer's output) or `"dlcl"` (a learned linear combination of the embedding and all earlier layer
-            outputs, DLCL paper Eq. 7-9). `encoder_layer_aggregation` / `decoder_layer_aggregation` override it
-            per stack.
+            outputs, DLCL paper Eq. 7-9), `"sparse"` (DLCL over blocks, SDT), `"attnres"` (Attention Residuals, Kimi
+            2026: each layer's input a per-position softmax over the embedding and the contribution of every layer
+            below it, scored by a learned zero-initialised pseudo-query per layer against RMS-normalised keys) or
+            `"block_attnres"` (the same over block sums, blocks as `"sparse"` sets them). The Attention Residuals
+            need pre-norm layers. `encoder_layer_aggregation` / `decoder_layer_aggregation` override it per stack.
         dlcl_weights (`str`, *optional*, defaults to `"learned"`):
             DLCL combination weights: `"learned"` (scalars initialised to the uniform average 1/(r+1)), or the
             constant ablations of the paper, `"average"` (fixed 1/(r+1)) and `"one"` (fixed 1).
@@ -680,12 +717,14 @@ class DeepNMTConfig(PreTrainedConfig):
             (k below the stack's depth), as the pre-norm part of Mix-LN does; so k = 0 is the pre-norm stack and k =
             the depth is exactly the post-norm one (`pre_norm=False`). Written into `config.json` only when set.
         sparse_block_size (`int`, *optional*, defaults to 6):
-            Block size p of `"sparse"` aggregation (SDT sparse connections, Li et al. 2020) when a stack's boundaries
-            are not given: blocks `[0, p, 2p, ..., L]` (the last one shorter when p does not divide L).
+            Block size p of `"sparse"` and `"block_attnres"` aggregation (SDT sparse connections, Li et al. 2020; Block
+            Attention Residuals) when a stack's boundaries are not given: blocks `[0, p, 2p, ..., L]` (the last one
+            shorter when p does not divide L).
         encoder_block_boundaries / decoder_block_boundaries (`list[int]`, *optional*):
-            Block boundaries of a `"sparse"` stack, `[0, b_1, ..., L]` strictly increasing: only block outputs are
-            stored and only the first layer of a block reads the learned combination. One block per layer is dense
-            DLCL; `[0, L]` is a single block.
+            Block boundaries of a `"sparse"` or `"block_attnres"` stack, `[0, b_1, ..., L]` strictly increasing. In a
+            `"sparse"` stack only block outputs are stored and only the first layer of a block reads the learned
+            combination; one block per layer is dense DLCL, `[0, L]` a single block. A `"block_attnres"` stack
+            attends the block sums (and the current block's partial sum) at every layer.
         dlcl_history_norm (`bool`, *optional*, defaults to `True`):
             Keep the DLCL LayerNorms (one per stored layer output in pre-norm, one per combination row in post-norm);
             `False` is the paper's "- layer norm" ablation.
@@ -964,7 +1003,7 @@ class DeepNMTConfig(PreTrainedConfig):
                 setattr(self, field, list(boundaries))
             elif (
                 boundaries is None
-                and getattr(self, f"{side}_layer_aggregation") == "sparse"
+                and getattr(self, f"{side}_layer_aggregation") in BLOCK_AGGREGATIONS
                 and POSITIVE_INT.accepts(layers)
                 and POSITIVE_INT.accepts(self.sparse_block_size)
             ):

@@ -1082,10 +1082,100 @@ class DeepNMTDenseHistory(DeepNMTBlockHistory):
         super().__init__(config, num_layers, list(range(num_layers + 1)))
 
 
+class DeepNMTAttentionResidualState:
+    """The per-call state of an Attention Residuals history: the stored values (the embedding, then one per completed
+    block), the running sum of the current block's layer contributions (None while the block is empty), and the
+    input handed to the layer running now (its contribution is its output minus that input)."""
+
+    def __init__(self, embedding: torch.Tensor):
+        self.values = [embedding]
+        self.partial: torch.Tensor | None = None
+        self.layer_in: torch.Tensor | None = None
+
+
+class DeepNMTBlockAttentionResidualHistory(DeepNMTLayerHistory):
+    r"""
+    Block Attention Residuals (Kimi Team, "Attention Residuals", 2026; formula as in the public reproduction
+    ilml/Attention-Residuals, `model.py`, `AttnResOp` and its block forward): SDT's blocks with input-dependent,
+    per-position softmax weights in place of DLCL's learned scalars.
+
+    A layer of this backbone returns `x + F(x)` (pre-norm), so its *contribution* is `v = layer(x) - x`.
+    `boundaries` `[0, b_1, ..., L]` cut the stack into B blocks. The values are `b_0 = y_0` (the embedding) and, per
+    completed block n, `b_n = sum of the contributions of its layers`; inside a block the running sum of the
+    contributions so far, `p`, is a value too (once the block has one). Layer i (0-based) reads, at every position,
+
+        k_j = g_i * v_j / sqrt(mean(v_j^2) + eps)          (RMSNorm of the keys only, gain g_i, eps = layer_norm_eps)
+        a_ij = softmax_j(q_i . k_j)                          (over the values v_j = b_0, ..., b_n[, p])
+        x_i = sum_j a_ij v_j                                 (the values themselves, not normalised)
+
+    with one learned pseudo-query `q_i` (d_model, zero-initialised) and key gain `g_i` (ones) per layer, stored as the
+    rows 0..L-1 of `queries` and `key_gains`; row L builds the stack output the same way over `b_0, ..., b_B` (then the
+    stack's final LayerNorm). No temperature, no dropout. Every layer reads its own combination (an SDT block's
+    inner layers read the previous layer's output; here only the stored values are block-wise). Row 0 sees `y_0`
+    alone, so layer 0 reads the embedding whatever `q_0` is.
+
+    Zero queries give uniform weights 1/n over the n values, and the values add up to the plain residual stream
+    `h_i = y_0 + v_0 + ... + v_{i-1}`: each layer reads `h_i / n_i` and the stack returns `LN(h_L / (B + 1))`. A
+    softmax that sums to one cannot give the residual sum itself; the start is the residual stream rescaled per layer
+    by the number of values it is split into. Needs pre-norm layers (the contribution of a post-norm layer is no
+    residual branch): the config refuses post-norm, Mix-LN, DeepNorm and MSC encoders with it. Position-wise over
+    depth: the decoder cache is untouched.
+    """
+
+    def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
+        super().__init__()
+        boundaries = list(boundaries) if boundaries is not None else list(range(num_layers + 1))
+        self.block_ends = frozenset(boundary - 1 for boundary in boundaries[1:])  # layers that complete a block
+        self.eps = config.layer_norm_eps
+        self.queries = nn.Parameter(torch.zeros(num_layers + 1, config.d_model))
+        self.key_gains = nn.Parameter(torch.ones(num_layers + 1, config.d_model))
+
+    def extra_repr(self) -> str:
+        return f"points={self.queries.shape[0]}, blocks={len(self.block_ends)}, eps={self.eps}"
+
+    def start(self, embedding: torch.Tensor) -> DeepNMTAttentionResidualState:
+        return DeepNMTAttentionResidualState(embedding)
+
+    def attend(self, values: list[torch.Tensor], row: int) -> torch.Tensor:
+        """`sum_j softmax_j(q_row . RMSNorm_row(v_j)) v_j` at every position (the class docstring)."""
+        stacked = torch.stack(values)  # (n, batch, length, d_model)
+        keys = stacked * torch.rsqrt(stacked.pow(2).mean(dim=-1, keepdim=True) + self.eps) * self.key_gains[row]
+        scores = (keys * self.queries[row]).sum(dim=-1)
+        weights = torch.softmax(scores.float(), dim=0).to(stacked.dtype)
+        return (weights.unsqueeze(-1) * stacked).sum(dim=0)
+
+    def layer_input(self, state: DeepNMTAttentionResidualState, index: int) -> torch.Tensor:
+        values = state.values if state.partial is None else [*state.values, state.partial]
+        state.layer_in = self.attend(values, index)
+        return state.layer_in
+
+    def push(self, state: DeepNMTAttentionResidualState, output: torch.Tensor, index: int) -> None:
+        contribution = output - state.layer_in
+        state.partial = contribution if state.partial is None else state.partial + contribution
+        if index in self.block_ends:
+            state.values.append(state.partial)
+            state.partial = None
+
+    def stack_output(self, state: DeepNMTAttentionResidualState) -> torch.Tensor:
+        return self.attend(state.values, len(self.queries) - 1)
+
+
+class DeepNMTAttentionResidualHistory(DeepNMTBlockAttentionResidualHistory):
+    """Full Attention Residuals: every layer is a block, so each layer attends the embedding and the contribution of
+    every layer below it, `x_i = sum_j softmax_j(q_i . RMSNorm(v_j)) v_j` over `v = y_0, v_0, ..., v_{i-1}`."""
+
+    def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
+        super().__init__(config, num_layers, list(range(num_layers + 1)))
+
+
+# The aggregations whose history is Attention Residuals (per-layer pseudo-queries and key gains, no weight matrix).
+ATTENTION_RESIDUAL_AGGREGATIONS = ("attnres", "block_attnres")
 LAYER_AGGREGATION_CLASSES = {
     "residual": DeepNMTResidualHistory,
     "dlcl": DeepNMTDenseHistory,
     "sparse": DeepNMTBlockHistory,
+    "attnres": DeepNMTAttentionResidualHistory,
+    "block_attnres": DeepNMTBlockAttentionResidualHistory,
 }
 
 
@@ -1260,7 +1350,9 @@ def parameter_parts(config: DeepNMTConfig, output_layer: bool = True) -> dict[st
         if window and relative:
             parts[f"{side} relative position keys"] = layers * (2 * window + 1) * (d // heads)
         aggregation = getattr(config, f"{side}_layer_aggregation")
-        if aggregation != "residual":
+        if aggregation in ATTENTION_RESIDUAL_AGGREGATIONS:
+            parts[f"{side} layer-history weights"] = 2 * (layers + 1) * d  # a query and a key gain per layer + output
+        elif aggregation != "residual":
             size = layers + 1 if aggregation == "dlcl" else len(getattr(config, f"{side}_block_boundaries"))
             norms = (size - 1) * norm if config.dlcl_history_norm else 0
             parts[f"{side} layer-history weights"] = size * size + norms
@@ -1305,6 +1397,8 @@ def _part_settings(config: DeepNMTConfig, part: str) -> str:
     elif part.endswith("layer-history weights"):
         names = [f"{side}_layer_aggregation", f"{side}_layers"]
         names += [f"{side}_block_boundaries"] if getattr(config, f"{side}_layer_aggregation") == "sparse" else []
+        if getattr(config, f"{side}_layer_aggregation") in ATTENTION_RESIDUAL_AGGREGATIONS:
+            names.append("d_model")
     elif part.endswith("hyper-connection weights"):
         names = [f"{side}_hyper_connections", "hyper_connections_dynamic", f"{side}_layers", "d_model"]
     elif part.startswith("MSC"):
@@ -1384,7 +1478,21 @@ def _shape_findings(config: DeepNMTConfig, shapes: dict[str, tuple[int, ...]]) -
         aggregation = getattr(config, f"{side}_layer_aggregation")
         name, held = f"{side}.history.weight", body.get(f"{side}.history.weight")
         setting = f"{side}_layer_aggregation={aggregation!r}"
-        if aggregation != "residual":
+        queries = body.get(f"{side}.history.queries")
+        if aggregation in ATTENTION_RESIDUAL_AGGREGATIONS:
+            expected = (layers + 1, d)
+            if queries is None:
+                findings.append(
+                    f"{setting} has pseudo-queries {side}.history.queries {expected}, but the file has none (its "
+                    "model has no Attention Residuals)"
+                )
+            else:
+                compare(f"{side}.history.queries", expected, f"{setting}, {side}_layers={layers}, d_model={d}")
+        elif queries is not None:
+            findings.append(
+                f"{setting} has no Attention Residuals, but the file holds {side}.history.queries {tuple(queries)}"
+            )
+        elif aggregation != "residual":
             size = layers + 1 if aggregation == "dlcl" else len(getattr(config, f"{side}_block_boundaries"))
             if held is None:
                 findings.append(
@@ -1545,6 +1653,9 @@ class DeepNMTPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.dynamic_beta)
                 init.constant_(module.alpha_scale, 0.01)
                 init.constant_(module.beta_scale, 0.01)
+        elif isinstance(module, DeepNMTBlockAttentionResidualHistory):
+            init.zeros_(module.queries)  # uniform weights over the values at the start
+            init.ones_(module.key_gains)
         elif isinstance(module, DeepNMTAttention) and module.relative_keys is not None:
             init.xavier_uniform_(module.relative_keys)
         elif isinstance(module, nn.GRUCell):

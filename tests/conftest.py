@@ -73,6 +73,11 @@ ARCHITECTURES = [
         id="sparse-postnorm-encoder",
     ),
     pytest.param((SdtConfig, dict(sparse_block_size=2, relative_position_window=2)), id="SdtConfig"),
+    # Attention Residuals: full over the 3 encoder layers, one block of both decoder layers (its partial sum attended)
+    pytest.param(
+        (DeepNMTConfig, dict(encoder_layer_aggregation="attnres", decoder_layer_aggregation="block_attnres")),
+        id="attnres",
+    ),
     # relative position keys with a window (2) shorter than the test sequences, so clipping is exercised
     pytest.param((DeepNMTConfig, dict(relative_position_window=2)), id="relative-keys-prenorm"),
     pytest.param(

@@ -79,6 +79,8 @@ def valid_configs(draw, msc: bool | None = None):
         fields["init_scheme"] = "ds_init"
         fields["ds_init_alpha"] = draw(st.sampled_from([1.0, 0.5, 0.1]))
         fields["ds_init_mode"] = draw(st.sampled_from(["paper", "code"]))
+    # Attention Residuals (full and block) need pre-norm layers
+    aggregations = ["residual", "dlcl", "sparse"] + (["attnres", "block_attnres"] if fields["pre_norm"] else [])
     if use_msc:
         decoder_layers = fields["decoder_layers"]
         fields["msc_block_layers"] = draw(
@@ -94,10 +96,10 @@ def valid_configs(draw, msc: bool | None = None):
         fields["config_class"] = MscConfig
     else:
         fields["encoder_layers"] = draw(st.integers(1, 3))
-        encoder_aggregation = draw(st.sampled_from(["residual", "dlcl", "sparse"]))
+        encoder_aggregation = draw(st.sampled_from(aggregations))
         # any class, DeepNorm's own with `deepnorm=False` included (it once lost that setting on save)
         fields["config_class"] = draw(st.sampled_from(PLAIN_CONFIG_CLASSES))
-    decoder_aggregation = draw(st.sampled_from(["residual", "dlcl", "sparse"]))
+    decoder_aggregation = draw(st.sampled_from(aggregations))
     fields["encoder_layer_aggregation"] = encoder_aggregation
     fields["decoder_layer_aggregation"] = decoder_aggregation
     fields["layer_aggregation"] = "residual"
@@ -110,9 +112,9 @@ def valid_configs(draw, msc: bool | None = None):
     for side, aggregation in (("encoder", encoder_aggregation), ("decoder", decoder_aggregation)):
         if fields["pre_norm"] and aggregation == "residual" and not (use_msc and side == "encoder"):
             fields[f"{side}_post_norm_layers"] = draw(st.integers(0, fields[f"{side}_layers"]))
-    if encoder_aggregation == "sparse":
+    if encoder_aggregation in ("sparse", "block_attnres"):
         fields["encoder_block_boundaries"] = draw(sparse_boundaries(fields["encoder_layers"]))
-    if decoder_aggregation == "sparse":
+    if decoder_aggregation in ("sparse", "block_attnres"):
         fields["sparse_block_size"] = draw(st.integers(1, 3))
     # Hyper-Connections: 2 or 3 streams on a pre-norm residual stack without Mix-LN's post-norm layers (not MSC)
     for side, aggregation in (("encoder", encoder_aggregation), ("decoder", decoder_aggregation)):
@@ -376,11 +378,13 @@ def test_every_bool_and_choice_field_is_drawn_with_each_of_its_values_and_made_i
     assert set(wanted) <= made_invalid
 
 
-def test_the_strategies_cover_every_switch():
-    """The valid-config strategy reaches every choice of every switch (checked over a fixed set of draws)."""
-    from hypothesis import find
+COVERAGE_DRAWS = 4000
 
-    for predicate in (
+
+def test_the_strategies_cover_every_switch():
+    """The valid-config strategy reaches every choice of every switch (checked over one fixed set of draws: one search
+    per switch, as `hypothesis.find` makes it, drew the rare switches thousands of times over)."""
+    predicates = (
         lambda f: f["encoder_layer_aggregation"] == "sparse" and f["pre_norm"] is False,
         lambda f: f["decoder_layer_aggregation"] == "sparse" and f.get("dlcl_weights") == "one",
         lambda f: f["decoder_self_attention"] == "merged_average" and f.get("init_scheme") == "ds_init",
@@ -399,6 +403,8 @@ def test_the_strategies_cover_every_switch():
         lambda f: f.get("encoder_layers", 0) >= 2 and f.get("encoder_post_norm_layers") == f["encoder_layers"],
         lambda f: 0 < f.get("decoder_post_norm_layers", 0) < f["decoder_layers"],
         lambda f: f.get("dlcl_init") == "identity" and f.get("dlcl_history_norm") is False,
+        # Attention Residuals: the full variant on one stack, the block variant on the other
+        lambda f: f["encoder_layer_aggregation"] == "block_attnres" and f["decoder_layer_aggregation"] == "attnres",
         # Hyper-Connections: mHC's dynamic variant (static and plain ones: `hyper_connections_dynamic` is drawn both
         # ways, the iterations 0 or 2)
         lambda f: f.get("hyper_connections_dynamic") and f.get("hyper_connections_sinkhorn_iterations") == 2,
@@ -406,5 +412,13 @@ def test_the_strategies_cover_every_switch():
             lambda f, context=context: f.get("msc_context") == context
             for context in ("gru", "gru_per_block", "ffn", "ffn_per_block")
         ),
-    ):
-        find(valid_configs(), predicate, settings=settings(derandomize=True, max_examples=2000, database=None))
+    )
+    missed = set(range(len(predicates)))
+
+    @settings(max_examples=COVERAGE_DRAWS, derandomize=True, database=None, deadline=None)
+    @given(fields=valid_configs())
+    def draw(fields):
+        missed.difference_update([index for index in missed if predicates[index](fields)])
+
+    draw()
+    assert not missed, f"no draw among {COVERAGE_DRAWS} reaches the switches of predicates {sorted(missed)}"

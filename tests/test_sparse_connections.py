@@ -129,7 +129,10 @@ def test_block_weights_start_as_the_uniform_average():
         ({"layer_aggregation": "sparse", "decoder_block_boundaries": [0, 2, 2, 3]}, r"got \[0, 2, 2, 3\]"),
         ({"layer_aggregation": "sparse", "decoder_block_boundaries": [0, "3"]}, r"got \[0, '3'\]"),
         ({"layer_aggregation": "sparse", "sparse_block_size": 0}, r"`sparse_block_size` must be a positive integer"),
-        ({"layer_aggregation": "blocks"}, r"`layer_aggregation` must be one of \('residual', 'dlcl', 'sparse'\)"),
+        (
+            {"layer_aggregation": "blocks"},
+            r"`layer_aggregation` must be one of \('residual', 'dlcl', 'sparse', 'attnres', 'block_attnres'",
+        ),
     ],
 )
 def test_invalid_block_settings_name_field_and_value(overrides, message):
