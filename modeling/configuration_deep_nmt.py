@@ -60,6 +60,8 @@ LATER_SETTINGS = (
     "encoder_post_norm_layers",
     "decoder_post_norm_layers",
     "dlcl_init",
+    "dlcl_dilation",
+    "dlcl_period",
 )
 ACTIVATIONS = tuple(sorted(ACT2CLS))
 # Keys that transformers passes to a config besides its fields (from `config.json` or `from_pretrained`), read by
@@ -166,6 +168,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
     "decoder_layer_aggregation": _choice(LAYER_AGGREGATIONS),
     "dlcl_weights": _choice(DLCL_WEIGHTS),
     "dlcl_init": _choice(DLCL_INITS),
+    **dict.fromkeys(("dlcl_dilation", "dlcl_period"), POSITIVE_INT),
     **dict.fromkeys(
         ("encoder_post_norm_layers", "decoder_post_norm_layers"),
         FieldKind("a non-negative integer (0 = off)", lambda value: _is_int(value) and value >= 0),
@@ -224,7 +227,7 @@ DEPENDS_ON = (
         ("decoder_layer_aggregation",),
     ),
     DependsOn(
-        ("dlcl_weights", "dlcl_history_norm", "dlcl_init"),
+        ("dlcl_weights", "dlcl_history_norm", "dlcl_init", "dlcl_dilation", "dlcl_period"),
         "only apply to DLCL: set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
         "to 'dlcl' or 'sparse'",
         lambda config: bool({"dlcl", "sparse"} & {config.encoder_layer_aggregation, config.decoder_layer_aggregation}),
@@ -594,6 +597,16 @@ class DeepNMTConfig(PreTrainedConfig):
             Initial value of learned DLCL weights: `"uniform"` (1/(r+1), DLCL) or `"identity"` (DenseFormer,
             Pagliardini et al. 2024: weight 1 on the newest stored output, 0 on the others), under which the stack
             starts as the plain residual stack with the same layers. Written into `config.json` only when set.
+        dlcl_dilation (`int`, *optional*, defaults to 1):
+            DenseFormer's dilation k: row r of the combination (stored outputs `y_0..y_r`) weighs only `y_j` with
+            `r - j` a multiple of k (the newest, `y_r`, always); the other weights are held at exactly 0. 1 is DLCL.
+            Written into `config.json` only when set.
+        dlcl_period (`int`, *optional*, defaults to 1):
+            DenseFormer's period p: only every p-th stored output (rows r with `r % p == 0`, and so the first
+            layer's input) is followed by the weighted combination; the layers in between take the previous layer's
+            output (plain residual chaining), although every output is still stored for the later combinations. The
+            stack output is the combination when p divides the number of stored outputs after the embedding, else
+            the last layer's output. 1 is DLCL. Written into `config.json` only when set.
         encoder_post_norm_layers / decoder_post_norm_layers (`int`, *optional*, defaults to 0):
             Mix-LN (Li et al. 2024): the first k layers of the stack are post-norm, the layers above pre-norm; needs
             `pre_norm=True` and a residual stack. The stack keeps its final LayerNorm while it has a pre-norm layer
@@ -735,6 +748,8 @@ class DeepNMTConfig(PreTrainedConfig):
     dlcl_weights: str = "learned"
     dlcl_history_norm: bool = True
     dlcl_init: str = "uniform"
+    dlcl_dilation: int = 1
+    dlcl_period: int = 1
     encoder_post_norm_layers: int = 0
     decoder_post_norm_layers: int = 0
     sparse_block_size: int = 6
