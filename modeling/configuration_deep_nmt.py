@@ -1045,6 +1045,42 @@ class DeepNormConfig(DeepNMTConfig):
     deepnorm: bool = True
 
 
+class DenseFormerConfig(DeepNMTConfig):
+    r"""
+    DenseFormer, "DenseFormer: Enhancing Information Flow in Transformers via Depth Weighted Averaging" (Pagliardini
+    et al., ICML 2024), on this package's backbone: pre-norm, a 24-layer encoder and 6-layer decoder at base width,
+    DLCL's depth-weighted average in both stacks with DenseFormer's identity initialisation and no history
+    LayerNorms, dilation and period 1 (the paper's k x p variants: `dlcl_dilation`, `dlcl_period`). The paper
+    trains language models only; the depths here are those of `benchmarks/fidelity/depth_family.py`.
+    """
+
+    model_type = "deep_nmt_denseformer"
+
+    encoder_layers: int = 24
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    layer_aggregation: str = "dlcl"
+    dlcl_init: str = "identity"
+    dlcl_history_norm: bool = False
+
+
+class MixLnConfig(DeepNMTConfig):
+    r"""
+    Mix-LN, "Mix-LN: Unleashing the Power of Deeper Layers by Combining Pre-LN and Post-LN" (Li et al., 2024), on
+    this package's backbone: a 24-layer encoder and 6-layer decoder at base width, the first quarter of each stack's
+    layers post-norm (the paper's ratio 0.25: 6 encoder layers, 1 decoder layer) and pre-norm above. The paper trains
+    language models only; the depths here are those of `benchmarks/fidelity/depth_family.py`.
+    """
+
+    model_type = "deep_nmt_mixln"
+
+    encoder_layers: int = 24
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    encoder_post_norm_layers: int = 6
+    decoder_post_norm_layers: int = 1
+
+
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -1077,7 +1113,9 @@ __all__ = [
     "DeepNMTGenerationConfig",
     "DlclConfig",
     "DeepNormConfig",
+    "DenseFormerConfig",
     "DsInitConfig",
+    "MixLnConfig",
     "MscConfig",
     "SdtConfig",
 ]

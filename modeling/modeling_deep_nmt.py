@@ -33,8 +33,10 @@ from .configuration_deep_nmt import (
     DeepNMTConfig,
     DeepNMTGenerationConfig,
     DeepNormConfig,
+    DenseFormerConfig,
     DlclConfig,
     DsInitConfig,
+    MixLnConfig,
     MscConfig,
     SdtConfig,
 )
@@ -2034,6 +2036,19 @@ class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = MscConfig
 
 
+class DenseFormerForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """DenseFormer (Pagliardini et al., 2024). Same network as [`DeepNMTForConditionalGeneration`] with
+    [`DenseFormerConfig`] defaults."""
+
+    config_class = DenseFormerConfig
+
+
+class MixLnForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """Mix-LN (Li et al., 2024). Same network as [`DeepNMTForConditionalGeneration`] with [`MixLnConfig`] defaults."""
+
+    config_class = MixLnConfig
+
+
 # The encoder-decoders without the output layer that `AutoModel` loads for each named config.
 
 
@@ -2055,6 +2070,14 @@ class SdtModel(DeepNMTModel):
 
 class MscModel(DeepNMTModel):
     config_class = MscConfig
+
+
+class DenseFormerModel(DeepNMTModel):
+    config_class = DenseFormerConfig
+
+
+class MixLnModel(DeepNMTModel):
+    config_class = MixLnConfig
 
 
 # --- The methods -----------------------------------------------------------------------------------------------------
@@ -2131,6 +2154,21 @@ for _method in (
     DeepNMTMethod(
         DeepNormConfig, DeepNormForConditionalGeneration, DeepNormModel, card="deepnorm", checks={"deepnorm": {}}
     ),
+    # the depth family of 2024 on: presets of the same backbone (issue 41), one cheap check each
+    DeepNMTMethod(
+        DenseFormerConfig,
+        DenseFormerForConditionalGeneration,
+        DenseFormerModel,
+        card="denseformer",
+        checks={"denseformer-2x2": dict(dlcl_dilation=2, dlcl_period=2)},
+    ),
+    DeepNMTMethod(
+        MixLnConfig,
+        MixLnForConditionalGeneration,
+        MixLnModel,
+        card="mixln",
+        checks={"mixln-1-1": dict(encoder_post_norm_layers=1, decoder_post_norm_layers=1)},
+    ),
 ):
     register_method(_method)
 
@@ -2147,6 +2185,10 @@ __all__ = [
     "DeepNMTForConditionalGeneration",
     "DeepNormForConditionalGeneration",
     "DeepNormModel",
+    "DenseFormerForConditionalGeneration",
+    "DenseFormerModel",
+    "MixLnForConditionalGeneration",
+    "MixLnModel",
     "DlclForConditionalGeneration",
     "DsInitForConditionalGeneration",
     "MscForConditionalGeneration",
