@@ -138,7 +138,16 @@ def base_recipe(args: argparse.Namespace, size: dict) -> dict:
 
 def run_recipe(args: argparse.Namespace, size: dict, name: str, depth: int, seed: int, settings: dict) -> dict:
     folder = args.work_dir / f"{name}-{depth}L-seed{seed}"
-    recipe = {
+    folder.mkdir(parents=True, exist_ok=True)
+    write_recipe(folder / "recipe.json", make_recipe(args, size, folder, depth, seed, settings))
+    cli(args, ["train", str(folder / "recipe.json")], folder / "train.log")
+    return json.loads((folder / "run" / "results.json").read_text())
+
+
+def make_recipe(args: argparse.Namespace, size: dict, folder: Path, depth: int, seed: int, settings: dict) -> dict:
+    """The `hf-deep-nmt train` recipe of one run: the shared data and tokenizer, the size's model with `depth`
+    encoder layers and the method's `settings`, output and export under `folder`."""
+    return {
         **base_recipe(args, size),
         "model_overrides": {
             "d_model": size["d_model"],
@@ -159,10 +168,6 @@ def run_recipe(args: argparse.Namespace, size: dict, name: str, depth: int, seed
         "overwrite_output_dir": True,
         "overwrite_export": True,
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    write_recipe(folder / "recipe.json", recipe)
-    cli(args, ["train", str(folder / "recipe.json")], folder / "train.log")
-    return json.loads((folder / "run" / "results.json").read_text())
 
 
 def cli(args: argparse.Namespace, arguments: list[str], log: Path) -> None:
