@@ -58,8 +58,8 @@ SIZES = {
         bf16=False,
     ),
     "cpu": dict(
-        d_model=64, ffn=256, heads=4, depths=[12, 24], decoder_layers=6, baseline_depth=6, steps=60,
-        max_tokens=1024, warmup=20, lr=2e-3, vocab=4000, train_pairs=None, eval_pairs=100, speed_pairs=64,
+        d_model=64, ffn=256, heads=4, depths=[12, 24], decoder_layers=6, baseline_depth=6, steps=200,
+        max_tokens=1024, warmup=50, lr=2e-3, vocab=4000, train_pairs=None, eval_pairs=100, speed_pairs=64,
         num_beams=1, max_length=64, bf16=False,
     ),
     "gpu": dict(
