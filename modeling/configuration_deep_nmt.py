@@ -234,6 +234,13 @@ DEPENDS_ON = (
         ("encoder_layer_aggregation", "decoder_layer_aggregation"),
     ),
     DependsOn(
+        ("dlcl_dilation", "dlcl_period"),
+        "are DenseFormer's variants of its average without LayerNorms (a history LayerNorm whose output no row "
+        "reads would get no gradient): they need `dlcl_history_norm=False`",
+        lambda config: not config.dlcl_history_norm,
+        ("dlcl_history_norm",),
+    ),
+    DependsOn(
         ("dlcl_init",),
         "needs learned DLCL weights (`dlcl_weights='learned'`): the constant ablations have their own values",
         lambda config: config.dlcl_weights == "learned",
@@ -606,7 +613,8 @@ class DeepNMTConfig(PreTrainedConfig):
             layer's input) is followed by the weighted combination; the layers in between take the previous layer's
             output (plain residual chaining), although every output is still stored for the later combinations. The
             stack output is the combination when p divides the number of stored outputs after the embedding, else
-            the last layer's output. 1 is DLCL. Written into `config.json` only when set.
+            the last layer's output. 1 is DLCL. Both need `dlcl_history_norm=False` (DenseFormer's average has no
+            LayerNorms). Written into `config.json` only when set.
         encoder_post_norm_layers / decoder_post_norm_layers (`int`, *optional*, defaults to 0):
             Mix-LN (Li et al. 2024): the first k layers of the stack are post-norm, the layers above pre-norm; needs
             `pre_norm=True` and a residual stack. The stack keeps its final LayerNorm while it has a pre-norm layer

@@ -184,7 +184,9 @@ def test_dilation_two_weighs_every_second_earlier_output_by_hand(tiny_config):
     held_out = torch.tensor([[0, 1, 1, 1], [1, 0, 1, 1], [0, 1, 0, 1], [1, 0, 1, 0]], dtype=torch.bool)
     assert torch.equal(history.weight_mask(), ~held_out)
     # initialised: identity on the kept weights; DLCL's uniform average over the kept weights of each row
-    fresh = DeepNMTForConditionalGeneration(tiny_config(layer_aggregation="dlcl", dlcl_dilation=2))
+    fresh = DeepNMTForConditionalGeneration(
+        tiny_config(layer_aggregation="dlcl", dlcl_dilation=2, dlcl_history_norm=False)
+    )
     expected = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0], [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5]])
     assert torch.equal(fresh.model.encoder.history.weight, expected)
 
@@ -213,7 +215,7 @@ def test_held_out_weights_get_no_gradient_and_stay_zero_through_training(tiny_co
     their gradients exactly 0 at every step, and the kept weights moved; the eager kernel's gradients are those of
     the traced sum (the gradient of the mixing weights by autograd through plain sums)."""
     model = DeepNMTForConditionalGeneration(
-        tiny_config(layer_aggregation="dlcl", dlcl_dilation=2, dlcl_period=2, decoder_layers=4)
+        tiny_config(**{**DENSEFORMER, "dlcl_init": "uniform"}, dlcl_dilation=2, dlcl_period=2, decoder_layers=4)
     )
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
     histories = [model.model.encoder.history, model.model.decoder.history]
@@ -254,9 +256,11 @@ def test_eager_history_gradients_match_plain_autograd(tiny_config):
 
 def test_dilation_and_period_are_written_only_when_set_and_checked(tiny_config):
     assert not {"dlcl_dilation", "dlcl_period"} & set(tiny_config(layer_aggregation="dlcl").to_dict())
-    written = tiny_config(layer_aggregation="dlcl", dlcl_dilation=2, dlcl_period=3).to_dict()
+    written = tiny_config(**DENSEFORMER, dlcl_dilation=2, dlcl_period=3).to_dict()
     assert (written["dlcl_dilation"], written["dlcl_period"]) == (2, 3)
     with pytest.raises(ValueError, match=r"`dlcl_dilation` must be a positive integer, got 0"):
-        tiny_config(layer_aggregation="dlcl", dlcl_dilation=0)
+        tiny_config(**DENSEFORMER, dlcl_dilation=0)
     with pytest.raises(ValueError, match=r"`dlcl_period=2` only apply to DLCL"):
         tiny_config(dlcl_period=2)
+    with pytest.raises(ValueError, match=r"`dlcl_dilation=2` .* need `dlcl_history_norm=False`, got True"):
+        tiny_config(layer_aggregation="dlcl", dlcl_dilation=2)

@@ -106,8 +106,8 @@ def valid_configs(draw, msc: bool | None = None):
         fields["dlcl_history_norm"] = draw(st.booleans())
         if fields["dlcl_weights"] == "learned":  # DLCL's uniform or DenseFormer's identity start
             fields["dlcl_init"] = draw(st.sampled_from(["uniform", "identity"]))
-        # DenseFormer's dilation and period (1 = DLCL)
-        fields["dlcl_dilation"], fields["dlcl_period"] = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        if not fields["dlcl_history_norm"]:  # DenseFormer's dilation and period (1 = DLCL)
+            fields["dlcl_dilation"], fields["dlcl_period"] = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     # Mix-LN: the first k layers of a pre-norm residual stack post-norm (not MSC's encoder)
     for side, aggregation in (("encoder", encoder_aggregation), ("decoder", decoder_aggregation)):
         if fields["pre_norm"] and aggregation == "residual" and not (use_msc and side == "encoder"):
