@@ -14,8 +14,16 @@ speed (target tokens per second of `hf_deep_nmt.translate.translate` on held-out
 
 Methods whose settings this checkout's config does not know are reported as "not available in this checkout".
 
+Budget of `--size cpu` (d 64, FFN 256, 200 steps of 1024 target tokens, 2 threads, one run at a time), measured on
+the 2-core development machine while other work shared it (load 2.5): a 24-layer-encoder DLCL run trained at 0.31 s
+per step, the residual 24-layer one at 0.27 s, and each run spends about 25 s besides (start, the package's final
+evaluation of 100 verses, this script's evaluation). 2 seeds x (1 + 7 x 2) runs: about 2 x (65 + 7 x 65 + 7 x 85) s
+plus the two preparations, about 40 minutes; more on a busier machine. `--size gpu` (d 256, FFN 1024, 300 steps of
+8192 tokens, bf16, 200 verses scored with 4 beams) is sized for an H100/H200 with `--jobs 8 --threads 2`, four waves
+of runs sharing the GPU (so its time ratios compare runs that shared it alike, not runs alone): not yet run.
+
     python benchmarks/fidelity/depth_family.py --size cpu                          # 2 cores, under an hour
-    python benchmarks/fidelity/depth_family.py --size gpu --device cuda --jobs 6   # one H100/H200
+    python benchmarks/fidelity/depth_family.py --size gpu --device cuda --jobs 8   # one H100/H200
     python benchmarks/fidelity/depth_family.py --size smoke --methods dlcl          # seconds
 """
 
@@ -63,8 +71,8 @@ SIZES = {
         num_beams=1, max_length=64, bf16=False,
     ),
     "gpu": dict(
-        d_model=256, ffn=1024, heads=4, depths=[12, 24], decoder_layers=6, baseline_depth=6, steps=600,
-        max_tokens=8192, warmup=150, lr=1e-3, vocab=8000, train_pairs=None, eval_pairs=400, speed_pairs=400,
+        d_model=256, ffn=1024, heads=4, depths=[12, 24], decoder_layers=6, baseline_depth=6, steps=300,
+        max_tokens=8192, warmup=100, lr=1e-3, vocab=8000, train_pairs=None, eval_pairs=200, speed_pairs=200,
         num_beams=4, max_length=96, bf16=True,
     ),
 }  # fmt: skip
