@@ -67,6 +67,8 @@ LATER_SETTINGS = (
     "decoder_hyper_connections",
     "hyper_connections_dynamic",
     "hyper_connections_sinkhorn_iterations",
+    "dlcl_dilation",
+    "dlcl_period",
 )
 # Hyper-Connections' per-stack expansions, which `_resolve` derives from `hyper_connections`: `to_dict` leaves them out
 # where they and `hyper_connections` are all 0 (loading derives 0 again).
@@ -189,6 +191,7 @@ FIELD_KINDS: dict[str, FieldKind] = {
         "a non-negative integer (0 = plain Hyper-Connections, > 0 = mHC's Sinkhorn-Knopp iterations)",
         lambda value: _is_int(value) and value >= 0,
     ),
+    **dict.fromkeys(("dlcl_dilation", "dlcl_period"), POSITIVE_INT),
     **dict.fromkeys(
         ("encoder_post_norm_layers", "decoder_post_norm_layers"),
         FieldKind("a non-negative integer (0 = off)", lambda value: _is_int(value) and value >= 0),
@@ -247,11 +250,18 @@ DEPENDS_ON = (
         ("decoder_layer_aggregation",),
     ),
     DependsOn(
-        ("dlcl_weights", "dlcl_history_norm", "dlcl_init"),
+        ("dlcl_weights", "dlcl_history_norm", "dlcl_init", "dlcl_dilation", "dlcl_period"),
         "only apply to DLCL: set `layer_aggregation` (or `encoder_layer_aggregation` / `decoder_layer_aggregation`) "
         "to 'dlcl' or 'sparse'",
         lambda config: bool({"dlcl", "sparse"} & {config.encoder_layer_aggregation, config.decoder_layer_aggregation}),
         ("encoder_layer_aggregation", "decoder_layer_aggregation"),
+    ),
+    DependsOn(
+        ("dlcl_dilation", "dlcl_period"),
+        "are DenseFormer's variants of its average without LayerNorms (a history LayerNorm whose output no row "
+        "reads would get no gradient): they need `dlcl_history_norm=False`",
+        lambda config: not config.dlcl_history_norm,
+        ("dlcl_history_norm",),
     ),
     DependsOn(
         ("dlcl_init",),
@@ -711,6 +721,17 @@ class DeepNMTConfig(PreTrainedConfig):
             0: the Hyper-Connections' weights are used as they are. > 0: mHC (Xie et al., DeepSeek 2025): they are
             logits, the input mix goes through a sigmoid, the output weights through 2 x sigmoid, and the stream
             mixing matrix is made doubly stochastic by this many Sinkhorn-Knopp iterations of its exponential.
+        dlcl_dilation (`int`, *optional*, defaults to 1):
+            DenseFormer's dilation k: row r of the combination (stored outputs `y_0..y_r`) weighs only `y_j` with
+            `r - j` a multiple of k (the newest, `y_r`, always); the other weights are held at exactly 0. 1 is DLCL.
+            Written into `config.json` only when set.
+        dlcl_period (`int`, *optional*, defaults to 1):
+            DenseFormer's period p: only every p-th stored output (rows r with `r % p == 0`, and so the first
+            layer's input) is followed by the weighted combination; the layers in between take the previous layer's
+            output (plain residual chaining), although every output is still stored for the later combinations. The
+            stack output is the combination when p divides the number of stored outputs after the embedding, else
+            the last layer's output. 1 is DLCL. Both need `dlcl_history_norm=False` (DenseFormer's average has no
+            LayerNorms). Written into `config.json` only when set.
         encoder_post_norm_layers / decoder_post_norm_layers (`int`, *optional*, defaults to 0):
             Mix-LN (Li et al. 2024): the first k layers of the stack are post-norm, the layers above pre-norm; needs
             `pre_norm=True` and a residual stack. The stack keeps its final LayerNorm while it has a pre-norm layer
@@ -854,6 +875,8 @@ class DeepNMTConfig(PreTrainedConfig):
     dlcl_weights: str = "learned"
     dlcl_history_norm: bool = True
     dlcl_init: str = "uniform"
+    dlcl_dilation: int = 1
+    dlcl_period: int = 1
     encoder_post_norm_layers: int = 0
     decoder_post_norm_layers: int = 0
     hyper_connections: int = 0
@@ -1160,6 +1183,42 @@ class DeepNormConfig(DeepNMTConfig):
     deepnorm: bool = True
 
 
+class DenseFormerConfig(DeepNMTConfig):
+    r"""
+    DenseFormer, "DenseFormer: Enhancing Information Flow in Transformers via Depth Weighted Averaging" (Pagliardini
+    et al., ICML 2024), on this package's backbone: pre-norm, a 24-layer encoder and 6-layer decoder at base width,
+    DLCL's depth-weighted average in both stacks with DenseFormer's identity initialisation and no history
+    LayerNorms, dilation and period 1 (the paper's k x p variants: `dlcl_dilation`, `dlcl_period`). The paper
+    trains language models only; the depths here are those of `benchmarks/fidelity/depth_family.py`.
+    """
+
+    model_type = "deep_nmt_denseformer"
+
+    encoder_layers: int = 24
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    layer_aggregation: str = "dlcl"
+    dlcl_init: str = "identity"
+    dlcl_history_norm: bool = False
+
+
+class MixLnConfig(DeepNMTConfig):
+    r"""
+    Mix-LN, "Mix-LN: Unleashing the Power of Deeper Layers by Combining Pre-LN and Post-LN" (Li et al., 2024), on
+    this package's backbone: a 24-layer encoder and 6-layer decoder at base width, the first quarter of each stack's
+    layers post-norm (the paper's ratio 0.25: 6 encoder layers, 1 decoder layer) and pre-norm above. The paper trains
+    language models only; the depths here are those of `benchmarks/fidelity/depth_family.py`.
+    """
+
+    model_type = "deep_nmt_mixln"
+
+    encoder_layers: int = 24
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    encoder_post_norm_layers: int = 6
+    decoder_post_norm_layers: int = 1
+
+
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -1192,7 +1251,9 @@ __all__ = [
     "DeepNMTGenerationConfig",
     "DlclConfig",
     "DeepNormConfig",
+    "DenseFormerConfig",
     "DsInitConfig",
+    "MixLnConfig",
     "MscConfig",
     "SdtConfig",
 ]

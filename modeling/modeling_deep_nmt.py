@@ -33,8 +33,10 @@ from .configuration_deep_nmt import (
     DeepNMTConfig,
     DeepNMTGenerationConfig,
     DeepNormConfig,
+    DenseFormerConfig,
     DlclConfig,
     DsInitConfig,
+    MixLnConfig,
     MscConfig,
     SdtConfig,
 )
@@ -1020,6 +1022,12 @@ class DeepNMTBlockHistory(DeepNMTLayerHistory):
     a block chain as a plain residual stack. Pre-norm (Eq. 8): each stored block output passes its own LayerNorm
     `layer_norms[j-1]` once, `y_0` none. Post-norm (Eq. 9): row r >= 1 of the weighted sum passes `layer_norms[r-1]`.
     Each row is one operation whatever its length (`DeepNMTHistoryRow`, a product over a buffer of the stored outputs).
+
+    DenseFormer's k x p variants (Pagliardini et al. 2024), `dlcl_dilation` k and `dlcl_period` p: row r weighs only
+    `y_j` with `r - j` a multiple of k, and only rows with `r % p == 0` are layer inputs (the stack output too); a
+    block starting after another row takes the previous layer's output. The combination reads `weight * mask`
+    (`weight_mask`; plain `weight` when k = p = 1), so a held-out weight gets no gradient and stays at its initial 0.
+    Every row is still combined once (the kernel writes each stored output into its buffer then).
     """
 
     def __init__(self, config: DeepNMTConfig, num_layers: int, boundaries: list[int] | None = None):
@@ -1041,20 +1049,40 @@ class DeepNMTBlockHistory(DeepNMTLayerHistory):
             )
         else:
             self.layer_norms = nn.ModuleList(nn.Identity() for _ in range(norms))
+        self.dilation, self.period = config.dlcl_dilation, config.dlcl_period
+        self.masked = self.dilation > 1 or self.period > 1
+
+    def weight_mask(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Which weights DenseFormer's dilation and period keep (bool, `size x size`): `W[r, j]` with `j <= r`,
+        `r - j` a multiple of the dilation and `r` one of the period. Built when read (a few scalars), so loading
+        on the meta device has nothing to restore."""
+        rows = torch.arange(self.size, device=device).unsqueeze(1)
+        lag = rows - torch.arange(self.size, device=device)
+        return (lag >= 0) & (lag % self.dilation == 0) & (rows % self.period == 0)
 
     def initial_weight(self, mode: str, init: str = "uniform") -> torch.Tensor:
         """`"learned"`/`"average"`: W[r, k] = 1/(r+1) for k <= r; `"one"`: W[r, k] = 1 for k <= r. Learned weights
-        with `init="identity"` (DenseFormer): W[r, r] = 1, 0 elsewhere, so each row is its newest stored output."""
+        with `init="identity"` (DenseFormer): W[r, r] = 1, 0 elsewhere, so each row is its newest stored output.
+        With dilation or period, the weights the mask holds out are 0 and the average is over the others."""
         if mode == "learned" and init == "identity":
-            return torch.eye(self.size)
-        weight = torch.ones(self.size, self.size).tril()
-        return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True)
+            weight = torch.eye(self.size)
+            return weight * self.weight_mask() if self.masked else weight
+        weight = self.weight_mask().float() if self.masked else torch.ones(self.size, self.size).tril()
+        return weight if mode == "one" else weight / weight.sum(dim=1, keepdim=True).clamp(min=1)
+
+    def mixing_weight(self) -> torch.Tensor:
+        """The weights the combination reads: `weight`, or `weight * mask` with DenseFormer's dilation or period
+        (so a held-out weight gets exactly no gradient)."""
+        return self.weight * self.weight_mask(self.weight.device) if self.masked else self.weight
 
     def start(self, embedding: torch.Tensor) -> DeepNMTHistoryState | DeepNMTTracedHistoryState:
-        return start_history(embedding, self.weight, self.size)
+        return start_history(embedding, self.mixing_weight(), self.size)
 
     def layer_input(self, state: DeepNMTHistoryState, index: int) -> torch.Tensor:
-        return self._combine(state) if index in self.block_starts else state.last
+        if index not in self.block_starts:
+            return state.last
+        combined = self._combine(state)
+        return combined if (state.count - 1) % self.period == 0 else state.last
 
     def push(self, state: DeepNMTHistoryState, output: torch.Tensor, index: int) -> None:
         state.last = output
@@ -1063,13 +1091,14 @@ class DeepNMTBlockHistory(DeepNMTLayerHistory):
             state.count += 1
 
     def stack_output(self, state: DeepNMTHistoryState) -> torch.Tensor:
-        return self._combine(state)
+        combined = self._combine(state)
+        return combined if (state.count - 1) % self.period == 0 else state.last
 
     def _combine(self, state: DeepNMTHistoryState) -> torch.Tensor:
         # Row r reads the stored outputs y_0..y_r: one product with the weight row, whatever r
         # (`combine_history_row`). Each row is combined once per call, after the push of y_r.
         row = state.count - 1
-        combined = combine_history_row(state, self.weight)
+        combined = combine_history_row(state, self.mixing_weight())
         if not self.pre_norm and row >= 1:
             combined = self.layer_norms[row - 1](combined)
         return combined
@@ -2311,6 +2340,19 @@ class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = MscConfig
 
 
+class DenseFormerForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """DenseFormer (Pagliardini et al., 2024). Same network as [`DeepNMTForConditionalGeneration`] with
+    [`DenseFormerConfig`] defaults."""
+
+    config_class = DenseFormerConfig
+
+
+class MixLnForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """Mix-LN (Li et al., 2024). Same network as [`DeepNMTForConditionalGeneration`] with [`MixLnConfig`] defaults."""
+
+    config_class = MixLnConfig
+
+
 # The encoder-decoders without the output layer that `AutoModel` loads for each named config.
 
 
@@ -2332,6 +2374,14 @@ class SdtModel(DeepNMTModel):
 
 class MscModel(DeepNMTModel):
     config_class = MscConfig
+
+
+class DenseFormerModel(DeepNMTModel):
+    config_class = DenseFormerConfig
+
+
+class MixLnModel(DeepNMTModel):
+    config_class = MixLnConfig
 
 
 # --- The methods -----------------------------------------------------------------------------------------------------
@@ -2408,6 +2458,21 @@ for _method in (
     DeepNMTMethod(
         DeepNormConfig, DeepNormForConditionalGeneration, DeepNormModel, card="deepnorm", checks={"deepnorm": {}}
     ),
+    # the depth family of 2024 on: presets of the same backbone (issue 41), one cheap check each
+    DeepNMTMethod(
+        DenseFormerConfig,
+        DenseFormerForConditionalGeneration,
+        DenseFormerModel,
+        card="denseformer",
+        checks={"denseformer-2x2": dict(dlcl_dilation=2, dlcl_period=2)},
+    ),
+    DeepNMTMethod(
+        MixLnConfig,
+        MixLnForConditionalGeneration,
+        MixLnModel,
+        card="mixln",
+        checks={"mixln-1-1": dict(encoder_post_norm_layers=1, decoder_post_norm_layers=1)},
+    ),
 ):
     register_method(_method)
 
@@ -2424,6 +2489,10 @@ __all__ = [
     "DeepNMTForConditionalGeneration",
     "DeepNormForConditionalGeneration",
     "DeepNormModel",
+    "DenseFormerForConditionalGeneration",
+    "DenseFormerModel",
+    "MixLnForConditionalGeneration",
+    "MixLnModel",
     "DlclForConditionalGeneration",
     "DsInitForConditionalGeneration",
     "MscForConditionalGeneration",

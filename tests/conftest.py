@@ -18,7 +18,17 @@ for _variable in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "TRANSFORMERS_CACHE")
 import pytest
 import torch
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import (
+    MODEL_CLASSES,
+    DeepNMTConfig,
+    DeepNormConfig,
+    DenseFormerConfig,
+    DlclConfig,
+    DsInitConfig,
+    MixLnConfig,
+    MscConfig,
+    SdtConfig,
+)
 
 # Every size differs from every other one, so that a swapped axis or a transposed weight fails loudly.
 TINY_SIZES = dict(
@@ -128,11 +138,11 @@ ARCHITECTURES = [
         id="msc-no-collaboration-dsinit",
     ),
     # Mix-LN: the first 2 of 3 encoder layers and the first of 2 decoder layers post-norm, pre-norm above
-    pytest.param((DeepNMTConfig, dict(encoder_post_norm_layers=2, decoder_post_norm_layers=1)), id="mixln"),
+    pytest.param((MixLnConfig, dict(encoder_post_norm_layers=2, decoder_post_norm_layers=1)), id="mixln"),
     # DenseFormer: DLCL with identity-initialised weights and no history LayerNorms (the tiny models perturb every
     # weight, so the histories mix)
     pytest.param(
-        (DeepNMTConfig, dict(layer_aggregation="dlcl", dlcl_init="identity", dlcl_history_norm=False)),
+        (DenseFormerConfig, dict(layer_aggregation="dlcl", dlcl_init="identity", dlcl_history_norm=False)),
         id="denseformer",
     ),
     # Hyper-Connections, dynamic, with mHC's Sinkhorn-constrained stream mixing: 2 streams in both stacks
@@ -142,6 +152,11 @@ ARCHITECTURES = [
             dict(hyper_connections=2, hyper_connections_dynamic=True, hyper_connections_sinkhorn_iterations=3),
         ),
         id="hyper",
+    ),
+    # DenseFormer's k x p variant: every second earlier output, an average after every second layer (post-norm)
+    pytest.param(
+        (DenseFormerConfig, dict(dlcl_dilation=2, dlcl_period=2, pre_norm=False)),
+        id="denseformer-dilation2-period2-postnorm",
     ),
 ]
 

@@ -144,3 +144,123 @@ def test_static_cache_beams_decode_as_the_dynamic_cache(name, tiny_config, rando
         )
     assert torch.equal(static.sequences, dynamic.sequences)
     torch.testing.assert_close(torch.stack(static.logits), torch.stack(dynamic.logits), rtol=1e-5, atol=1e-5)
+
+
+# ---- DenseFormer's dilation k and period p -------------------------------------------------------------------------
+
+
+def run_history(history, outputs):
+    """Feed `history` the embedding `outputs[0]` and the layer outputs `outputs[1:]`; the input of every layer and the
+    stack output, in order."""
+    state = history.start(outputs[0])
+    inputs = []
+    for index, output in enumerate(outputs[1:]):
+        inputs.append(history.layer_input(state, index))
+        history.push(state, output, index)
+    return inputs, history.stack_output(state)
+
+
+def dense_history(tiny_config, weight, **settings):
+    """The encoder history (3 layers, so 4 stored outputs) of a DenseFormer config, its weights set to `weight`."""
+    model = DeepNMTForConditionalGeneration(tiny_config(**DENSEFORMER, **settings))
+    history = model.model.encoder.history
+    with torch.no_grad():
+        history.weight.copy_(weight)
+    return history
+
+
+WEIGHT = torch.tensor([[2.0, 3, 5, 7], [11, 13, 17, 19], [23, 29, 31, 37], [41, 43, 47, 53]])
+
+
+def test_dilation_two_weighs_every_second_earlier_output_by_hand(tiny_config):
+    """k = 2: the input of the third layer (row 2) is `W[2,2] y_2 + W[2,0] y_0`, the stack output (row 3) is
+    `W[3,3] y_3 + W[3,1] y_1`; the other weights, held out, are never read."""
+    history = dense_history(tiny_config, WEIGHT, dlcl_dilation=2)
+    y = [torch.full((1, 1, 16), float(value)) for value in (1, 10, 100, 1000)]
+    inputs, output = run_history(history, y)
+    assert torch.equal(inputs[2], torch.full((1, 1, 16), 31 * 100 + 23 * 1.0))
+    assert torch.equal(inputs[1], torch.full((1, 1, 16), 13 * 10.0))  # row 1: y_1 only (lag 1 is odd)
+    assert torch.equal(output, torch.full((1, 1, 16), 53 * 1000 + 43 * 10.0))
+    held_out = torch.tensor([[0, 1, 1, 1], [1, 0, 1, 1], [0, 1, 0, 1], [1, 0, 1, 0]], dtype=torch.bool)
+    assert torch.equal(history.weight_mask(), ~held_out)
+    # initialised: identity on the kept weights; DLCL's uniform average over the kept weights of each row
+    fresh = DeepNMTForConditionalGeneration(
+        tiny_config(layer_aggregation="dlcl", dlcl_dilation=2, dlcl_history_norm=False)
+    )
+    expected = torch.tensor([[1, 0, 0, 0], [0, 1, 0, 0], [0.5, 0, 0.5, 0], [0, 0.5, 0, 0.5]])
+    assert torch.equal(fresh.model.encoder.history.weight, expected)
+
+
+def test_period_two_chains_the_layers_between_combinations(tiny_config):
+    """p = 2 over 3 layers: layer 0 reads row 0, layer 1 the output of layer 0 (row 1 is not a layer input), layer 2
+    row 2 (every stored output so far), and the stack output is layer 2's output (3 stored outputs after the
+    embedding: no combination after it)."""
+    history = dense_history(tiny_config, WEIGHT, dlcl_period=2)
+    y = [torch.full((1, 1, 16), float(value)) for value in (1, 10, 100, 1000)]
+    inputs, output = run_history(history, y)
+    assert [row.flatten()[0].item() for row in inputs] == [2.0, 10.0, 23 + 29 * 10 + 31 * 100]
+    assert torch.equal(output, y[3])
+    assert history.weight_mask().sum(dim=1).tolist() == [1, 0, 3, 0]
+
+
+def test_dilation_and_period_one_are_dlcl(tiny_config):
+    """The defaults read the weight matrix itself (no product with a mask), so DLCL computes what it did."""
+    history = DeepNMTForConditionalGeneration(tiny_config(layer_aggregation="dlcl")).model.encoder.history
+    assert not history.masked and history.mixing_weight() is history.weight
+    assert torch.equal(history.weight_mask(), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_held_out_weights_get_no_gradient_and_stay_zero_through_training(tiny_config):
+    """AdamW with weight decay, a few steps on both stacks (k = 2, p = 2): the held-out weights are exactly 0 after,
+    their gradients exactly 0 at every step, and the kept weights moved; the eager kernel's gradients are those of
+    the traced sum (the gradient of the mixing weights by autograd through plain sums)."""
+    model = DeepNMTForConditionalGeneration(
+        tiny_config(**{**DENSEFORMER, "dlcl_init": "uniform"}, dlcl_dilation=2, dlcl_period=2, decoder_layers=4)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+    histories = [model.model.encoder.history, model.model.decoder.history]
+    start = [history.weight.detach().clone() for history in histories]
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(
+            input_ids=SOURCE, attention_mask=SOURCE.ne(1).long(), decoder_input_ids=TARGET, labels=TARGET
+        ).loss.backward()
+        for history in histories:
+            assert torch.equal(
+                history.weight.grad[~history.weight_mask()], torch.zeros(int((~history.weight_mask()).sum()))
+            )
+        optimizer.step()
+    for history, before in zip(histories, start):
+        mask = history.weight_mask()
+        assert torch.equal(history.weight[~mask], torch.zeros(int((~mask).sum())))
+        assert not torch.equal(history.weight[mask], before[mask])
+
+
+def test_eager_history_gradients_match_plain_autograd(tiny_config):
+    """The kernel's weight and output gradients with k = 2, p = 2 against the same combination written as sums."""
+    history = dense_history(tiny_config, WEIGHT / 50, dlcl_dilation=2, dlcl_period=2)
+    outputs = [torch.randn(2, 3, 16, requires_grad=True) for _ in range(4)]
+    inputs, output = run_history(history, outputs)
+    torch.autograd.backward([inputs[2], output], [torch.ones(2, 3, 16), torch.full((2, 3, 16), 2.0)])
+    eager = [history.weight.grad.clone(), *(tensor.grad.clone() for tensor in outputs)]
+    history.weight.grad = None
+    for tensor in outputs:
+        tensor.grad = None
+    weight = history.mixing_weight()
+    row_two = sum(weight[2, j] * outputs[j] for j in range(3))
+    torch.autograd.backward([row_two, outputs[3]], [torch.ones(2, 3, 16), torch.full((2, 3, 16), 2.0)])
+    reference = [history.weight.grad, *(tensor.grad for tensor in outputs)]
+    for got, want in zip(eager, reference):
+        torch.testing.assert_close(got, want)
+
+
+def test_dilation_and_period_are_written_only_when_set_and_checked(tiny_config):
+    assert not {"dlcl_dilation", "dlcl_period"} & set(tiny_config(layer_aggregation="dlcl").to_dict())
+    written = tiny_config(**DENSEFORMER, dlcl_dilation=2, dlcl_period=3).to_dict()
+    assert (written["dlcl_dilation"], written["dlcl_period"]) == (2, 3)
+    with pytest.raises(ValueError, match=r"`dlcl_dilation` must be a positive integer, got 0"):
+        tiny_config(**DENSEFORMER, dlcl_dilation=0)
+    with pytest.raises(ValueError, match=r"`dlcl_period=2` only apply to DLCL"):
+        tiny_config(dlcl_period=2)
+    with pytest.raises(ValueError, match=r"`dlcl_dilation=2` .* need `dlcl_history_norm=False`, got True"):
+        tiny_config(layer_aggregation="dlcl", dlcl_dilation=2)

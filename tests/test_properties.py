@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_deep_nmt import METHODS, MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, MscConfig
-from hf_deep_nmt.modeling.configuration_deep_nmt import BOOL, FIELD_KINDS
+from hf_deep_nmt.modeling.configuration_deep_nmt import BOOL, FIELD_KINDS, LATER_SETTINGS
 
 VOCAB, DECODER_VOCAB, PAD = 37, 29, 1
 SETTINGS = dict(
@@ -108,6 +108,8 @@ def valid_configs(draw, msc: bool | None = None):
         fields["dlcl_history_norm"] = draw(st.booleans())
         if fields["dlcl_weights"] == "learned":  # DLCL's uniform or DenseFormer's identity start
             fields["dlcl_init"] = draw(st.sampled_from(["uniform", "identity"]))
+        if not fields["dlcl_history_norm"]:  # DenseFormer's dilation and period (1 = DLCL)
+            fields["dlcl_dilation"], fields["dlcl_period"] = draw(st.integers(1, 3)), draw(st.integers(1, 3))
     # Mix-LN: the first k layers of a pre-norm residual stack post-norm (not MSC's encoder)
     for side, aggregation in (("encoder", encoder_aggregation), ("decoder", decoder_aggregation)):
         if fields["pre_norm"] and aggregation == "residual" and not (use_msc and side == "encoder"):
@@ -126,14 +128,21 @@ def valid_configs(draw, msc: bool | None = None):
     return fields
 
 
+def base_fields() -> dict:
+    """The base defaults of every field a draw may leave out, so that a preset's own defaults do not leak in."""
+    default = DeepNMTConfig()
+    base = {key: value for key, value in default.to_dict().items() if key in DeepNMTConfig.__annotations__}
+    # settings `to_dict` leaves out at their defaults (new since the last release), which a preset may set
+    base.update({key: getattr(default, key) for key in LATER_SETTINGS})
+    for key in ("encoder_layers", "decoder_vocab_size", "decoder_layer_types", "msc_block_layers"):
+        base.pop(key, None)
+    return base
+
+
 def build(fields: dict):
     fields = dict(fields)
     config_class = fields.pop("config_class")
-    # a preset's own defaults must not leak in: every field the draw did not set takes the base default
-    base = {key: value for key, value in DeepNMTConfig().to_dict().items() if key in DeepNMTConfig.__annotations__}
-    for key in ("encoder_layers", "decoder_vocab_size", "decoder_layer_types", "msc_block_layers"):
-        base.pop(key, None)
-    config = config_class(**{**base, **fields})
+    config = config_class(**{**base_fields(), **fields})
     model = MODEL_CLASSES[config_class](config).eval()
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -309,7 +318,8 @@ def invalid_configs(draw):
         else:
             fields["decoder_layer_aggregation"] = "residual"
             if fields["encoder_layer_aggregation"] == "residual":
-                fields.pop("dlcl_weights", None), fields.pop("dlcl_history_norm", None), fields.pop("dlcl_init", None)
+                for name in ("dlcl_weights", "dlcl_history_norm", "dlcl_init", "dlcl_dilation", "dlcl_period"):
+                    fields.pop(name, None)
     elif kind == "hyper_connections":  # one stream, not a count, or streams on a DLCL stack
         field = "decoder_hyper_connections"
         value = draw(st.sampled_from([1, -2, 2.5, "2", True, "dlcl"]))
@@ -343,7 +353,7 @@ def test_any_invalid_field_raises_value_error_naming_it(drawn):
     fields = dict(fields)
     config_class = fields.pop("config_class")
     try:
-        config_class(**fields)
+        config_class(**{**base_fields(), **fields})
     except ValueError as error:
         message = str(error)
     else:

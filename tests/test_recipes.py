@@ -120,3 +120,21 @@ def test_recipes_that_tell_ddp_no_parameter_is_unused_are_right(path, tmp_path):
         model(input_ids=source, attention_mask=source.ne(1).long(), labels=labels).loss.backward()
         missing = [name for name, p in model.named_parameters() if p.requires_grad and p.grad is None]
         assert not missing, f"{path.name} (encoder depth {config.encoder_layers}): no gradient for {missing[:5]}"
+
+
+@pytest.mark.parametrize(
+    ("name", "config_class", "settings"),
+    [
+        ("denseformer_sample", "DenseFormerConfig", {"dlcl_init": "identity", "dlcl_history_norm": False}),
+        ("mixln_sample", "MixLnConfig", {"encoder_post_norm_layers": 2, "decoder_post_norm_layers": 1}),
+    ],
+)
+def test_preset_sample_recipes_build_their_preset(name, config_class, settings, tmp_path):
+    """The small recipes of the presets without a translation paper (DenseFormer, Mix-LN) parse as `train` reads them
+    and build the preset's class with its settings."""
+    model_args = parse_arguments([str(ROOT / "recipes" / "configs" / f"{name}.json"), "--output_dir", str(tmp_path)])[
+        0
+    ]
+    config = build_config(model_args)
+    assert type(config).__name__ == config_class and (config.encoder_layers, config.d_model) == (8, 128)
+    assert {key: getattr(config, key) for key in settings} == settings
