@@ -11,11 +11,13 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling import modeling_deep_nmt
 from hf_deep_nmt.modeling.configuration_deep_nmt import (  # noqa: F401  (handed on by the package)
+    AttnResConfig,
     DeepNMTConfig,
     DeepNormConfig,
     DenseFormerConfig,
     DlclConfig,
     DsInitConfig,
+    HyperConnectionsConfig,
     MixLnConfig,
     MscConfig,
     SdtConfig,
@@ -24,6 +26,8 @@ from hf_deep_nmt.modeling.contract_deep_nmt import TESTED_TRANSFORMERS
 from hf_deep_nmt.modeling.modeling_deep_nmt import (  # noqa: F401  (handed on by the package)
     CODE_VERSION,
     METHODS,
+    AttnResForConditionalGeneration,
+    AttnResModel,
     DeepNMTForConditionalGeneration,
     DeepNMTMethod,
     DeepNMTModel,
@@ -36,6 +40,8 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (  # noqa: F401  (handed on b
     DlclModel,
     DsInitForConditionalGeneration,
     DsInitModel,
+    HyperConnectionsForConditionalGeneration,
+    HyperConnectionsModel,
     MixLnForConditionalGeneration,
     MixLnModel,
     MscForConditionalGeneration,

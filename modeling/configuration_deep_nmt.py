@@ -1219,6 +1219,40 @@ class MixLnConfig(DeepNMTConfig):
     decoder_post_norm_layers: int = 1
 
 
+class AttnResConfig(DeepNMTConfig):
+    r"""
+    Attention Residuals (Kimi Team, 2026) on this package's backbone: pre-norm, a 24-layer encoder and 6-layer decoder
+    at base width, each layer's input a softmax-weighted, input-dependent mixture of the embedding and every earlier
+    layer's contribution (`layer_aggregation="attnres"`; `"block_attnres"` mixes block summaries instead). The
+    method was published for language models only; the depths here are those of
+    `benchmarks/fidelity/depth_family.py`.
+    """
+
+    model_type = "deep_nmt_attnres"
+
+    encoder_layers: int = 24
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    layer_aggregation: str = "attnres"
+
+
+class HyperConnectionsConfig(DeepNMTConfig):
+    r"""
+    Hyper-Connections (Zhu et al., ICLR 2025) on this package's backbone: pre-norm, a 24-layer encoder and 6-layer
+    decoder at base width, each stack's residual stream widened to 2 copies mixed by dynamic (input-dependent)
+    connections; `hyper_connections_sinkhorn_iterations` > 0 makes it mHC (Xie et al., DeepSeek 2025). Published for
+    language models only; the depths here are those of `benchmarks/fidelity/depth_family.py`.
+    """
+
+    model_type = "deep_nmt_hyper_connections"
+
+    encoder_layers: int = 24
+    decoder_layers: int = 6
+    pre_norm: bool = True
+    hyper_connections: int = 2
+    hyper_connections_dynamic: bool = True
+
+
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
@@ -1254,6 +1288,8 @@ __all__ = [
     "DenseFormerConfig",
     "DsInitConfig",
     "MixLnConfig",
+    "AttnResConfig",
+    "HyperConnectionsConfig",
     "MscConfig",
     "SdtConfig",
 ]

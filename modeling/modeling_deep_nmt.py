@@ -30,12 +30,14 @@ from transformers.utils import logging
 from .configuration_deep_nmt import (
     CACHE_LAYER_TYPE,
     DEFAULT_MAX_OUTPUT_TOKENS,
+    AttnResConfig,
     DeepNMTConfig,
     DeepNMTGenerationConfig,
     DeepNormConfig,
     DenseFormerConfig,
     DlclConfig,
     DsInitConfig,
+    HyperConnectionsConfig,
     MixLnConfig,
     MscConfig,
     SdtConfig,
@@ -2353,6 +2355,20 @@ class MixLnForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = MixLnConfig
 
 
+class AttnResForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """Attention Residuals (Kimi Team, 2026). Same network as [`DeepNMTForConditionalGeneration`] with
+    [`AttnResConfig`] defaults."""
+
+    config_class = AttnResConfig
+
+
+class HyperConnectionsForConditionalGeneration(DeepNMTForConditionalGeneration):
+    """Hyper-Connections (Zhu et al., 2025). Same network as [`DeepNMTForConditionalGeneration`] with
+    [`HyperConnectionsConfig`] defaults."""
+
+    config_class = HyperConnectionsConfig
+
+
 # The encoder-decoders without the output layer that `AutoModel` loads for each named config.
 
 
@@ -2382,6 +2398,14 @@ class DenseFormerModel(DeepNMTModel):
 
 class MixLnModel(DeepNMTModel):
     config_class = MixLnConfig
+
+
+class AttnResModel(DeepNMTModel):
+    config_class = AttnResConfig
+
+
+class HyperConnectionsModel(DeepNMTModel):
+    config_class = HyperConnectionsConfig
 
 
 # --- The methods -----------------------------------------------------------------------------------------------------
@@ -2473,6 +2497,20 @@ for _method in (
         card="mixln",
         checks={"mixln-1-1": dict(encoder_post_norm_layers=1, decoder_post_norm_layers=1)},
     ),
+    DeepNMTMethod(
+        AttnResConfig,
+        AttnResForConditionalGeneration,
+        AttnResModel,
+        card="attnres",
+        checks={"attnres-block": dict(encoder_layer_aggregation="block_attnres", sparse_block_size=2)},
+    ),
+    DeepNMTMethod(
+        HyperConnectionsConfig,
+        HyperConnectionsForConditionalGeneration,
+        HyperConnectionsModel,
+        card="hyper_connections",
+        checks={"mhc-2-dynamic": dict(hyper_connections_sinkhorn_iterations=3)},
+    ),
 ):
     register_method(_method)
 
@@ -2493,6 +2531,10 @@ __all__ = [
     "DenseFormerModel",
     "MixLnForConditionalGeneration",
     "MixLnModel",
+    "AttnResForConditionalGeneration",
+    "AttnResModel",
+    "HyperConnectionsForConditionalGeneration",
+    "HyperConnectionsModel",
     "DlclForConditionalGeneration",
     "DsInitForConditionalGeneration",
     "MscForConditionalGeneration",

@@ -20,11 +20,13 @@ import torch
 
 from hf_deep_nmt import (
     MODEL_CLASSES,
+    AttnResConfig,
     DeepNMTConfig,
     DeepNormConfig,
     DenseFormerConfig,
     DlclConfig,
     DsInitConfig,
+    HyperConnectionsConfig,
     MixLnConfig,
     MscConfig,
     SdtConfig,
@@ -85,7 +87,7 @@ ARCHITECTURES = [
     pytest.param((SdtConfig, dict(sparse_block_size=2, relative_position_window=2)), id="SdtConfig"),
     # Attention Residuals: full over the 3 encoder layers, one block of both decoder layers (its partial sum attended)
     pytest.param(
-        (DeepNMTConfig, dict(encoder_layer_aggregation="attnres", decoder_layer_aggregation="block_attnres")),
+        (AttnResConfig, dict(encoder_layer_aggregation="attnres", decoder_layer_aggregation="block_attnres")),
         id="attnres",
     ),
     # relative position keys with a window (2) shorter than the test sequences, so clipping is exercised
@@ -147,10 +149,7 @@ ARCHITECTURES = [
     ),
     # Hyper-Connections, dynamic, with mHC's Sinkhorn-constrained stream mixing: 2 streams in both stacks
     pytest.param(
-        (
-            DeepNMTConfig,
-            dict(hyper_connections=2, hyper_connections_dynamic=True, hyper_connections_sinkhorn_iterations=3),
-        ),
+        (HyperConnectionsConfig, dict(hyper_connections_sinkhorn_iterations=3)),
         id="hyper",
     ),
     # DenseFormer's k x p variant: every second earlier output, an average after every second layer (post-norm)

@@ -127,6 +127,8 @@ def test_recipes_that_tell_ddp_no_parameter_is_unused_are_right(path, tmp_path):
     [
         ("denseformer_sample", "DenseFormerConfig", {"dlcl_init": "identity", "dlcl_history_norm": False}),
         ("mixln_sample", "MixLnConfig", {"encoder_post_norm_layers": 2, "decoder_post_norm_layers": 1}),
+        ("attnres_sample", "AttnResConfig", {"encoder_layer_aggregation": "attnres"}),
+        ("hyper_connections_sample", "HyperConnectionsConfig", {"encoder_hyper_connections": 2}),
     ],
 )
 def test_preset_sample_recipes_build_their_preset(name, config_class, settings, tmp_path):
