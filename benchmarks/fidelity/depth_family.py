@@ -190,6 +190,7 @@ def cli(args: argparse.Namespace, arguments: list[str], log: Path) -> None:
 
 
 EVALUATION_LOCK = threading.Lock()
+ROWS_LOCK = threading.Lock()
 
 
 def evaluate_export(args: argparse.Namespace, size: dict, export: Path) -> dict:
@@ -254,6 +255,8 @@ def one_run(args, size, name, depth, seed) -> dict:
         "eval_pairs": summary.get("eval_pairs"),
         **measured,
     }
+    with ROWS_LOCK, open(args.out_dir / f"depth_family_{args.size}_rows.jsonl", "a", encoding="utf-8") as stream:
+        stream.write(json.dumps(row) + "\n")  # each run as it ends: a run cut short keeps the finished ones
     print(
         f"  {name} {depth}L seed {seed}: valid loss {row['validation_loss']}, BLEU {row['bleu']}, chrF {row['chrf']}, "
         f"{row['seconds_per_step']:.3f} s/step, {row['decode_tokens_per_second']:.0f} tok/s",
@@ -313,6 +316,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--data {args.data}: no bible-es-en/train.tsv there (the shared data folder holds it)")
     args.work_dir = (args.work_dir or args.out_dir / f"depth_family_runs_{args.size}").resolve()
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(args.threads)
 
     unavailable = {}
