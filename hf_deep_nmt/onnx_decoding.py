@@ -132,9 +132,10 @@ def _layout(model) -> list[tuple[str, int, str]]:
     return _filled(cache_holder["cache"], model.config.decoder_layers), fields, encoder
 
 
-def export_onnx(model, folder: str | Path, quantize: bool = False) -> Path:
+def export_onnx(model, folder: str | Path, quantize: bool = False, tokenizer=None) -> Path:
     """Write `start.onnx`, `step.onnx` and the layout to a new `folder` (an existing one is refused); with
-    `quantize`, also `start.int8.onnx` and `step.int8.onnx` (dynamic int8 quantization of the matrix products)."""
+    `quantize`, also `start.int8.onnx` and `step.int8.onnx` (dynamic int8 quantization of the matrix products); with
+    `tokenizer`, the tokenizer too (what `translate_lines` reads)."""
     folder = Path(folder)
     if folder.exists():
         raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
@@ -196,6 +197,8 @@ def export_onnx(model, folder: str | Path, quantize: bool = False) -> Path:
         "pad_token_id": model.config.pad_token_id,
     }
     (folder / LAYOUT_FILE).write_text(json.dumps(info, indent=1))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
     if quantize:
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -257,3 +260,21 @@ class OnnxDecoder:
             for index, tensor in zip(self.self_index, new):
                 slots[index] = tensor
         return np.stack(out, axis=1), np.stack(scores, axis=1)
+
+
+def translate_lines(
+    folder: str | Path, lines: list[str], int8: bool = False, batch_size: int = 32, max_new_tokens: int = 256
+) -> list[str]:
+    """Greedy translations of `lines` with an `export_onnx` folder written with its tokenizer."""
+    from transformers import AutoTokenizer
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be an integer >= 1, got {batch_size!r}.")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    decoder = OnnxDecoder(folder, int8=int8)
+    out = []
+    for begin in range(0, len(lines), batch_size):
+        encoded = tokenizer(lines[begin : begin + batch_size], padding=True, return_tensors="np")
+        tokens, _ = decoder.greedy(encoded["input_ids"], encoded["attention_mask"], max_new_tokens)
+        out.extend(tokenizer.batch_decode(tokens, skip_special_tokens=True))
+    return out

@@ -70,7 +70,7 @@ def test_int8_keeps_a_trained_models_chrf(sample_slice, tmp_path):
     from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig
     from hf_deep_nmt.data import sample_corpus_dir
     from hf_deep_nmt.evaluation import corpus_scores
-    from hf_deep_nmt.onnx_decoding import OnnxDecoder, export_onnx
+    from hf_deep_nmt.onnx_decoding import export_onnx, translate_lines
 
     lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()
     pairs = [line.split("\t")[:2] for line in lines[:200]]
@@ -97,15 +97,20 @@ def test_int8_keeps_a_trained_models_chrf(sample_slice, tmp_path):
         loss.backward()
         optimizer.step()
     model.eval()
-    folder = export_onnx(model, tmp_path / "onnx", quantize=True)
-    source = tokenizer([s for s, _ in held_out], padding=True, return_tensors="np")
+    folder = export_onnx(model, tmp_path / "onnx", quantize=True, tokenizer=tokenizer)
     references = [t for _, t in held_out]
     scores = {}
     for int8 in (False, True):
-        tokens, _ = OnnxDecoder(folder, int8=int8).greedy(source["input_ids"], source["attention_mask"], 40)
-        hypotheses = tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        hypotheses = translate_lines(folder, [s for s, _ in held_out], int8=int8, max_new_tokens=40)
         scores[int8] = corpus_scores(hypotheses, references)["chrf"]
-        assert (
-            scores[False] > 6
-        )  # the model learnt something (untrained: one repeated token), so the bound means something
+    # the model learnt something (untrained: one repeated token), so that the bound means something
+    assert scores[False] > 6
     assert abs(scores[True] - scores[False]) <= 2.0
+
+
+def test_export_onnx_refuses_an_existing_folder_before_loading_the_model(tmp_path, capsys):
+    from hf_deep_nmt.cli import main
+
+    (tmp_path / "out").mkdir()
+    assert main(["export-onnx", str(tmp_path / "no-model"), str(tmp_path / "out")]) == 2
+    assert "exists; give a new folder" in capsys.readouterr().err
