@@ -12,8 +12,8 @@ Backends, each where it applies:
 * ``ct2_fp32`` / ``ct2_int8``: the model's CTranslate2 export (`export_ctranslate2`) loaded with compute type
   float32 / int8, for the families it expresses (plain and DeepNorm), when ctranslate2 is installed;
 * ``ort_fp32`` / ``ort_int8``: `hf_deep_nmt.onnx_decoding` (the start graph and the one-step graph with the cache
-  as tensors, ONNX Runtime at one thread; int8: `quantize_dynamic`), every family, greedy only (no beam search on
-  that path yet); not at the quick size (each export costs several CPU seconds, and CI runs the quick size).
+  as tensors, ONNX Runtime at one thread, its own vectorised greedy and beam search; int8: `quantize_dynamic`), every
+  family; not at the quick size (each export costs several CPU seconds, and CI runs the quick size).
 
 Every decoding is forced to `new_tokens` output tokens (`ForcedLength` / `min_decoding_length`), so every contender
 does the same work; batch 32 decodes one batch of 24-token sources, batch 1 decodes `single_sentences` sentences one
@@ -186,17 +186,19 @@ def ct2_runs(translator, tokenizer, size: dict, batches: dict[str, torch.Tensor]
 
 
 def ort_runs(decoder, size: dict, batches: dict[str, torch.Tensor]) -> dict[str, Callable[[], object]]:
-    """Greedy only: the ONNX Runtime path has no beam search yet (its beam columns stay empty)."""
     new = size["new_tokens"]
 
-    def greedy(ids: torch.Tensor):
+    def decode(ids: torch.Tensor, beams: int):
         ids = ids.numpy()
-        return decoder.greedy(ids, np.ones_like(ids), max_new_tokens=new, min_new_tokens=new)
+        if beams == 1:
+            return decoder.greedy(ids, np.ones_like(ids), max_new_tokens=new, min_new_tokens=new)
+        return decoder.beam(ids, np.ones_like(ids), beams, max_new_tokens=new, min_new_tokens=new)
 
-    return {
-        f"greedy_b{size['batch']}": lambda: greedy(batches["batch"]),
-        "greedy_b1": lambda: [greedy(row[None]) for row in batches["single"]],
-    }
+    runs = {}
+    for search, beams in SEARCHES.items():
+        runs[f"{search}_b{size['batch']}"] = lambda beams=beams: decode(batches["batch"], beams)
+        runs[f"{search}_b1"] = lambda beams=beams: [decode(row[None], beams) for row in batches["single"]]
+    return runs
 
 
 def produced_tokens(size: dict) -> dict[str, int]:

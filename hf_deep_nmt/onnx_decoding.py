@@ -12,6 +12,7 @@ search (`greedy`), optionally on the int8 graphs `quantize_dynamic` writes (`qua
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -195,6 +196,8 @@ def export_onnx(model, folder: str | Path, quantize: bool = False, tokenizer=Non
         "decoder_start_token_id": model.config.decoder_start_token_id,
         "eos_token_id": model.config.eos_token_id,
         "pad_token_id": model.config.pad_token_id,
+        "length_penalty": model.generation_config.length_penalty,
+        "early_stopping": model.generation_config.early_stopping,
     }
     (folder / LAYOUT_FILE).write_text(json.dumps(info, indent=1))
     if tokenizer is not None:
@@ -218,6 +221,10 @@ class OnnxDecoder:
         self.layout = [tuple(entry) for entry in info["layout"]]
         self.fields = info["encoder_fields"]
         self.eos, self.pad = info["eos_token_id"], info["pad_token_id"]
+        self.start_token = info["decoder_start_token_id"]
+        # unset in the generation config: generate()'s defaults
+        self.length_penalty = 1.0 if info.get("length_penalty") is None else info["length_penalty"]
+        self.early_stopping = False if info.get("early_stopping") is None else info["early_stopping"]
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = threads
         suffix = ".int8.onnx" if int8 else ".onnx"
@@ -260,6 +267,81 @@ class OnnxDecoder:
             for index, tensor in zip(self.self_index, new):
                 slots[index] = tensor
         return np.stack(out, axis=1), np.stack(scores, axis=1)
+
+    def _step(self, tokens, encoder, slots, mask, done):
+        feeds = {"tokens": tokens[:, None].astype(np.int64), "attention_mask": mask, **encoder}
+        feeds["steps"] = np.zeros(done, dtype=np.float32)
+        feeds.update(zip(self.names, slots))
+        logits, *new = self.step.run(None, feeds)
+        for index, tensor in zip(self.self_index, new):
+            slots[index] = tensor
+        return logits
+
+    def beam(self, input_ids, attention_mask, num_beams: int, max_new_tokens: int, min_new_tokens: int = 0):
+        """The best hypothesis of beam search, with the rules of `generate()`'s beam search (2 * num_beams
+        candidates a step, a hypothesis finishes only from the top num_beams, length penalty on the generated length,
+        its early-stopping heuristic), so that the tokens are `generate()`'s; decoder start token excluded."""
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        mask = np.asarray(attention_mask, dtype=np.int64)
+        logits, *rest = self.start.run(None, {"input_ids": input_ids, "attention_mask": mask})
+        batch, beams, keep = input_ids.shape[0], num_beams, 2 * num_beams
+        encoder = {name: np.repeat(tensor, beams, axis=0) for name, tensor in zip(self.fields, rest)}
+        slots = [np.repeat(tensor, beams, axis=0) for tensor in rest[len(self.fields) :]]
+        mask = np.repeat(mask, beams, axis=0)
+        logits = torch.from_numpy(np.repeat(logits, beams, axis=0))
+        vocab, max_length, cur_len = logits.shape[-1], 1 + max_new_tokens, 1
+        running = torch.full((batch, beams, max_length), self.pad, dtype=torch.long)
+        running[:, :, 0] = self.start_token
+        sequences = running.clone()
+        running_scores = torch.zeros(batch, beams)
+        running_scores[:, 1:] = -1e9
+        scores = torch.full((batch, beams), -1e9)
+        lengths = torch.zeros(batch, beams, dtype=torch.long)
+        finished = torch.zeros(batch, beams, dtype=torch.bool)
+        unsatisfied = torch.ones(batch, 1, dtype=torch.bool)
+        top = torch.arange(keep) < beams
+        offset = torch.arange(batch)[:, None] * beams
+        penalty, early = self.length_penalty, self.early_stopping
+        while True:
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            if cur_len - 1 < min_new_tokens:
+                log_probs[:, self.eos] = -math.inf
+            candidates = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, -1)
+            top_scores, top_index = torch.topk(candidates, k=keep)
+            source_beam, ids = top_index // vocab, top_index % vocab
+            top_sequences = torch.gather(running, 1, source_beam[:, :, None].expand(-1, -1, max_length)).clone()
+            top_sequences[:, :, cur_len] = ids
+            hits = (ids == self.eos) | (cur_len + 1 >= max_length)
+            still = top_scores + hits.float() * -1e9
+            chosen = torch.topk(still, k=beams)[1]
+            running = torch.gather(top_sequences, 1, chosen[:, :, None].expand(-1, -1, max_length))
+            running_scores = torch.gather(still, 1, chosen)
+            reorder = (torch.gather(source_beam, 1, chosen) + offset).view(-1).numpy()
+            ended = hits & top[None, :]
+            ended_scores = top_scores / ((cur_len + 1 - 1) ** penalty)
+            full = finished.all(-1, keepdim=True) & (early is True)
+            ended_scores = ended_scores + full.float() * -1e9 + (~unsatisfied).float() * -1e9 + (~ended) * -1e9
+            merged = torch.cat((scores, ended_scores), 1)
+            best = torch.topk(merged, k=beams)[1]
+            sequences = torch.gather(
+                torch.cat((sequences, top_sequences), 1), 1, best[:, :, None].expand(-1, -1, max_length)
+            )
+            lengths = torch.gather(torch.cat((lengths, torch.full_like(ended_scores, cur_len).long()), 1), 1, best)
+            finished = torch.gather(torch.cat((finished, ended), 1), 1, best)
+            scores = torch.gather(merged, 1, best)
+            cur_len += 1
+            hypothetical = max_length - 1 if early == "never" and penalty > 0.0 else cur_len - 1
+            possible = running_scores[:, :1] / (hypothetical**penalty)
+            worst = torch.where(finished, scores.min(dim=1, keepdim=True)[0], -1.0e9)
+            unsatisfied = unsatisfied & (possible > worst).any(-1, keepdim=True)
+            go_on = unsatisfied.any() & ~(finished.all() & (early is True)) & ~hits.all()
+            if not go_on:
+                break
+            slots = [tensor[reorder] if entry[0] == "self" else tensor for entry, tensor in zip(self.layout, slots)]
+            tokens = running[:, :, cur_len - 1].reshape(-1).numpy()
+            logits = torch.from_numpy(self._step(tokens, encoder, slots, mask, cur_len - 1))
+        length = int(lengths[:, 0].max())
+        return sequences[:, 0, 1 : 1 + length].numpy()
 
 
 def translate_lines(

@@ -42,14 +42,22 @@ def test_each_cached_step_gives_the_uncached_logits(exported):
     torch.testing.assert_close(torch.from_numpy(logits), expected.logits, rtol=1e-4, atol=1e-5)
 
 
-def test_greedy_tokens_equal_generate(exported):
+@pytest.mark.parametrize("beams", [1, 4])
+def test_greedy_and_beam_tokens_equal_generate(exported, beams):
     from hf_deep_nmt.onnx_decoding import OnnxDecoder
 
     model, folder = exported
-    with torch.no_grad():
-        expected = model.generate(SOURCE, attention_mask=MASK, max_new_tokens=9, num_beams=1, do_sample=False)
-    tokens, _ = OnnxDecoder(folder).greedy(SOURCE.numpy(), MASK.numpy(), 9)
-    np.testing.assert_array_equal(tokens, expected[:, 1:].numpy())
+    decoder = OnnxDecoder(folder)
+    for new in (3, 9):
+        with torch.no_grad():
+            expected = model.generate(
+                SOURCE, attention_mask=MASK, max_new_tokens=new, num_beams=beams, do_sample=False
+            )
+        if beams == 1:
+            tokens, _ = decoder.greedy(SOURCE.numpy(), MASK.numpy(), new)
+        else:
+            tokens = decoder.beam(SOURCE.numpy(), MASK.numpy(), beams, new)
+        np.testing.assert_array_equal(tokens, expected[:, 1:].numpy())
 
 
 def test_an_existing_folder_is_refused(exported, tmp_path):
