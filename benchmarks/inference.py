@@ -11,8 +11,9 @@ Backends, each where it applies:
   docs/serving.md gives), when torchao is installed;
 * ``ct2_fp32`` / ``ct2_int8``: the model's CTranslate2 export (`export_ctranslate2`) loaded with compute type
   float32 / int8, for the families it expresses (plain and DeepNorm), when ctranslate2 is installed;
-* ONNX Runtime has no decoding path in this package (the ONNX export is the whole forward without a cache, see
-  docs/serving.md), so it has no row.
+* ``ort_fp32`` / ``ort_int8``: `hf_deep_nmt.onnx_decoding` (the start graph and the one-step graph with the cache
+  as tensors, ONNX Runtime at one thread, its own vectorised greedy and beam search; int8: `quantize_dynamic`), every
+  family; not at the quick size (each export costs several CPU seconds, and CI runs the quick size).
 
 Every decoding is forced to `new_tokens` output tokens (`ForcedLength` / `min_decoding_length`), so every contender
 does the same work; batch 32 decodes one batch of 24-token sources, batch 1 decodes `single_sentences` sentences one
@@ -51,6 +52,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
@@ -183,6 +185,22 @@ def ct2_runs(translator, tokenizer, size: dict, batches: dict[str, torch.Tensor]
     return runs
 
 
+def ort_runs(decoder, size: dict, batches: dict[str, torch.Tensor]) -> dict[str, Callable[[], object]]:
+    new = size["new_tokens"]
+
+    def decode(ids: torch.Tensor, beams: int):
+        ids = ids.numpy()
+        if beams == 1:
+            return decoder.greedy(ids, np.ones_like(ids), max_new_tokens=new, min_new_tokens=new)
+        return decoder.beam(ids, np.ones_like(ids), beams, max_new_tokens=new, min_new_tokens=new)
+
+    runs = {}
+    for search, beams in SEARCHES.items():
+        runs[f"{search}_b{size['batch']}"] = lambda beams=beams: decode(batches["batch"], beams)
+        runs[f"{search}_b1"] = lambda beams=beams: [decode(row[None], beams) for row in batches["single"]]
+    return runs
+
+
 def produced_tokens(size: dict) -> dict[str, int]:
     batch = f"b{size['batch']}"
     return {
@@ -273,7 +291,12 @@ def run(size_name: str, families: list[str], workdir: Path) -> dict:
         results["skipped"].append("torch_int8: torchao is not installed")
     if not have_ct2:
         results["skipped"].append("ct2: ctranslate2 is not installed (pip install -e '.[bench]')")
-    results["skipped"].append("onnxruntime: no decoding path (the ONNX export has no cache)")
+    have_ort = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
+    if not have_ort:
+        results["skipped"].append("ort: the onnx extra is not installed (pip install -e '.[onnx]')")
+    elif size_name == "quick":
+        have_ort = False
+        results["skipped"].append("ort: not run at the quick size (each ONNX export costs several CPU seconds)")
     for family in families:
         model = family_model(family, size, vocab_size)
         results["rows"][f"{family} torch"] = measure(torch_runs(model, size, batches), size)
@@ -291,6 +314,14 @@ def run(size_name: str, families: list[str], workdir: Path) -> dict:
                 results["rows"][f"{family} {label}"] = measure(ct2_runs(translator, tokenizer, size, batches), size)
         elif have_ct2:
             results["skipped"].append(f"{family} ct2: {'; '.join(ctranslate2_blockers(model.config))}")
+        if have_ort:
+            from hf_deep_nmt.onnx_decoding import OnnxDecoder, export_onnx
+
+            folder = export_onnx(model, workdir / f"{family}-onnx", quantize=True)
+            for int8 in (False, True):
+                decoder = OnnxDecoder(folder, int8=int8, threads=1)
+                label = "ort_int8" if int8 else "ort_fp32"
+                results["rows"][f"{family} {label}"] = measure(ort_runs(decoder, size, batches), size)
         if have_torchao:
             results["rows"][f"{family} torch_int8"] = measure(torch_runs(torchao_int8(model), size, batches), size)
     if have_ct2 and "plain" in families:
@@ -407,6 +438,9 @@ def print_table(results: dict) -> None:
     for row, figures in results["rows"].items():
         cells = []
         for column in columns:
+            if column not in figures:
+                cells.append("-")
+                continue
             figure = figures[column]
             wall = tokens[column] / figure["wall_seconds"]
             cells.append(f"{figure['tokens_per_cpu_second']:>8.1f} ({wall:>7.1f})")

@@ -1,5 +1,5 @@
-"""`hf-deep-nmt train|train-staged|prepare|translate|average|push|inspect|doctor|export-ctranslate2|upgrade-code|
-convert-marian|grow`: thin command-line front ends over the library.
+"""`hf-deep-nmt train|train-staged|prepare|translate|average|push|inspect|doctor|export-ctranslate2|export-onnx|
+upgrade-code|convert-marian|grow`: thin command-line front ends over the library.
 
 Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
 what was asked (a bad value, a missing or existing file), 1 for a run that failed (out of memory, a write error, no
@@ -435,6 +435,27 @@ def _export_ctranslate2(argv: list[str]) -> int:
     return 0
 
 
+def _export_onnx(argv: list[str]) -> int:
+    parser = _Parser(
+        prog="hf-deep-nmt export-onnx",
+        description="Write a model (any family) as ONNX graphs for ONNX Runtime decoding (hf_deep_nmt.onnx_decoding): "
+        "the encoder with the first decoder step, and one decoder step with the cache as tensors; with its tokenizer.",
+    )
+    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("out", type=_path, help="new folder for the ONNX graphs; an existing one is refused")
+    parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
+    args = parser.parse_args(argv)
+    if Path(args.out).expanduser().exists():
+        raise UsageError(f"{args.out} exists; give a new folder for the ONNX export (nothing is overwritten).")
+    _check_model_source(args.model)
+    from hf_deep_nmt.onnx_decoding import export_onnx
+
+    model, tokenizer = _load(args.model, "cpu")
+    export_onnx(model, args.out, quantize=args.int8, tokenizer=tokenizer)
+    print(args.out)
+    return 0
+
+
 def _grow(argv: list[str]) -> int:
     from hf_deep_nmt.growing import EXACT_AGGREGATIONS, GROWTH_STRATEGIES
 
@@ -584,6 +605,7 @@ COMMANDS = {
     "inspect": _inspect,
     "doctor": _doctor,
     "export-ctranslate2": _export_ctranslate2,
+    "export-onnx": _export_onnx,
     "upgrade-code": _upgrade_code,
     "convert-marian": _convert_marian,
     "grow": _grow,
@@ -633,6 +655,7 @@ def main(argv: list[str] | None = None) -> int:
             "usage: hf-deep-nmt [--debug] {train | train-staged | prepare} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
+            "export-onnx MODEL OUT [--int8] | "
             "upgrade-code FOLDER_OR_REPO_ID [--dry-run] [--trust-remote-code] | "
             "convert-marian SOURCE OUT [--overwrite] | "
             "grow MODEL OUT --layers N [--strategy top] [--aggregation dlcl|sparse]"

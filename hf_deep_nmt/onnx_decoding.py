@@ -1,0 +1,370 @@
+"""Decoding through ONNX Runtime with the decoder's state as explicit tensors, for every family.
+
+`export_onnx(model, folder)` writes two graphs: `start.onnx` (the encoder and the first decoder step: logits, the
+encoder states and every filled cache slot) and `step.onnx` (one decoder step: the previous token, the encoder
+states and mask, every cache slot in; logits and the self-attention half's slots out). The cross-attention half
+(encoder memory keys/values, MSC context keys/values) is projected once by `start.onnx` and fed back unchanged. The
+slots are whatever the family's cache layers fill (`keys`/`values`, MAtt/AAN `running_sum`, MSC `context_*`), read
+from an eager run, so every family exports through the same code. `OnnxDecoder` loads such a folder and runs greedy
+search (`greedy`), optionally on the int8 graphs `quantize_dynamic` writes (`quantize=True` at export).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+LAYOUT_FILE = "onnx_layout.json"
+ENCODER_FIELDS = ("last_hidden_state", "block_outputs", "context_states")  # the tensors of a DeepNMTEncoderOutput
+SLOTS = ("keys", "values", "running_sum", "context_keys", "context_values")
+
+
+def _empty_cache(config) -> EncoderDecoderCache:
+    return EncoderDecoderCache(DynamicCache(config=config), DynamicCache(config=config))
+
+
+def _layers(cache: EncoderDecoderCache, half: str, count: int):
+    layers = getattr(cache, f"{half}_attention_cache").layers
+    return layers[:count]
+
+
+def _filled(cache: EncoderDecoderCache, count: int) -> list[tuple[str, int, str]]:
+    """(half, layer, slot) of every tensor the cache holds, in a fixed order."""
+    names = []
+    for half in ("self", "cross"):
+        for index, layer in enumerate(_layers(cache, half, count)):
+            for slot in SLOTS:
+                if getattr(layer, slot, None) is not None:
+                    names.append((half, index, slot))
+    return names
+
+
+def _slot_name(entry) -> str:
+    half, index, slot = entry
+    return f"{half}.{index}.{slot}"
+
+
+class _Start(torch.nn.Module):
+    """Encoder and first decoder step: logits, encoder states, every cache slot."""
+
+    def __init__(self, model, layout):
+        super().__init__()
+        self.model, self.layout = model, layout
+
+    def forward(self, input_ids, attention_mask):
+        encoder = self.model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        start = self.model.config.decoder_start_token_id
+        tokens = torch.full((input_ids.shape[0], 1), start, dtype=torch.long, device=input_ids.device)
+        cache = _empty_cache(self.model.config)
+        out = self.model(
+            encoder_outputs=encoder,
+            attention_mask=attention_mask,
+            decoder_input_ids=tokens,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        count = self.model.config.decoder_layers
+        slots = [getattr(_layers(cache, h, count)[i], s) for h, i, s in self.layout]
+        fields = [getattr(encoder, name) for name in ENCODER_FIELDS if getattr(encoder, name, None) is not None]
+        return (out.logits[:, -1].float(), *fields, *slots)
+
+
+class _Step(torch.nn.Module):
+    """One decoder step from explicit state; `steps` is a tensor whose length is the number of tokens decoded."""
+
+    def __init__(self, model, layout, encoder_fields, encoder_output):
+        super().__init__()
+        self.model, self.layout = model, layout
+        self.self_entries = [entry for entry in layout if entry[0] == "self"]
+        self.encoder_fields = encoder_fields
+        self.encoder_output = encoder_output
+
+    def forward(self, tokens, attention_mask, steps, encoder, slots):
+        count = self.model.config.decoder_layers
+        cache = _empty_cache(self.model.config)
+        self_layers, cross_layers = _layers(cache, "self", count), _layers(cache, "cross", count)
+        past = steps.shape[0]
+        for layer in self_layers:
+            layer.steps = past
+        for (half, index, slot), tensor in zip(self.layout, slots):
+            layer = (self_layers if half == "self" else cross_layers)[index]
+            setattr(layer, slot, tensor)
+            if slot == "keys":
+                layer.is_initialized = True
+                layer.dtype, layer.device = tensor.dtype, tensor.device
+                if half == "cross":
+                    layer.memory_filled = True
+        out = self.model(
+            encoder_outputs=self.encoder_output(**dict(zip(self.encoder_fields, encoder))),
+            attention_mask=attention_mask,
+            decoder_input_ids=tokens,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        new = [getattr(self_layers[i], s) for _, i, s in self.self_entries]
+        return (out.logits[:, -1].float(), *new)
+
+
+def _layout(model) -> list[tuple[str, int, str]]:
+    source = torch.tensor([[5, 6, 7, 2]])
+    wrapped = _Start(model, [])
+    cache_holder = {}
+
+    # one eager start, to see which slots the family's layers fill
+    original = _empty_cache
+
+    def recording(config):
+        cache_holder["cache"] = original(config)
+        return cache_holder["cache"]
+
+    globals()["_empty_cache"] = recording
+    try:
+        with torch.no_grad():
+            wrapped(source, torch.ones_like(source))
+            encoder = model.get_encoder()(input_ids=source, attention_mask=torch.ones_like(source))
+    finally:
+        globals()["_empty_cache"] = original
+    fields = [name for name in ENCODER_FIELDS if getattr(encoder, name, None) is not None]
+    return _filled(cache_holder["cache"], model.config.decoder_layers), fields, encoder
+
+
+def export_onnx(model, folder: str | Path, quantize: bool = False, tokenizer=None) -> Path:
+    """Write `start.onnx`, `step.onnx` and the layout to a new `folder` (an existing one is refused); with
+    `quantize`, also `start.int8.onnx` and `step.int8.onnx` (dynamic int8 quantization of the matrix products); with
+    `tokenizer`, the tokenizer too (what `translate_lines` reads)."""
+    folder = Path(folder)
+    if folder.exists():
+        raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
+    model = model.eval()
+    layout, fields, encoder_output = _layout(model)
+    folder.mkdir(parents=True)
+    source = torch.tensor([[5, 9, 14, 3, 22, 2], [7, 11, 2, 1, 1, 1]]) % model.config.vocab_size
+    mask = source.ne(model.config.pad_token_id).long()
+    start = _Start(model, layout).eval()
+    names = [_slot_name(entry) for entry in layout]
+    batch, length, past = torch.export.Dim("batch"), torch.export.Dim("source"), torch.export.Dim("past")
+    with torch.no_grad():
+        program = torch.onnx.export(
+            start,
+            (source, mask),
+            dynamo=True,
+            input_names=["input_ids", "attention_mask"],
+            output_names=["logits", *fields, *names],
+            dynamic_shapes={"input_ids": {0: batch, 1: length}, "attention_mask": {0: batch, 1: length}},
+            verbose=False,
+        )
+        program.save(folder / "start.onnx")
+        outputs = start(source, mask)
+        encoder = list(outputs[1 : 1 + len(fields)])
+        slots = list(outputs[1 + len(fields) :])
+        # a few steps in, so that no length is specialised to 0 or 1
+        step = _Step(model, layout, fields, type(encoder_output)).eval()
+        tokens = torch.tensor([[4], [5]])
+        for done in range(1, 3):
+            result = step(tokens, mask, torch.zeros(done), tuple(encoder), tuple(slots))
+            new = iter(result[1:])
+            slots = [next(new) if entry[0] == "self" else tensor for entry, tensor in zip(layout, slots)]
+        slot_shapes = []
+        for half, _, slot in layout:
+            shape = {0: batch}
+            if slot in ("keys", "values"):
+                shape[2] = past if half == "self" else length
+            elif slot.startswith("context"):
+                shape[2] = length
+            slot_shapes.append(shape)
+        encoder_shapes = tuple(
+            {0: batch, 1: length} if f == "last_hidden_state" else {0: batch, 2: length} for f in fields
+        )
+        program = torch.onnx.export(
+            step,
+            (tokens, mask, torch.zeros(3), tuple(encoder), tuple(slots)),
+            dynamo=True,
+            input_names=["tokens", "attention_mask", "steps", *fields, *names],
+            output_names=["logits", *["new." + name for name, e in zip(names, layout) if e[0] == "self"]],
+            dynamic_shapes=({0: batch}, {0: batch, 1: length}, {0: past}, encoder_shapes, tuple(slot_shapes)),
+            verbose=False,
+        )
+        program.save(folder / "step.onnx")
+    info = {
+        "layout": [list(entry) for entry in layout],
+        "encoder_fields": fields,
+        "decoder_start_token_id": model.config.decoder_start_token_id,
+        "eos_token_id": model.config.eos_token_id,
+        "pad_token_id": model.config.pad_token_id,
+        "length_penalty": model.generation_config.length_penalty,
+        "early_stopping": model.generation_config.early_stopping,
+    }
+    (folder / LAYOUT_FILE).write_text(json.dumps(info, indent=1))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    if quantize:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        for name in ("start", "step"):
+            # MatMul only: quantizing the embedding's Gather too makes every step dequantize the whole (tied) embedding
+            # matrix (measured at the reduced benchmark size, plain, greedy b32: 4,438 tokens/CPU s with every op
+            # type, 6,204 with MatMul only, fp32 3,943)
+            quantize_dynamic(
+                folder / f"{name}.onnx",
+                folder / f"{name}.int8.onnx",
+                weight_type=QuantType.QInt8,
+                op_types_to_quantize=["MatMul"],
+            )
+    return folder
+
+
+class OnnxDecoder:
+    """Greedy decoding over an `export_onnx` folder with ONNX Runtime (`int8=True`: the quantized graphs)."""
+
+    def __init__(self, folder: str | Path, int8: bool = False, threads: int = 1):
+        import onnxruntime
+
+        folder = Path(folder)
+        info = json.loads((folder / LAYOUT_FILE).read_text())
+        self.layout = [tuple(entry) for entry in info["layout"]]
+        self.fields = info["encoder_fields"]
+        self.eos, self.pad = info["eos_token_id"], info["pad_token_id"]
+        self.start_token = info["decoder_start_token_id"]
+        # unset in the generation config: generate()'s defaults
+        self.length_penalty = 1.0 if info.get("length_penalty") is None else info["length_penalty"]
+        self.early_stopping = False if info.get("early_stopping") is None else info["early_stopping"]
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        suffix = ".int8.onnx" if int8 else ".onnx"
+        if not (folder / f"start{suffix}").exists():
+            raise FileNotFoundError(f"{folder / f'start{suffix}'} is missing; export with quantize=True for int8.")
+        self.start = onnxruntime.InferenceSession(str(folder / f"start{suffix}"), options)
+        self.step = onnxruntime.InferenceSession(str(folder / f"step{suffix}"), options)
+        self.names = [_slot_name(entry) for entry in self.layout]
+        self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
+
+    def greedy(self, input_ids, attention_mask, max_new_tokens: int, min_new_tokens: int = 0, forced=None):
+        """Tokens as `generate()` gives them for greedy search (without the decoder start token; finished rows
+        padded), and the logits of each step (batch, steps, vocab). `forced` (batch, steps): feed these tokens
+        instead of the chosen ones (to compare the logits along a given path)."""
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        mask = np.asarray(attention_mask, dtype=np.int64)
+        logits, *rest = self.start.run(None, {"input_ids": input_ids, "attention_mask": mask})
+        encoder, slots = dict(zip(self.fields, rest)), rest[len(self.fields) :]
+        batch = input_ids.shape[0]
+        out, scores = [], []
+        finished = np.zeros(batch, dtype=bool)
+        for step in range(max_new_tokens):
+            if step < min_new_tokens:
+                logits[:, self.eos] = -np.inf
+            scores.append(logits)
+            token = logits.argmax(-1) if forced is None else np.asarray(forced)[:, step]
+            token = np.where(finished, self.pad, token)
+            out.append(token)
+            finished |= token == self.eos
+            if (forced is None and finished.all()) or step + 1 == max_new_tokens:
+                break
+            feeds = {
+                "tokens": token[:, None].astype(np.int64),
+                **encoder,
+                "attention_mask": mask,
+                "steps": np.zeros(step + 1, dtype=np.float32),
+            }
+            feeds.update(zip(self.names, slots))
+            logits, *new = self.step.run(None, feeds)
+            for index, tensor in zip(self.self_index, new):
+                slots[index] = tensor
+        return np.stack(out, axis=1), np.stack(scores, axis=1)
+
+    def _step(self, tokens, encoder, slots, mask, done):
+        feeds = {"tokens": tokens[:, None].astype(np.int64), "attention_mask": mask, **encoder}
+        feeds["steps"] = np.zeros(done, dtype=np.float32)
+        feeds.update(zip(self.names, slots))
+        logits, *new = self.step.run(None, feeds)
+        for index, tensor in zip(self.self_index, new):
+            slots[index] = tensor
+        return logits
+
+    def beam(self, input_ids, attention_mask, num_beams: int, max_new_tokens: int, min_new_tokens: int = 0):
+        """The best hypothesis of beam search, with the rules of `generate()`'s beam search (2 * num_beams
+        candidates a step, a hypothesis finishes only from the top num_beams, length penalty on the generated length,
+        its early-stopping heuristic), so that the tokens are `generate()`'s; decoder start token excluded."""
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        mask = np.asarray(attention_mask, dtype=np.int64)
+        logits, *rest = self.start.run(None, {"input_ids": input_ids, "attention_mask": mask})
+        batch, beams, keep = input_ids.shape[0], num_beams, 2 * num_beams
+        encoder = {name: np.repeat(tensor, beams, axis=0) for name, tensor in zip(self.fields, rest)}
+        slots = [np.repeat(tensor, beams, axis=0) for tensor in rest[len(self.fields) :]]
+        mask = np.repeat(mask, beams, axis=0)
+        logits = torch.from_numpy(np.repeat(logits, beams, axis=0))
+        vocab, max_length, cur_len = logits.shape[-1], 1 + max_new_tokens, 1
+        running = torch.full((batch, beams, max_length), self.pad, dtype=torch.long)
+        running[:, :, 0] = self.start_token
+        sequences = running.clone()
+        running_scores = torch.zeros(batch, beams)
+        running_scores[:, 1:] = -1e9
+        scores = torch.full((batch, beams), -1e9)
+        lengths = torch.zeros(batch, beams, dtype=torch.long)
+        finished = torch.zeros(batch, beams, dtype=torch.bool)
+        unsatisfied = torch.ones(batch, 1, dtype=torch.bool)
+        top = torch.arange(keep) < beams
+        offset = torch.arange(batch)[:, None] * beams
+        penalty, early = self.length_penalty, self.early_stopping
+        while True:
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            if cur_len - 1 < min_new_tokens:
+                log_probs[:, self.eos] = -math.inf
+            candidates = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, -1)
+            top_scores, top_index = torch.topk(candidates, k=keep)
+            source_beam, ids = top_index // vocab, top_index % vocab
+            top_sequences = torch.gather(running, 1, source_beam[:, :, None].expand(-1, -1, max_length)).clone()
+            top_sequences[:, :, cur_len] = ids
+            hits = (ids == self.eos) | (cur_len + 1 >= max_length)
+            still = top_scores + hits.float() * -1e9
+            chosen = torch.topk(still, k=beams)[1]
+            running = torch.gather(top_sequences, 1, chosen[:, :, None].expand(-1, -1, max_length))
+            running_scores = torch.gather(still, 1, chosen)
+            reorder = (torch.gather(source_beam, 1, chosen) + offset).view(-1).numpy()
+            ended = hits & top[None, :]
+            ended_scores = top_scores / ((cur_len + 1 - 1) ** penalty)
+            full = finished.all(-1, keepdim=True) & (early is True)
+            ended_scores = ended_scores + full.float() * -1e9 + (~unsatisfied).float() * -1e9 + (~ended) * -1e9
+            merged = torch.cat((scores, ended_scores), 1)
+            best = torch.topk(merged, k=beams)[1]
+            sequences = torch.gather(
+                torch.cat((sequences, top_sequences), 1), 1, best[:, :, None].expand(-1, -1, max_length)
+            )
+            lengths = torch.gather(torch.cat((lengths, torch.full_like(ended_scores, cur_len).long()), 1), 1, best)
+            finished = torch.gather(torch.cat((finished, ended), 1), 1, best)
+            scores = torch.gather(merged, 1, best)
+            cur_len += 1
+            hypothetical = max_length - 1 if early == "never" and penalty > 0.0 else cur_len - 1
+            possible = running_scores[:, :1] / (hypothetical**penalty)
+            worst = torch.where(finished, scores.min(dim=1, keepdim=True)[0], -1.0e9)
+            unsatisfied = unsatisfied & (possible > worst).any(-1, keepdim=True)
+            go_on = unsatisfied.any() & ~(finished.all() & (early is True)) & ~hits.all()
+            if not go_on:
+                break
+            slots = [tensor[reorder] if entry[0] == "self" else tensor for entry, tensor in zip(self.layout, slots)]
+            tokens = running[:, :, cur_len - 1].reshape(-1).numpy()
+            logits = torch.from_numpy(self._step(tokens, encoder, slots, mask, cur_len - 1))
+        length = int(lengths[:, 0].max())
+        return sequences[:, 0, 1 : 1 + length].numpy()
+
+
+def translate_lines(
+    folder: str | Path, lines: list[str], int8: bool = False, batch_size: int = 32, max_new_tokens: int = 256
+) -> list[str]:
+    """Greedy translations of `lines` with an `export_onnx` folder written with its tokenizer."""
+    from transformers import AutoTokenizer
+
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"`batch_size` must be an integer >= 1, got {batch_size!r}.")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    decoder = OnnxDecoder(folder, int8=int8)
+    out = []
+    for begin in range(0, len(lines), batch_size):
+        encoded = tokenizer(lines[begin : begin + batch_size], padding=True, return_tensors="np")
+        tokens, _ = decoder.greedy(encoded["input_ids"], encoded["attention_mask"], max_new_tokens)
+        out.extend(tokenizer.batch_decode(tokens, skip_special_tokens=True))
+    return out

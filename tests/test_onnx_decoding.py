@@ -1,0 +1,125 @@
+"""The ONNX Runtime decoding path (`hf_deep_nmt.onnx_decoding`): the start and one-step graphs compute what torch
+computes, step by step through the exported cache, for the families whose decoding state differs (DLCL/SDT with
+relative keys and self-attention keys/values, MAtt's running sum, MSC's block outputs and context keys); greedy
+tokens equal `generate()`'s; int8 keeps a trained model's chrF within a stated bound of fp32's."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+ONNX_MISSING = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
+pytestmark = pytest.mark.skipif(bool(ONNX_MISSING), reason=f"the onnx extra is not installed ({ONNX_MISSING})")
+
+SOURCE = torch.tensor([[5, 9, 14, 3, 22, 2], [7, 11, 2, 1, 1, 1], [4, 2, 1, 1, 1, 1]])
+MASK = SOURCE.ne(1)
+PATH = torch.tensor([[5, 7, 9, 11, 3, 4, 8], [8, 2, 1, 1, 1, 1, 1], [3, 3, 4, 5, 6, 7, 8]])
+# one export per kind of decoding state: SDT (sparse dense connections, relative keys: keys/values), MAtt (running
+# sum), MSC (block outputs and context keys in the encoder output and the cross half); 2 decoder layers each
+FAMILIES = ("sdt-sparse-rpr", "dsinit-matt", "msc")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def exported(request, tmp_path_factory):
+    from hf_deep_nmt import doctor
+    from hf_deep_nmt.onnx_decoding import export_onnx
+
+    model = doctor.family_model(request.param, "cpu")
+    folder = export_onnx(model, tmp_path_factory.mktemp("onnx") / request.param)
+    return model, folder
+
+
+def test_each_cached_step_gives_the_uncached_logits(exported):
+    from hf_deep_nmt.onnx_decoding import OnnxDecoder
+
+    model, folder = exported
+    _, logits = OnnxDecoder(folder).greedy(SOURCE.numpy(), MASK.numpy(), PATH.shape[1], forced=PATH.numpy())
+    with torch.no_grad():
+        decoder_input = torch.cat([torch.zeros(3, 1, dtype=torch.long), PATH[:, :-1]], 1)
+        decoder_input[:, 0] = model.config.decoder_start_token_id
+        expected = model(input_ids=SOURCE, attention_mask=MASK, decoder_input_ids=decoder_input, use_cache=False)
+    torch.testing.assert_close(torch.from_numpy(logits), expected.logits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_greedy_and_beam_tokens_equal_generate(exported, beams):
+    from hf_deep_nmt.onnx_decoding import OnnxDecoder
+
+    model, folder = exported
+    decoder = OnnxDecoder(folder)
+    for new in (3, 9):
+        with torch.no_grad():
+            expected = model.generate(
+                SOURCE, attention_mask=MASK, max_new_tokens=new, num_beams=beams, do_sample=False
+            )
+        if beams == 1:
+            tokens, _ = decoder.greedy(SOURCE.numpy(), MASK.numpy(), new)
+        else:
+            tokens = decoder.beam(SOURCE.numpy(), MASK.numpy(), beams, new)
+        np.testing.assert_array_equal(tokens, expected[:, 1:].numpy())
+
+
+def test_an_existing_folder_is_refused(exported, tmp_path):
+    from hf_deep_nmt.onnx_decoding import export_onnx
+
+    model, _ = exported
+    (tmp_path / "kept.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="nothing is overwritten"):
+        export_onnx(model, tmp_path)
+    assert (tmp_path / "kept.txt").read_text() == "mine"
+
+
+def test_int8_keeps_a_trained_models_chrf(sample_slice, tmp_path):
+    """Trained 200 steps on 160 sample pairs (d 64, 2+2 layers), greedy on 40 held-out lines. Measured: fp32 chrF
+    8.58, int8 (ONNX Runtime dynamic quantization of the MatMuls) 8.67 (+0.09; with the Gather quantized too 8.74;
+    at 300 steps 9.78 / 10.11). Bound: 2 points."""
+    from transformers import AutoTokenizer
+
+    from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig
+    from hf_deep_nmt.data import sample_corpus_dir
+    from hf_deep_nmt.evaluation import corpus_scores
+    from hf_deep_nmt.onnx_decoding import export_onnx, translate_lines
+
+    lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()
+    pairs = [line.split("\t")[:2] for line in lines[:200]]
+    train, held_out = pairs[:160], pairs[160:200]
+    tokenizer = AutoTokenizer.from_pretrained(sample_slice(160, 300) / "tokenizer")
+    torch.manual_seed(0)
+    config = DeepNMTConfig(
+        vocab_size=len(tokenizer), d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    model = MODEL_CLASSES[DeepNMTConfig](config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    model.train()
+    for step in range(200):
+        batch = [train[(step * 16 + i) % len(train)] for i in range(16)]
+        encoded = tokenizer(
+            [s for s, _ in batch], text_target=[t for _, t in batch], padding=True, return_tensors="pt"
+        )
+        encoded["labels"][encoded["labels"] == tokenizer.pad_token_id] = -100
+        loss = model(**encoded).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    folder = export_onnx(model, tmp_path / "onnx", quantize=True, tokenizer=tokenizer)
+    references = [t for _, t in held_out]
+    scores = {}
+    for int8 in (False, True):
+        hypotheses = translate_lines(folder, [s for s, _ in held_out], int8=int8, max_new_tokens=40)
+        scores[int8] = corpus_scores(hypotheses, references)["chrf"]
+    # the model learnt something (untrained: one repeated token), so that the bound means something
+    assert scores[False] > 6
+    assert abs(scores[True] - scores[False]) <= 2.0
+
+
+def test_export_onnx_refuses_an_existing_folder_before_loading_the_model(tmp_path, capsys):
+    from hf_deep_nmt.cli import main
+
+    (tmp_path / "out").mkdir()
+    assert main(["export-onnx", str(tmp_path / "no-model"), str(tmp_path / "out")]) == 2
+    assert "exists; give a new folder" in capsys.readouterr().err
