@@ -10,7 +10,6 @@ import pytest
 import torch
 from torch import nn
 from torch.nn import functional as F
-from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
 from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
@@ -190,18 +189,6 @@ def test_static_cache_and_compiled_decoding_decode_as_the_dynamic_cache(mhc_mode
         finally:
             del mhc_model.forward
     assert torch.equal(compiled, eager)
-
-
-def test_the_saved_folder_runs_as_remote_code(mhc_model, tmp_path):
-    """The folder's own code (imported by transformers from the folder, not the package) gives the same logits."""
-    mhc_model.save_pretrained(tmp_path)
-    remote_class = get_class_from_dynamic_module("modeling_deep_nmt.DeepNMTForConditionalGeneration", str(tmp_path))
-    remote = remote_class.from_pretrained(tmp_path).eval()
-    assert type(remote).__module__.startswith("transformers_modules.")
-    assert torch.equal(logits(remote), logits(mhc_model))
-    with torch.no_grad():
-        options = dict(input_ids=SOURCE, attention_mask=SOURCE.ne(1).long(), num_beams=2, max_new_tokens=5)
-        assert torch.equal(remote.generate(**options), mhc_model.generate(**options))
 
 
 def test_every_stream_weight_gets_a_gradient(mhc_model, padded_batch):

@@ -447,7 +447,7 @@ def test_a_repo_id_that_is_not_one_is_refused_before_training(tmp_path, repo_id)
 @pytest.mark.parametrize(
     ("config", "expected"),
     [
-        ({}, "config.json has no `model_type` (this package's are deep_nmt, deep_nmt_deepnorm,"),
+        ({}, "config.json has no `model_type` (this package's are deep_nmt, deep_nmt_attnres, deep_nmt_deepnorm,"),
         ({"model_type": "nosuch"}, "config.json names `model_type` 'nosuch', which neither this package (deep_nmt,"),
     ],
 )
