@@ -149,7 +149,9 @@ def cpu_and_wall(run: Callable[[], object], repeats: int, warm_up: bool = True) 
     return statistics.median(cpu), statistics.median(wall)
 
 
-def torch_runs(model, size: dict, batches: dict[str, torch.Tensor]) -> dict[str, Callable[[], object]]:
+def torch_runs(
+    model, size: dict, batches: dict[str, torch.Tensor], options: dict | None = None
+) -> dict[str, Callable[[], object]]:
     """`search_batch` -> a decoding of the forced length: one batch, or the batch-1 sentences one by one."""
     new = size["new_tokens"]
 
@@ -159,7 +161,7 @@ def torch_runs(model, size: dict, batches: dict[str, torch.Tensor]) -> dict[str,
         with torch.no_grad():
             return model.generate(
                 ids, attention_mask=torch.ones_like(ids), num_beams=beams, do_sample=False, max_new_tokens=new,
-                logits_processor=forced,
+                logits_processor=forced, **(options or {}),
             )  # fmt: skip
 
     runs = {}

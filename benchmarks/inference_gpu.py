@@ -32,10 +32,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import LogitsProcessorList
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from inference import FAMILIES, SEARCHES, SIZES, ForcedLength, family_model, sources, tokenizer_for  # noqa: E402
+from inference import FAMILIES, SEARCHES, SIZES, family_model, sources, tokenizer_for, torch_runs  # noqa: E402
 
 from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers  # noqa: E402
 from hf_deep_nmt.translate import compiled_decoding  # noqa: E402
@@ -58,25 +57,6 @@ def wall_median(run: Callable[[], object], device: torch.device, repeats: int) -
         synchronise(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times), output
-
-
-def generate_runs(model, size: dict, batches: dict, options: dict | None = None) -> dict[str, Callable[[], object]]:
-    new = size["new_tokens"]
-    forced = LogitsProcessorList([ForcedLength(model.config.eos_token_id, 1, new)])
-    options = options or {}
-
-    def generate(ids: torch.Tensor, beams: int):
-        with torch.no_grad():
-            return model.generate(
-                ids, attention_mask=torch.ones_like(ids), num_beams=beams, do_sample=False, max_new_tokens=new,
-                logits_processor=forced, **options,
-            )  # fmt: skip
-
-    runs = {}
-    for search, beams in SEARCHES.items():
-        runs[f"{search}_b{size['batch']}"] = lambda beams=beams: generate(batches["batch"], beams)
-        runs[f"{search}_b1"] = lambda beams=beams: [generate(row[None], beams) for row in batches["single"]]
-    return runs
 
 
 def produced(size: dict, name: str) -> int:
@@ -146,7 +126,7 @@ def run(size_name: str, families: list[str], device: torch.device, budget: float
         for label, dtype in (("eager_fp32", torch.float32), ("eager_bf16", torch.bfloat16)):
             model = model.to(dtype)
             figures = {}
-            for name, run_one in generate_runs(model, size, batches).items():
+            for name, run_one in torch_runs(model, size, batches).items():
                 seconds, output = wall_median(run_one, device, size["repeats"])
                 figures[name] = dict(seconds=seconds, tokens_per_second=produced(size, name) / seconds)
                 outputs[(family, label, name)] = output
@@ -167,7 +147,7 @@ def run(size_name: str, families: list[str], device: torch.device, budget: float
         model = family_model(family, size, vocab_size).to(device).to(torch.bfloat16)
         figures = {}
         with compiled_decoding(model, longest_output=size["new_tokens"] + 1) as options:
-            runs = generate_runs(model, size, batches, options)
+            runs = torch_runs(model, size, batches, options)
             for name in (run_name.replace("BATCH", str(size["batch"])) for run_name in COMPILED_RUNS):
                 compile_start = time.perf_counter()
                 seconds, output = wall_median(runs[name], device, size["repeats"])
