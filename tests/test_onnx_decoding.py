@@ -20,17 +20,21 @@ PATH = torch.tensor([[5, 7, 9, 11, 3, 4, 8], [8, 2, 1, 1, 1, 1, 1], [3, 3, 4, 5,
 FAMILIES = ("sdt-sparse-rpr", "dsinit-matt", "msc")
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
-def exported(request, tmp_path_factory):
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_export_decodes_as_torch(family, tmp_path):
+    """One test per family, so that its export (8-16 CPU s) runs once: under pytest-xdist a module-scoped fixture runs
+    again in every worker that gets one of its tests."""
     from hf_deep_nmt import doctor
     from hf_deep_nmt.onnx_decoding import export_onnx
 
-    model = doctor.family_model(request.param, "cpu")
-    folder = export_onnx(model, tmp_path_factory.mktemp("onnx") / request.param)
-    return model, folder
+    model = doctor.family_model(family, "cpu")
+    exported = model, export_onnx(model, tmp_path / family)
+    check_each_cached_step_gives_the_uncached_logits(exported)
+    for beams in (1, 4):
+        check_greedy_and_beam_tokens_equal_generate(exported, beams)
 
 
-def test_each_cached_step_gives_the_uncached_logits(exported):
+def check_each_cached_step_gives_the_uncached_logits(exported):
     from hf_deep_nmt.onnx_decoding import OnnxDecoder
 
     model, folder = exported
@@ -42,8 +46,7 @@ def test_each_cached_step_gives_the_uncached_logits(exported):
     torch.testing.assert_close(torch.from_numpy(logits), expected.logits, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("beams", [1, 4])
-def test_greedy_and_beam_tokens_equal_generate(exported, beams):
+def check_greedy_and_beam_tokens_equal_generate(exported, beams):
     from hf_deep_nmt.onnx_decoding import OnnxDecoder
 
     model, folder = exported
@@ -60,10 +63,11 @@ def test_greedy_and_beam_tokens_equal_generate(exported, beams):
         np.testing.assert_array_equal(tokens, expected[:, 1:].numpy())
 
 
-def test_an_existing_folder_is_refused(exported, tmp_path):
+def test_an_existing_folder_is_refused(tmp_path):
+    from hf_deep_nmt import doctor
     from hf_deep_nmt.onnx_decoding import export_onnx
 
-    model, _ = exported
+    model = doctor.family_model("dsinit-matt", "cpu")
     (tmp_path / "kept.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="nothing is overwritten"):
         export_onnx(model, tmp_path)
