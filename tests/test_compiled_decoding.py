@@ -159,15 +159,16 @@ def test_compiled_decoding_equals_eager_through_transformers_route(family_model)
     assert torch.equal(compiled, eager)
 
 
-@pytest.mark.parametrize("mode", ["greedy", "beam4"])
-def test_compiled_forward_decoding_equals_eager(family_model, mode):
-    """Beam search never takes transformers' compiled route: compiling the forward covers it (what translate does)."""
+def test_compiled_forward_decoding_equals_eager(family_model):
+    """Beam search never takes transformers' compiled route: compiling the forward covers it (what translate does).
+    Greedy search is left out here: its step graph (one new token a row, the static cache, no reordering) is the
+    forward that transformers' route above compiles for every family."""
     _, model = family_model
-    eager = generate(model, **MODES[mode])
+    eager = generate(model, **MODES["beam4"])
     torch._dynamo.reset()
     model.forward = torch.compile(model.forward, backend="eager", fullgraph=True)
     try:
-        compiled = generate(model, cache_implementation="static", disable_compile=True, **MODES[mode])
+        compiled = generate(model, cache_implementation="static", disable_compile=True, **MODES["beam4"])
     finally:
         del model.forward
     assert torch.equal(compiled, eager)
