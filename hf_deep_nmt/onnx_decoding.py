@@ -107,7 +107,8 @@ class _Step(torch.nn.Module):
             use_cache=True,
         )
         new = [getattr(self_layers[i], s) for _, i, s in self.self_entries]
-        return (out.logits[:, -1].float(), *new)
+        # one position: a reshape, not a Gather of the last position (which copied the logits, 5% of a step)
+        return (out.logits.squeeze(1).float(), *new)
 
 
 def _layout(model) -> list[tuple[str, int, str]]:
@@ -314,9 +315,12 @@ class OnnxDecoder:
             log_probs = torch.log_softmax(logits.float(), dim=-1)
             if cur_len - 1 < min_new_tokens:
                 log_probs[:, self.eos] = -math.inf
-            candidates = (log_probs.view(batch, beams, vocab) + running_scores[:, :, None]).view(batch, -1)
+            # the best 2k of beams x vocabulary are among each beam's best 2k (a beam adds one score to all its
+            # tokens): the same candidates and sums as over the whole (batch, beams * vocab), without that sum
+            best, best_ids = torch.topk(log_probs, k=min(keep, vocab), dim=-1)
+            candidates = (best.view(batch, beams, -1) + running_scores[:, :, None]).view(batch, -1)
             top_scores, top_index = torch.topk(candidates, k=keep)
-            source_beam, ids = top_index // vocab, top_index % vocab
+            source_beam, ids = top_index // best.shape[-1], torch.gather(best_ids.view(batch, -1), 1, top_index)
             top_sequences = torch.gather(running, 1, source_beam[:, :, None].expand(-1, -1, max_length)).clone()
             top_sequences[:, :, cur_len] = ids
             hits = (ids == self.eos) | (cur_len + 1 >= max_length)
@@ -345,7 +349,10 @@ class OnnxDecoder:
             go_on = unsatisfied.any() & ~(finished.all() & (early is True)) & ~hits.all()
             if not go_on:
                 break
-            slots = [tensor[reorder] if entry[0] == "self" else tensor for entry, tensor in zip(self.layout, slots)]
+            slots = [
+                np.take(tensor, reorder, axis=0) if entry[0] == "self" else tensor
+                for entry, tensor in zip(self.layout, slots)
+            ]
             tokens = running[:, :, cur_len - 1].reshape(-1).numpy()
             logits = torch.from_numpy(self._step(tokens, encoder, slots, mask, cur_len - 1))
         length = int(lengths[:, 0].max())
