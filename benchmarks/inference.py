@@ -32,6 +32,7 @@ against the search around it (top-k, finished beams, cache reordering, logits pr
     python benchmarks/inference.py                  # base: d 512, 6 + 6, 32k vocabulary
     python benchmarks/inference.py --quick          # tiny, one repeat: checks that it runs (CI)
     python benchmarks/inference.py --profile plain --size reduced
+    python benchmarks/inference.py --size reduced --backends ct2 ort   # the ONNX Runtime table against CTranslate2
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ SIZES = {
     ),
 }  # fmt: skip
 FAMILIES = ("plain", "dlcl", "matt", "sdt_relative", "msc", "deepnorm")
+BACKENDS = ("torch", "torch_int8", "ct2", "ort")  # ct2: fp32 and int8 rows; ort: fp32 and int8 rows
 SEARCHES = {"greedy": 1, "beam4": 4}
 
 
@@ -270,7 +272,7 @@ def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path) -> dic
     return figures
 
 
-def run(size_name: str, families: list[str], workdir: Path) -> dict:
+def run(size_name: str, families: list[str], workdir: Path, backends: tuple[str, ...] = BACKENDS) -> dict:
     size = SIZES[size_name]
     torch.set_num_threads(1)
     tokenizer = tokenizer_for(size)
@@ -279,29 +281,33 @@ def run(size_name: str, families: list[str], workdir: Path) -> dict:
         "batch": sources(size, size["batch"], vocab_size, tokenizer.eos_token_id),
         "single": sources(size, size["single_sentences"], vocab_size, tokenizer.eos_token_id),
     }
-    have_ct2 = importlib.util.find_spec("ctranslate2") is not None
-    have_torchao = importlib.util.find_spec("torchao") is not None
+    have_ct2 = "ct2" in backends and importlib.util.find_spec("ctranslate2") is not None
+    have_torchao = "torch_int8" in backends and importlib.util.find_spec("torchao") is not None
     results = {
         "size": {"name": size_name, **size, "vocab_size": vocab_size},
         "load_average": os.getloadavg(),
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
+        "backends": list(backends),
         "rows": {},
         "skipped": [],
     }
-    if not have_torchao:
+    if not have_torchao and "torch_int8" in backends:
         results["skipped"].append("torch_int8: torchao is not installed")
-    if not have_ct2:
+    if not have_ct2 and "ct2" in backends:
         results["skipped"].append("ct2: ctranslate2 is not installed (pip install -e '.[bench]')")
-    have_ort = all(importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime"))
-    if not have_ort:
+    have_ort = "ort" in backends and all(
+        importlib.util.find_spec(name) is not None for name in ("onnx", "onnxscript", "onnxruntime")
+    )
+    if not have_ort and "ort" in backends:
         results["skipped"].append("ort: the onnx extra is not installed (pip install -e '.[onnx]')")
     elif size_name == "quick":
         have_ort = False
         results["skipped"].append("ort: not run at the quick size (each ONNX export costs several CPU seconds)")
     for family in families:
         model = family_model(family, size, vocab_size)
-        results["rows"][f"{family} torch"] = measure(torch_runs(model, size, batches), size)
+        if "torch" in backends:
+            results["rows"][f"{family} torch"] = measure(torch_runs(model, size, batches), size)
         if have_ct2 and not ctranslate2_blockers(model.config):
             import ctranslate2
 
@@ -326,7 +332,7 @@ def run(size_name: str, families: list[str], workdir: Path) -> dict:
                 results["rows"][f"{family} {label}"] = measure(ort_runs(decoder, size, batches), size)
         if have_torchao:
             results["rows"][f"{family} torch_int8"] = measure(torch_runs(torchao_int8(model), size, batches), size)
-    if have_ct2 and "plain" in families:
+    if have_ct2 and "torch" in backends and "plain" in families:
         from hf_deep_nmt.ctranslate2_export import export_ctranslate2
 
         model = family_model("plain", size, vocab_size)
@@ -475,6 +481,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--quick", action="store_true", help="the same as --size quick: tiny, one repeat (CI)")
     parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(FAMILIES))
+    parser.add_argument(
+        "--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), help="measure only these (default: all)"
+    )
     parser.add_argument("--profile", choices=FAMILIES, default=None, help="profile one family's beam search instead")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     parser.add_argument("--workdir", type=Path, default=None, help="where the exports are written (default: a temp)")
@@ -488,7 +497,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             with contextlib.ExitStack() as stack:
                 workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-                results = run(size, args.families, workdir)
+                results = run(size, args.families, workdir, tuple(args.backends))
             print_table(results)
     finally:
         torch.set_num_threads(threads)
