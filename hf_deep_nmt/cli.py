@@ -220,10 +220,14 @@ def _translate(argv: list[str]) -> int:
     _check_standard_streams(args.input, args.output)
     onnx = args.backend == "onnxruntime"
     if onnx:
-        for flag, given in (("--compile", args.compile), (f"--device {args.device}", args.device not in (None, "cpu"))):
+        for flag, given in (
+            ("--compile", args.compile),
+            (f"--device {args.device}", args.device not in (None, "cpu")),
+        ):
             if given:
                 raise UsageError(
-                    f"{flag} is for --backend torch; --backend onnxruntime runs the exported graphs on the CPU: drop it."
+                    f"{flag} is for --backend torch; --backend onnxruntime runs the exported graphs on the CPU: "
+                    "drop it."
                 )
     elif args.int8:
         raise UsageError("--int8 picks the int8 graphs of --backend onnxruntime; add that, or drop --int8.")
@@ -242,7 +246,12 @@ def _translate(argv: list[str]) -> int:
     check_output_path(args.output, args.input, args.overwrite)
     threads = set_threads(args.threads)
     if onnx:
-        from hf_deep_nmt.onnx_decoding import load_onnx_model, onnx_folder, require_onnxruntime, saved_generation_config
+        from hf_deep_nmt.onnx_decoding import (
+            load_onnx_model,
+            onnx_folder,
+            require_onnxruntime,
+            saved_generation_config,
+        )
 
         require_onnxruntime()
         graphs = onnx_folder(args.model, args.int8)  # before stdin is read

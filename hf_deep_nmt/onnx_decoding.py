@@ -441,9 +441,7 @@ def export_into_model(model, tokenizer, model_folder: str | Path, quantize: bool
     model_folder = Path(model_folder)
     target = model_folder / ONNX_SUBFOLDER
     if os.path.lexists(target):
-        raise FileExistsError(
-            f"{target} exists; nothing is overwritten: remove it first to export the graphs again."
-        )
+        raise FileExistsError(f"{target} exists; nothing is overwritten: remove it first to export the graphs again.")
     return export_for_serving(model, tokenizer, target, quantize)
 
 

@@ -284,7 +284,8 @@ def _check_onnx_decoding(decoder, tokenizer, options: DecodingOptions, compile: 
     is not the graphs'."""
     if compile:
         raise ValueError(
-            "`compile=True` (`--compile`) compiles the torch model; the ONNX Runtime backend runs its exported graphs: "
+            "`compile=True` (`--compile`) compiles the torch model; the ONNX Runtime backend runs its exported "
+            "graphs: "
             "drop it."
         )
     if options.gnmt:
