@@ -5,6 +5,7 @@ tests that need it are one test, so that pytest-xdist runs it once)."""
 
 import importlib.util
 import logging
+import sys
 
 import pytest
 import torch
@@ -41,12 +42,14 @@ def small_export(tmp_path_factory, tiny_config):
 LINES = ["el sol sale", "", "la mar no se llena", "hola mundo", "el sol sale hola", "la mar"]
 
 
-def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_export, tmp_path, capsys):
+def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_export, tmp_path, capsys, caplog):
     from hf_deep_nmt.hub import upload_operations
     from hf_deep_nmt.onnx_decoding import load_onnx_model
 
     folder, model, tokenizer = small_export
-    assert main(["export-onnx", str(folder), "--into-model", "--int8"]) == 0
+    with caplog.at_level(logging.WARNING):
+        assert main(["export-onnx", str(folder), "--into-model", "--int8"]) == 0
+    assert not [record for record in caplog.records if "pre-processing" in record.getMessage()]
     source = tmp_path / "in.es"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     base = ["translate", "--model", str(folder), "--input", str(source), "--no-progress", "--backend", "onnxruntime"]
@@ -89,7 +92,7 @@ def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_export,
     assert {"onnx/start.onnx", "onnx/step.int8.onnx", "onnx/onnx_layout.json", "config.json"} <= set(uploaded)
 
 
-def test_onnx_backend_refusals_before_any_graph_is_read(tmp_path, capsys):
+def test_onnx_backend_refusals_before_any_graph_is_read(tmp_path, capsys, monkeypatch):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
@@ -105,6 +108,10 @@ def test_onnx_backend_refusals_before_any_graph_is_read(tmp_path, capsys):
     command = ["translate", "--model", str(folder), "--backend", "onnxruntime", "--input", str(source)]
     assert main([*command, "--output", str(kept)]) == 2
     assert "exists" in capsys.readouterr().err and kept.read_text() == "saved\n"
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # not installed
+    assert main([*command, "--output", str(tmp_path / "new.txt")]) == 1
+    assert "pip install 'hf-deep-nmt[onnx]'" in capsys.readouterr().err
 
 
 def test_only_the_quantizers_preprocessing_advice_is_silenced(caplog):
