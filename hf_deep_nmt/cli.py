@@ -204,11 +204,33 @@ def _translate(argv: list[str]) -> int:
         "--threads",
         type=_at_least(1),
         default=None,
-        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the usable cores less the 1-minute load "
-        "average, at least 1, so that no thread waits for a core other work holds)",
+        help="CPU threads for torch, and for ONNX Runtime's sessions with --backend onnxruntime (default: "
+        "OMP_NUM_THREADS if set, else the usable cores less the 1-minute load average, at least 1, so that no thread "
+        "waits for a core other work holds)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=("torch", "onnxruntime"),
+        default="torch",
+        help="torch: the model's generate(); onnxruntime: the graphs of `hf-deep-nmt export-onnx` (--model: that "
+        "folder, or a model folder holding them in onnx/), same decoding, on the CPU",
+    )
+    parser.add_argument("--int8", action="store_true", help="with --backend onnxruntime: the int8 graphs")
     args = parser.parse_args(argv)
     _check_standard_streams(args.input, args.output)
+    onnx = args.backend == "onnxruntime"
+    if onnx:
+        for flag, given in (
+            ("--compile", args.compile),
+            (f"--device {args.device}", args.device not in (None, "cpu")),
+        ):
+            if given:
+                raise UsageError(
+                    f"{flag} is for --backend torch; --backend onnxruntime runs the exported graphs on the CPU: "
+                    "drop it."
+                )
+    elif args.int8:
+        raise UsageError("--int8 picks the int8 graphs of --backend onnxruntime; add that, or drop --int8.")
 
     from hf_deep_nmt.decoding import DecodingOptions
 
@@ -222,26 +244,41 @@ def _translate(argv: list[str]) -> int:
     from hf_deep_nmt.translate import check_output_path, read_lines, set_threads, write_translations
 
     check_output_path(args.output, args.input, args.overwrite)
-    set_threads(args.threads)
-    device = _device(args.device)
-    lines = read_lines(args.input)
-    _check_model_source(args.model)
-    from transformers.utils import logging
+    threads = set_threads(args.threads)
+    if onnx:
+        from hf_deep_nmt.onnx_decoding import (
+            load_onnx_model,
+            onnx_folder,
+            require_onnxruntime,
+            saved_generation_config,
+        )
 
-    bars = logging.is_progress_bar_enabled()
-    if args.no_progress:
-        logging.disable_progress_bar()  # the loading bar too
-    try:
-        model, tokenizer = _load(args.model, device)
-    finally:
-        if bars:
-            logging.enable_progress_bar()
+        require_onnxruntime()
+        graphs = onnx_folder(args.model, args.int8)  # before stdin is read
+        lines = read_lines(args.input)
+        model, tokenizer = load_onnx_model(graphs, args.int8, threads)
+        generation_config = saved_generation_config(model)
+    else:
+        device = _device(args.device)
+        lines = read_lines(args.input)
+        _check_model_source(args.model)
+        from transformers.utils import logging
+
+        bars = logging.is_progress_bar_enabled()
+        if args.no_progress:
+            logging.disable_progress_bar()  # the loading bar too
+        try:
+            model, tokenizer = _load(args.model, device)
+        finally:
+            if bars:
+                logging.enable_progress_bar()
+        generation_config = model.generation_config
     write_translations(
         model,
         tokenizer,
         lines,
         args.output,
-        DecodingOptions.from_arguments(args, model.generation_config),
+        DecodingOptions.from_arguments(args, generation_config),
         overwrite=args.overwrite,
         progress=not args.no_progress,
         compile=args.compile,
@@ -442,16 +479,31 @@ def _export_onnx(argv: list[str]) -> int:
         "the encoder with the first decoder step, and one decoder step with the cache as tensors; with its tokenizer.",
     )
     parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
-    parser.add_argument("out", type=_path, help="new folder for the ONNX graphs; an existing one is refused")
+    parser.add_argument(
+        "out", type=_path, nargs="?", help="new folder for the ONNX graphs; an existing one is refused"
+    )
     parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
+    parser.add_argument(
+        "--into-model",
+        action="store_true",
+        help="write the graphs into MODEL/onnx/ (instead of OUT), where `translate --backend onnxruntime --model "
+        "MODEL` finds them and `push` uploads them; an existing MODEL/onnx/ is refused",
+    )
     args = parser.parse_args(argv)
-    if Path(args.out).expanduser().exists():
+    if args.into_model == (args.out is not None):
+        raise UsageError("give either OUT (a new folder for the graphs) or --into-model (MODEL/onnx/), not both.")
+    if args.into_model:
+        if not Path(args.model).expanduser().is_dir():
+            raise UsageError(f"--into-model writes into a local model folder; {args.model} is none.")
+        args.out = str(Path(args.model) / "onnx")
+    if os.path.lexists(Path(args.out).expanduser()):
         raise UsageError(f"{args.out} exists; give a new folder for the ONNX export (nothing is overwritten).")
     _check_model_source(args.model)
-    from hf_deep_nmt.onnx_decoding import export_onnx
+    from hf_deep_nmt.onnx_decoding import export_for_serving, require_onnxruntime
 
+    require_onnxruntime()
     model, tokenizer = _load(args.model, "cpu")
-    export_onnx(model, args.out, quantize=args.int8, tokenizer=tokenizer)
+    export_for_serving(model, tokenizer, Path(args.out).expanduser(), quantize=args.int8)
     print(args.out)
     return 0
 
@@ -655,7 +707,7 @@ def main(argv: list[str] | None = None) -> int:
             "usage: hf-deep-nmt [--debug] {train | train-staged | prepare} CONFIG [--field value ...] | "
             "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
             "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
-            "export-onnx MODEL OUT [--int8] | "
+            "export-onnx MODEL (OUT | --into-model) [--int8] | "
             "upgrade-code FOLDER_OR_REPO_ID [--dry-run] [--trust-remote-code] | "
             "convert-marian SOURCE OUT [--overwrite] | "
             "grow MODEL OUT --layers N [--strategy top] [--aggregation dlcl|sparse]"

@@ -11,8 +11,13 @@ search (`greedy`), optionally on the int8 graphs `quantize_dynamic` writes (`qua
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -467,3 +472,165 @@ def translate_lines(
         tokens, _ = decoder.greedy(encoded["input_ids"], encoded["attention_mask"], max_new_tokens)
         out.extend(tokenizer.batch_decode(tokens, skip_special_tokens=True))
     return out
+
+
+# ---- serving: the graphs inside a model folder, and `hf-deep-nmt translate --backend onnxruntime` -----------------
+
+ONNX_SUBFOLDER = "onnx"  # a model folder (and its Hub repository) carries its graphs here
+PREPROCESSING_HINT = "Please consider to run pre-processing before quantization"
+
+
+class MissingOnnxRuntimeError(RuntimeError):
+    """The optional `onnxruntime` package is not installed."""
+
+
+def require_onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError:
+        raise MissingOnnxRuntimeError(
+            "decoding with ONNX Runtime needs the onnxruntime package; install it with "
+            "`pip install 'hf-deep-nmt[onnx]'` (or `pip install onnxruntime`)."
+        ) from None
+    return onnxruntime
+
+
+class _DropPreprocessingHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(PREPROCESSING_HINT)
+
+
+@contextlib.contextmanager
+def quiet_preprocessing_hint():
+    """Inside: onnxruntime's quantizer does not log its advice to run its shape pre-processing first (it logs it on
+    the root logger for every graph; the int8 graphs are measured without it). Nothing else is filtered."""
+    hint = _DropPreprocessingHint()
+    root = logging.getLogger()
+    root.addFilter(hint)
+    try:
+        yield
+    finally:
+        root.removeFilter(hint)
+
+
+def export_for_serving(model, tokenizer, folder: str | Path, quantize: bool = False) -> Path:
+    """`export_onnx` with the tokenizer and the model's generation config (the default beams and length penalty of
+    `translate --backend onnxruntime`) into the new `folder`, written beside it and renamed into place when
+    complete, so that a failed export leaves nothing behind. An existing `folder` is refused."""
+    folder = Path(folder)
+    if os.path.lexists(folder):
+        raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-partial-", dir=folder.parent))
+    try:
+        with quiet_preprocessing_hint():
+            export_onnx(model, staging / "graphs", quantize=quantize, tokenizer=tokenizer)
+        model.generation_config.save_pretrained(staging / "graphs")
+        if os.path.lexists(folder):
+            raise FileExistsError(f"{folder} appeared during the export; the new graphs are not put in its place.")
+        os.rename(staging / "graphs", folder)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+def export_into_model(model, tokenizer, model_folder: str | Path, quantize: bool = False) -> Path:
+    """`export_for_serving` into `model_folder/onnx`, the place `onnx_folder` (and so `translate --backend
+    onnxruntime --model MODEL_FOLDER`) looks, and which `push` uploads with the model. An existing one is refused."""
+    model_folder = Path(model_folder)
+    target = model_folder / ONNX_SUBFOLDER
+    if os.path.lexists(target):
+        raise FileExistsError(f"{target} exists; nothing is overwritten: remove it first to export the graphs again.")
+    return export_for_serving(model, tokenizer, target, quantize)
+
+
+def onnx_folder(model: str | Path, int8: bool = False) -> Path:
+    """The folder of graphs that `model` names: an `export-onnx` folder itself, or a model folder's `onnx/`
+    subfolder; a name that is no local path is taken as a Hub repository id, and its `onnx/` folder downloaded.
+    `FileNotFoundError` naming the folder and the command that writes the graphs when there are none (or no int8
+    graphs where `int8`)."""
+    path = Path(str(model)).expanduser()
+    if not path.exists():
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(str(model), allow_patterns=[f"{ONNX_SUBFOLDER}/*"]))
+    make = f"`hf-deep-nmt export-onnx {model} --into-model{' --int8' if int8 else ''}`"
+    found = next((folder for folder in (path, path / ONNX_SUBFOLDER) if (folder / LAYOUT_FILE).is_file()), None)
+    if found is None:
+        raise FileNotFoundError(
+            f"{model} holds no ONNX graphs (no {LAYOUT_FILE} in it or in its {ONNX_SUBFOLDER}/ folder); write them "
+            f"with {make}."
+        )
+    if int8 and not (found / "start.int8.onnx").is_file():
+        raise FileNotFoundError(
+            f"{found} has no int8 graphs (start.int8.onnx); export again with --int8 (remove {found} first, then "
+            f"{make}), or translate without --int8."
+        )
+    return found
+
+
+def load_onnx_model(model: str | Path, int8: bool = False, threads: int | None = None):
+    """(`OnnxDecoder`, tokenizer) of `onnx_folder(model, int8)`, on `threads` ONNX Runtime threads (intra- and
+    inter-op; None: `translate.default_threads()`). The decoder takes the place of the model in
+    `hf_deep_nmt.translate`'s `translate`, `write_translations` and `translate_file`."""
+    from transformers import AutoTokenizer
+
+    from hf_deep_nmt.translate import default_threads
+
+    require_onnxruntime()
+    if threads is None:
+        threads = default_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"`threads` must be a positive integer, got {threads!r}.")
+    folder = onnx_folder(model, int8)
+    decoder = OnnxDecoder(folder, int8=int8, threads=threads)
+    decoder.folder = folder
+    return decoder, AutoTokenizer.from_pretrained(folder)
+
+
+def saved_generation_config(decoder: OnnxDecoder):
+    """The generation config saved beside the graphs (`export_for_serving`), else transformers' defaults."""
+    from transformers import GenerationConfig
+
+    folder = getattr(decoder, "folder", None)
+    if folder is not None and (Path(folder) / "generation_config.json").is_file():
+        return GenerationConfig.from_pretrained(folder)
+    return GenerationConfig()
+
+
+class _CappedStep:
+    """The step session with `translate.SourceRelativeMaxLength`'s rule: a row whose sentence has `limits[i]` tokens
+    gets `</s>` (every other token -inf, `</s>` 0 as a log-probability), rows grouped by sentence as beam search
+    lays them out."""
+
+    def __init__(self, session, limits: np.ndarray, eos: int):
+        self.session, self.limits, self.eos = session, limits, eos
+
+    def run(self, names, feeds):
+        logits, *rest = self.session.run(names, feeds)
+        decoded = feeds["steps"].shape[0]  # tokens decoded so far
+        capped = np.repeat(self.limits, logits.shape[0] // len(self.limits)) <= decoded
+        if capped.any():
+            logits = logits.copy()
+            logits[capped] = -np.inf
+            logits[capped, self.eos] = 0.0
+        return [logits, *rest]
+
+
+def translate_batch(decoder: OnnxDecoder, tokenizer, sources: list[list[int]], options) -> list[str]:
+    """One batch of token ids decoded as `translate._translate_batch` decodes it with `generate()`: greedy or beam
+    search (`options.num_beams`), each sentence capped at `options.output_limits` of its length, the fairseq length
+    penalty `options.length_penalty`."""
+    batch = tokenizer.pad({"input_ids": sources}, return_tensors="np")
+    limits = options.output_limits(torch.from_numpy(batch["attention_mask"]).sum(dim=1)).numpy()
+    longest = int(limits.max())
+    session, penalty = decoder.step, decoder.length_penalty
+    decoder.step, decoder.length_penalty = _CappedStep(session, limits, decoder.eos), options.length_penalty
+    try:
+        if options.num_beams == 1:
+            tokens, _ = decoder.greedy(batch["input_ids"], batch["attention_mask"], longest + 1)
+        else:
+            tokens = decoder.beam(batch["input_ids"], batch["attention_mask"], options.num_beams, longest + 1)
+    finally:
+        decoder.step, decoder.length_penalty = session, penalty
+    return [text.strip() for text in tokenizer.batch_decode(tokens, skip_special_tokens=True)]

@@ -248,7 +248,10 @@ def iter_translations(
     if not isinstance(compile, bool):
         raise ValueError(f"`compile` must be True or False, got {compile!r}.")
     options = DecodingOptions.build(options, **settings)
-    check_tokenizer_matches(model, tokenizer)
+    if _is_onnx(model):
+        _check_onnx_decoding(model, tokenizer, options, compile)
+    else:
+        check_tokenizer_matches(model, tokenizer)
     wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
     # the length check is ours (below): no tokenizer warning about its own maximum
     encoded = {index: tokenizer(sentences[index], verbose=False)["input_ids"] for index in wanted}
@@ -265,8 +268,38 @@ def iter_translations(
     size = options.buffer_size or max(len(wanted), 1)
     windows = [wanted[start : start + size] for start in range(0, len(wanted), size)]
     batches = [_window_batches(window, encoded, options.batch_size, options.max_tokens) for window in windows]
-    _check_batches_fit(model, batches, encoded, options)
+    if not _is_onnx(model):  # the estimate is of torch's decoding, from the model's config
+        _check_batches_fit(model, batches, encoded, options)
     return _translated_pieces(model, tokenizer, len(sentences), batches, encoded, progress, options, compile)
+
+
+def _is_onnx(model) -> bool:
+    from hf_deep_nmt.onnx_decoding import OnnxDecoder
+
+    return isinstance(model, OnnxDecoder)
+
+
+def _check_onnx_decoding(decoder, tokenizer, options: DecodingOptions, compile: bool) -> None:
+    """Refuse, naming it, what the ONNX Runtime backend cannot do as asked, and a tokenizer whose padding or end id
+    is not the graphs'."""
+    if compile:
+        raise ValueError(
+            "`compile=True` (`--compile`) compiles the torch model; the ONNX Runtime backend runs its exported "
+            "graphs: "
+            "drop it."
+        )
+    if options.gnmt:
+        raise ValueError(
+            '`length_penalty_form="gnmt"` (`--length-penalty-form gnmt`) rescores every final beam, and the ONNX '
+            "Runtime backend's beam search returns the best one only: use the fairseq form, or the torch backend."
+        )
+    ids = {"pad": (tokenizer.pad_token_id, decoder.pad), "end": (tokenizer.eos_token_id, decoder.eos)}
+    for name, (tokenizer_id, graph_id) in ids.items():
+        if tokenizer_id != graph_id:
+            raise ValueError(
+                f"The tokenizer's {name} id is {tokenizer_id}, the ONNX graphs' is {graph_id}: use the tokenizer "
+                "saved with the graphs."
+            )
 
 
 def _window_batches(window: list[int], encoded, batch_size: int, max_tokens: int | None) -> list[list[int]]:
@@ -291,8 +324,10 @@ def _check_batches_fit(model, batches, encoded, options: DecodingOptions) -> Non
 
 
 def _translated_pieces(model, tokenizer, count, batches, encoded, progress, options, compile) -> Iterator[list[str]]:
-    model.eval()
-    device = next(model.parameters()).device
+    onnx = _is_onnx(model)
+    if not onnx:
+        model.eval()
+    device = None if onnx else next(model.parameters()).device
     outputs: dict[int, str] = {index: "" for index in range(count) if index not in encoded}
     done = 0  # translations 0 .. done - 1 have been yielded
 
@@ -319,6 +354,10 @@ def _translated_pieces(model, tokenizer, count, batches, encoded, progress, opti
 
 
 def _translate_batch(model, tokenizer, sources, device, options: DecodingOptions, compile: bool) -> list[str]:
+    if device is None:  # an `OnnxDecoder`
+        from hf_deep_nmt.onnx_decoding import translate_batch
+
+        return translate_batch(model, tokenizer, sources, options)
     eos = model.generation_config.eos_token_id
     eos = eos[0] if isinstance(eos, list) else eos
     batch = tokenizer.pad({"input_ids": sources}, return_tensors="pt").to(device)
@@ -369,7 +408,8 @@ def translate(
     `DecodingOptions`), as is a tokenizer whose vocabulary or padding / end ids do not match the model
     (`ValueError`). `compile=True` decodes with the static cache and a compiled decoding step (`compiled_decoding`):
     the same translations, faster once compiled where launches dominate (small batches on a GPU), at the price of a
-    compilation per new shape.
+    compilation per new shape. `model` may be an `OnnxDecoder` (`hf_deep_nmt.onnx_decoding.load_onnx_model`): the
+    same decoding on ONNX Runtime, greedy or beam search with the fairseq penalty (not `compile`, not the GNMT form).
     """
     pieces = iter_translations(model, tokenizer, sentences, options, progress=progress, compile=compile, **settings)
     return [text for piece in pieces for text in piece]
