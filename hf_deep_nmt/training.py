@@ -104,7 +104,7 @@ def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
     model = build_model(plan.model_args, prepared.tokenizer, plan)
     configure_generation(model, prepared.tokenizer, plan.data_args, plan.export_args, plan)
     trainer = make_trainer(model, training_args, prepared)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     checkpoint = resolve_resume_checkpoint(resume, training_args.output_dir)
     if checkpoint and training_finished(checkpoint, training_args):
         # stopped after its last step (while saving it, averaging, evaluating or exporting): nothing is trained again
@@ -116,6 +116,9 @@ def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
         summary = {
             "train_loss": round(train_result.training_loss, 4),
             "train_seconds": round(time.perf_counter() - started, 1),
+            # this process's CPU time (all its threads): at one thread, a cost that other work on the machine does not
+            # inflate as it does the wall time
+            "train_cpu_seconds": round(time.process_time() - cpu_started, 1),
             "train_steps": train_result.global_step,
             "nonfinite_steps_skipped": nonfinite_steps_skipped(trainer),
         }
@@ -140,12 +143,13 @@ def continue_finished_training(trainer, checkpoint: str | Path, output_dir: str 
         recorded = json.loads((Path(output_dir) / "results.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         recorded = None
-    keys = ("train_loss", "train_seconds", "train_steps", "nonfinite_steps_skipped")
+    keys = ("train_loss", "train_seconds", "train_cpu_seconds", "train_steps", "nonfinite_steps_skipped")
     if isinstance(recorded, dict) and recorded.get("train_steps") == state.global_step:
         return {key: recorded.get(key) for key in keys}
     return {
         "train_loss": None,
         "train_seconds": None,
+        "train_cpu_seconds": None,
         "train_steps": state.global_step,
         "nonfinite_steps_skipped": skipped_steps_in_state(state),
     }
