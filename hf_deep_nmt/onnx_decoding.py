@@ -305,12 +305,13 @@ def export_onnx(model, folder: str | Path, quantize: bool = False, tokenizer=Non
             weights_first = folder / f"{name}.transposed.onnx"
             _transposed_weights(folder / f"{name}.onnx", weights_first)
             try:
-                quantize_dynamic(
-                    weights_first,
-                    folder / f"{name}.int8.onnx",
-                    weight_type=QuantType.QInt8,
-                    op_types_to_quantize=["MatMul"],
-                )
+                with quiet_preprocessing_hint():
+                    quantize_dynamic(
+                        weights_first,
+                        folder / f"{name}.int8.onnx",
+                        weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["MatMul"],
+                    )
             finally:
                 weights_first.unlink()
     return folder
@@ -523,8 +524,7 @@ def export_for_serving(model, tokenizer, folder: str | Path, quantize: bool = Fa
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-partial-", dir=folder.parent))
     try:
-        with quiet_preprocessing_hint():
-            export_onnx(model, staging / "graphs", quantize=quantize, tokenizer=tokenizer)
+        export_onnx(model, staging / "graphs", quantize=quantize, tokenizer=tokenizer)
         model.generation_config.save_pretrained(staging / "graphs")
         if os.path.lexists(folder):
             raise FileExistsError(f"{folder} appeared during the export; the new graphs are not put in its place.")

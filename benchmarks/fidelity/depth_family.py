@@ -14,16 +14,17 @@ speed (target tokens per second of `hf_deep_nmt.translate.translate` on held-out
 
 Methods whose settings this checkout's config does not know are reported as "not available in this checkout".
 
-Budget of `--size cpu` (d 64, FFN 256, 200 steps of 1024 target tokens, 2 threads, one run at a time), measured on
-the 2-core development machine while other work shared it (load 2.5): a 24-layer-encoder DLCL run trained at 0.31 s
-per step, the residual 24-layer one at 0.27 s, and each run spends about 25 s besides (start, the package's final
-evaluation of 100 verses, this script's evaluation). 2 seeds x (1 + 7 x 2) runs: about 2 x (65 + 7 x 65 + 7 x 85) s
-plus the two preparations, about 40 minutes; more on a busier machine. `--size gpu` (d 256, FFN 1024, 300 steps of
-8192 tokens, bf16, 200 verses scored with 4 beams) is sized for an H100/H200 with `--jobs 8 --threads 2`, four waves
-of runs sharing the GPU (so its time ratios compare runs that shared it alike, not runs alone): not yet run.
+Budget of `--size cpu` (d 64, FFN 256, 200 steps of 1024 target tokens): with `--jobs 2 --threads 1` the 30 runs took
+29.6 minutes on the 2-core development machine while other work ran beside them (load about 2); a 24-layer-encoder
+run trains at 0.4-0.7 CPU s a step (Hyper-Connections the most) and each run spends about 25 s besides (start, the
+package's final evaluation of 100 verses, this script's evaluation). At one thread on the CPU the time ratios compare
+each training's process CPU time per step (`train_cpu_seconds` in its results.json), which runs side by side inflate
+far less than the wall time. `--size gpu` (d 256, FFN 1024, 300 steps of 8192 tokens, bf16, 200 verses scored with 4
+beams) is sized for an H100/H200 with `--jobs 10 --threads 1`, runs sharing the GPU (so its time ratios compare runs
+that shared it alike, not runs alone); a first run on an H200 finished 11 of its 30 runs in 300 s.
 
-    python benchmarks/fidelity/depth_family.py --size cpu                          # 2 cores, under an hour
-    python benchmarks/fidelity/depth_family.py --size gpu --device cuda --jobs 8   # one H100/H200
+    python benchmarks/fidelity/depth_family.py --size cpu --jobs 2 --threads 1     # 2 cores, 30 minutes
+    python benchmarks/fidelity/depth_family.py --size gpu --device cuda --jobs 10 --threads 1  # one H100/H200
     python benchmarks/fidelity/depth_family.py --size smoke --methods dlcl          # seconds
 """
 
