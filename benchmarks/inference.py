@@ -46,6 +46,7 @@ import json
 import math
 import os
 import pstats
+import shutil
 import statistics
 import sys
 import tempfile
@@ -229,9 +230,11 @@ def torchao_int8(model):
     return model
 
 
-def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path) -> dict:
+def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path, onnx: bool = False) -> dict:
     """`hf-deep-nmt translate` against the CTranslate2 export on the same lines, both in this process at 1 thread,
-    model loading included: CPU and wall seconds, and whether the outputs are the same."""
+    model loading included: CPU and wall seconds, and whether the outputs are the same. With `onnx` (the folder holds
+    `onnx/`, `export-onnx --into-model`) also `translate --backend onnxruntime` in fp32 (against CTranslate2 fp32,
+    same output expected) and int8 (against CTranslate2 int8)."""
     import ctranslate2
     from transformers import AutoTokenizer
 
@@ -243,16 +246,18 @@ def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path) -> dic
     ours, theirs = workdir / "e2e.ours", workdir / "e2e.ct2"
     new = size["new_tokens"]
 
-    def translate_command():
-        arguments = ["translate", "--model", str(folder), "--input", str(source), "--output", str(ours)]
+    def translate_command(output: Path = ours, backend: list[str] = ()):
+        arguments = ["translate", "--model", str(folder), "--input", str(source), "--output", str(output)]
         options = ["--overwrite", "--threads", "1", "--no-progress", "--device", "cpu", "--num-beams", "4"]
         caps = ["--batch-size", "32", "--max-length-a", "0", "--max-length-b", str(new), "--length-penalty", "1"]
-        if cli([*arguments, *options, *caps]) != 0:
-            raise RuntimeError("hf-deep-nmt translate failed")
+        if cli([*arguments, *options, *caps, *backend]) != 0:
+            raise RuntimeError(f"hf-deep-nmt translate {' '.join(backend)} failed")
 
-    def translate_ct2():
+    def translate_ct2(compute_type: str = "float32", output: Path = theirs):
         tokenizer = AutoTokenizer.from_pretrained(ct2_folder)
-        translator = ctranslate2.Translator(str(ct2_folder), device="cpu", intra_threads=1, inter_threads=1)
+        translator = ctranslate2.Translator(
+            str(ct2_folder), device="cpu", compute_type=compute_type, intra_threads=1, inter_threads=1
+        )
         text = source.read_text(encoding="utf-8").split("\n")[:-1]
         encoded = [tokenizer.convert_ids_to_tokens(tokenizer(line)["input_ids"]) for line in text]
         results = translator.translate_batch(encoded, beam_size=4, max_decoding_length=new, max_batch_size=32)
@@ -260,15 +265,34 @@ def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path) -> dic
             tokenizer.decode(tokenizer.convert_tokens_to_ids(result.hypotheses[0]), skip_special_tokens=True)
             for result in results
         ]
-        theirs.write_text("".join(line + "\n" for line in decoded), encoding="utf-8")
+        output.write_text("".join(line + "\n" for line in decoded), encoding="utf-8")
 
+    contenders = [("hf_deep_nmt_translate", translate_command), ("ct2_fp32", translate_ct2)]
+    onnx_fp32, onnx_int8, ct2_int8 = workdir / "e2e.onnx", workdir / "e2e.onnx-int8", workdir / "e2e.ct2-int8"
+    if onnx:
+        contenders += [
+            ("translate_onnxruntime", lambda: translate_command(onnx_fp32, ["--backend", "onnxruntime"])),
+            (
+                "translate_onnxruntime_int8",
+                lambda: translate_command(onnx_int8, ["--backend", "onnxruntime", "--int8"]),
+            ),
+            ("ct2_int8", lambda: translate_ct2("int8", ct2_int8)),
+        ]
     figures = {}
-    for name, run in (("hf_deep_nmt_translate", translate_command), ("ct2_fp32", translate_ct2)):
+    for name, run in contenders:
         cpu, wall = cpu_and_wall(run, size["repeats"], size["warm_up"])
         figures[name] = dict(cpu_seconds=cpu, wall_seconds=wall)
     figures["lines"] = len(lines)
     figures["same_output"] = ours.read_text(encoding="utf-8") == theirs.read_text(encoding="utf-8")
     figures["ratio_cpu"] = figures["hf_deep_nmt_translate"]["cpu_seconds"] / figures["ct2_fp32"]["cpu_seconds"]
+    if onnx:
+        figures["onnxruntime_same_output"] = onnx_fp32.read_text(encoding="utf-8") == ours.read_text(encoding="utf-8")
+        figures["onnxruntime_ratio_cpu"] = (
+            figures["translate_onnxruntime"]["cpu_seconds"] / figures["ct2_fp32"]["cpu_seconds"]
+        )
+        figures["onnxruntime_int8_ratio_cpu"] = (
+            figures["translate_onnxruntime_int8"]["cpu_seconds"] / figures["ct2_int8"]["cpu_seconds"]
+        )
     return figures
 
 
@@ -339,7 +363,12 @@ def run(size_name: str, families: list[str], workdir: Path, backends: tuple[str,
         model.save_pretrained(workdir / "plain")
         tokenizer.save_pretrained(workdir / "plain")
         export_ctranslate2(model, tokenizer, workdir / "plain-e2e-ct2", overwrite=True)
-        results["end_to_end"] = end_to_end(workdir / "plain", workdir / "plain-e2e-ct2", size, workdir)
+        if have_ort:
+            from hf_deep_nmt.onnx_decoding import export_into_model
+
+            shutil.rmtree(workdir / "plain" / "onnx", ignore_errors=True)  # this run's scratch folder
+            export_into_model(model, tokenizer, workdir / "plain", quantize=True)
+        results["end_to_end"] = end_to_end(workdir / "plain", workdir / "plain-e2e-ct2", size, workdir, onnx=have_ort)
     results["load_average_at_end"] = os.getloadavg()
     return results
 
@@ -462,6 +491,16 @@ def print_table(results: dict) -> None:
             f"({ours['wall_seconds']:.2f} s wall), CTranslate2 fp32 {ct2['cpu_seconds']:.2f} CPU s "
             f"({ct2['wall_seconds']:.2f} s wall): {e2e['ratio_cpu']:.2f}x; same output: {e2e['same_output']}"
         )
+        if "translate_onnxruntime" in e2e:
+            fp32, int8, ct2_int8 = e2e["translate_onnxruntime"], e2e["translate_onnxruntime_int8"], e2e["ct2_int8"]
+            print(
+                f"end to end, translate --backend onnxruntime {fp32['cpu_seconds']:.2f} CPU s "
+                f"({fp32['wall_seconds']:.2f} s wall): {e2e['onnxruntime_ratio_cpu']:.2f}x CTranslate2 fp32, same "
+                f"output as the torch backend: {e2e['onnxruntime_same_output']}; "
+                f"--int8 {int8['cpu_seconds']:.2f} CPU s "
+                f"({int8['wall_seconds']:.2f} s wall) against CTranslate2 int8 {ct2_int8['cpu_seconds']:.2f} CPU s "
+                f"({ct2_int8['wall_seconds']:.2f} s wall): {e2e['onnxruntime_int8_ratio_cpu']:.2f}x"
+            )
     for skipped in results["skipped"]:
         print(f"skipped: {skipped}")
 

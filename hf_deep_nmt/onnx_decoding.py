@@ -342,10 +342,13 @@ class OnnxDecoder:
         self.names = [_slot_name(entry) for entry in self.layout]
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
 
-    def greedy(self, input_ids, attention_mask, max_new_tokens: int, min_new_tokens: int = 0, forced=None):
+    def greedy(
+        self, input_ids, attention_mask, max_new_tokens: int, min_new_tokens: int = 0, forced=None, max_lengths=None
+    ):
         """Tokens as `generate()` gives them for greedy search (without the decoder start token; finished rows
         padded), and the logits of each step (batch, steps, vocab). `forced` (batch, steps): feed these tokens
-        instead of the chosen ones (to compare the logits along a given path)."""
+        instead of the chosen ones (to compare the logits along a given path). `max_lengths` (batch,): each row's own
+        cap on its tokens, `</s>` forced once it has that many (`translate`'s source-relative cap)."""
         input_ids = np.asarray(input_ids, dtype=np.int64)
         mask = np.asarray(attention_mask, dtype=np.int64)
         logits, *rest = self.start.run(None, {"input_ids": input_ids, "attention_mask": mask})
@@ -363,31 +366,39 @@ class OnnxDecoder:
             finished |= token == self.eos
             if (forced is None and finished.all()) or step + 1 == max_new_tokens:
                 break
-            feeds = {
-                "tokens": token[:, None].astype(np.int64),
-                **encoder,
-                "attention_mask": mask,
-                "steps": np.zeros(step + 1, dtype=np.float32),
-            }
-            feeds.update(zip(self.names, slots))
-            logits, *new = self.step.run(None, feeds)
-            for index, tensor in zip(self.self_index, new):
-                slots[index] = tensor
+            logits = self._step(token, encoder, slots, mask, step + 1, max_lengths)
         return np.stack(out, axis=1), np.stack(scores, axis=1)
 
-    def _step(self, tokens, encoder, slots, mask, done):
+    def _step(self, tokens, encoder, slots, mask, done, max_lengths=None):
+        """The next logits after `done` tokens (the self-attention slots updated in place); rows whose
+        `max_lengths` (one per row) are reached get `</s>` only (log-probability 0, every other token -inf)."""
         feeds = {"tokens": tokens[:, None].astype(np.int64), "attention_mask": mask, **encoder}
         feeds["steps"] = np.zeros(done, dtype=np.float32)
         feeds.update(zip(self.names, slots))
         logits, *new = self.step.run(None, feeds)
         for index, tensor in zip(self.self_index, new):
             slots[index] = tensor
+        if max_lengths is not None:
+            capped = np.asarray(max_lengths) <= done
+            if capped.any():
+                logits[capped] = -np.inf
+                logits[capped, self.eos] = 0.0
         return logits
 
-    def beam(self, input_ids, attention_mask, num_beams: int, max_new_tokens: int, min_new_tokens: int = 0):
+    def beam(
+        self,
+        input_ids,
+        attention_mask,
+        num_beams: int,
+        max_new_tokens: int,
+        min_new_tokens: int = 0,
+        max_lengths=None,
+        length_penalty: float | None = None,
+    ):
         """The best hypothesis of beam search, with the rules of `generate()`'s beam search (2 * num_beams
         candidates a step, a hypothesis finishes only from the top num_beams, length penalty on the generated length,
-        its early-stopping heuristic), so that the tokens are `generate()`'s; decoder start token excluded."""
+        its early-stopping heuristic), so that the tokens are `generate()`'s; decoder start token excluded.
+        `max_lengths` (batch,): each sentence's own cap, as in `greedy`; `length_penalty`: instead of the export's."""
         input_ids = np.asarray(input_ids, dtype=np.int64)
         mask = np.asarray(attention_mask, dtype=np.int64)
         logits, *rest = self.start.run(None, {"input_ids": input_ids, "attention_mask": mask})
@@ -408,7 +419,10 @@ class OnnxDecoder:
         unsatisfied = torch.ones(batch, 1, dtype=torch.bool)
         top = torch.arange(keep) < beams
         offset = torch.arange(batch)[:, None] * beams
-        penalty, early = self.length_penalty, self.early_stopping
+        penalty = self.length_penalty if length_penalty is None else length_penalty
+        early = self.early_stopping
+        if max_lengths is not None:
+            max_lengths = np.repeat(np.asarray(max_lengths), beams)  # rows grouped by sentence
         while True:
             log_probs = torch.log_softmax(logits.float(), dim=-1)
             if cur_len - 1 < min_new_tokens:
@@ -452,7 +466,7 @@ class OnnxDecoder:
                 for entry, tensor in zip(self.layout, slots)
             ]
             tokens = running[:, :, cur_len - 1].reshape(-1).numpy()
-            logits = torch.from_numpy(self._step(tokens, encoder, slots, mask, cur_len - 1))
+            logits = torch.from_numpy(self._step(tokens, encoder, slots, mask, cur_len - 1, max_lengths))
         length = int(lengths[:, 0].max())
         return sequences[:, 0, 1 : 1 + length].numpy()
 
@@ -598,39 +612,17 @@ def saved_generation_config(decoder: OnnxDecoder):
     return GenerationConfig()
 
 
-class _CappedStep:
-    """The step session with `translate.SourceRelativeMaxLength`'s rule: a row whose sentence has `limits[i]` tokens
-    gets `</s>` (every other token -inf, `</s>` 0 as a log-probability), rows grouped by sentence as beam search
-    lays them out."""
-
-    def __init__(self, session, limits: np.ndarray, eos: int):
-        self.session, self.limits, self.eos = session, limits, eos
-
-    def run(self, names, feeds):
-        logits, *rest = self.session.run(names, feeds)
-        decoded = feeds["steps"].shape[0]  # tokens decoded so far
-        capped = np.repeat(self.limits, logits.shape[0] // len(self.limits)) <= decoded
-        if capped.any():
-            logits = logits.copy()
-            logits[capped] = -np.inf
-            logits[capped, self.eos] = 0.0
-        return [logits, *rest]
-
-
 def translate_batch(decoder: OnnxDecoder, tokenizer, sources: list[list[int]], options) -> list[str]:
     """One batch of token ids decoded as `translate._translate_batch` decodes it with `generate()`: greedy or beam
     search (`options.num_beams`), each sentence capped at `options.output_limits` of its length, the fairseq length
     penalty `options.length_penalty`."""
     batch = tokenizer.pad({"input_ids": sources}, return_tensors="np")
     limits = options.output_limits(torch.from_numpy(batch["attention_mask"]).sum(dim=1)).numpy()
-    longest = int(limits.max())
-    session, penalty = decoder.step, decoder.length_penalty
-    decoder.step, decoder.length_penalty = _CappedStep(session, limits, decoder.eos), options.length_penalty
-    try:
-        if options.num_beams == 1:
-            tokens, _ = decoder.greedy(batch["input_ids"], batch["attention_mask"], longest + 1)
-        else:
-            tokens = decoder.beam(batch["input_ids"], batch["attention_mask"], options.num_beams, longest + 1)
-    finally:
-        decoder.step, decoder.length_penalty = session, penalty
+    longest, ids, mask = int(limits.max()), batch["input_ids"], batch["attention_mask"]
+    if options.num_beams == 1:
+        tokens, _ = decoder.greedy(ids, mask, longest + 1, max_lengths=limits)
+    else:
+        tokens = decoder.beam(
+            ids, mask, options.num_beams, longest + 1, max_lengths=limits, length_penalty=options.length_penalty
+        )
     return [text.strip() for text in tokenizer.batch_decode(tokens, skip_special_tokens=True)]

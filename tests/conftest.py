@@ -301,7 +301,7 @@ NOT_TRANSFORMERS_CONTRACT = {
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        left_out = NOT_TRANSFORMERS_CONTRACT.get(item.path.name, ())
+        left_out = NOT_TRANSFORMERS_CONTRACT.get(item.path.name, set())
         if item.path.name in TRANSFORMERS_CONTRACT_MODULES and not {item.originalname, item.name} & left_out:
             item.add_marker(pytest.mark.transformers_contract)
 
