@@ -164,8 +164,10 @@ def test_generate_hands_the_encoder_only_what_it_names(model):
 
 def test_the_tests_left_out_of_the_contract_run_exist():
     """A renamed test in `NOT_TRANSFORMERS_CONTRACT` would silently join the contract run again (and one that lists a
-    contract module's test by a stale name hides nothing): every name listed is a test of its module."""
+    contract module's test by a stale name hides nothing): every name listed is a test of its module, and every
+    `name[parameter]` one of that test's parameters."""
     import ast
+    import importlib
 
     from conftest import NOT_TRANSFORMERS_CONTRACT, TRANSFORMERS_CONTRACT_MODULES
 
@@ -173,4 +175,11 @@ def test_the_tests_left_out_of_the_contract_run_exist():
         assert module in TRANSFORMERS_CONTRACT_MODULES
         tree = ast.parse((Path(__file__).parent / module).read_text())
         tests = {node.name for node in tree.body if isinstance(node, ast.FunctionDef)}
-        assert names <= tests, f"{module} has no {sorted(names - tests)}"
+        functions = {name.partition("[")[0] for name in names}
+        assert functions <= tests, f"{module} has no {sorted(functions - tests)}"
+        for name in names:
+            function, _, parameter = name.partition("[")
+            if parameter:
+                marks = getattr(getattr(importlib.import_module(module[:-3]), function), "pytestmark", [])
+                values = {str(value) for mark in marks if mark.name == "parametrize" for value in mark.args[1]}
+                assert parameter.removesuffix("]") in values, f"{module}: {function} has no parameter {parameter}"
