@@ -299,34 +299,11 @@ NOT_TRANSFORMERS_CONTRACT = {
 }
 
 
-# The modules with the longest tests (child processes, ONNX exports, trainings), run first: pytest-xdist hands each
-# worker consecutive chunks of the collection and never takes back what a worker holds, so a 20-40 s test met late
-# leaves the other worker idle at the end; first, the short tests fill in behind them. Costliest first (`--durations`).
-LONGEST_FIRST = (
-    "test_faults.py",
-    "test_data_scale_smoke.py",
-    "test_upgrade_code.py",
-    "test_onnx_decoding.py",
-    "test_benchmarks_smoke.py",
-    "test_properties.py",
-    "test_nonfinite_skipping.py",
-    "test_prepared_data.py",
-    "test_memory_bounds.py",
-    "test_compiled_cpu_training.py",
-    "test_onnx_translate.py",
-    "test_startup.py",
-    "test_interruptions.py",
-    "test_preemption.py",
-)
-
-
 def pytest_collection_modifyitems(config, items):
     for item in items:
         left_out = NOT_TRANSFORMERS_CONTRACT.get(item.path.name, set())
         if item.path.name in TRANSFORMERS_CONTRACT_MODULES and not {item.originalname, item.name} & left_out:
             item.add_marker(pytest.mark.transformers_contract)
-    rank = {name: position for position, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session", autouse=True)
