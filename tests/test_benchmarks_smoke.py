@@ -192,11 +192,12 @@ def test_ctranslate2_conversion_decodes_like_hf_marian(perf, tmp_path):
 
 
 def test_the_compiled_section_runs_and_reports_its_ratios(perf, tmp_path):
-    """At smoke size, with a backend that skips code generation (the figures mean nothing; the harness runs)."""
+    """At smoke size, with Dynamo's `eager` backend, which traces but neither generates code nor traces the backward
+    (the figures mean nothing; the harness runs): 17 CPU s against 27 with `aot_eager`."""
     threads = torch.get_num_threads()
     try:
         results = perf.main(
-            ["--smoke", "--sections", "compiled", "--compile-backend", "aot_eager", "--device", "cpu",
+            ["--smoke", "--sections", "compiled", "--compile-backend", "eager", "--device", "cpu",
              "--json", str(tmp_path / "perf.json"), "--threads", "1"]
         )  # fmt: skip
     finally:
