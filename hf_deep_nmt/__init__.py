@@ -11,7 +11,10 @@ registering: it starts, and refuses a bad argument, without torch and transforme
 load or build a model, and the package's names are handed on at their first use either way.
 """
 
+import importlib
 import sys
+
+from hf_deep_nmt._moved import MOVED
 
 __all__ = [
     "BASE_MODEL_CLASSES",
@@ -59,6 +62,8 @@ _REGISTERED_NAMES = frozenset(__all__) | {"TESTED_VERSIONS", "__version__"}
 
 
 def __getattr__(name: str):
+    if name in MOVED:  # a module path of 0.2.0 (`hf_deep_nmt.translate`, ...)
+        return importlib.import_module(f"{__name__}.{name}")
     if name in _REGISTERED_NAMES:
         from hf_deep_nmt import registration
 

@@ -63,10 +63,10 @@ def _finite(text: str) -> float:
 
 
 def _train(argv: list[str]) -> int:
-    from hf_deep_nmt.recipes import recipe_path
+    from hf_deep_nmt.training.recipes import recipe_path
 
     recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
-    from hf_deep_nmt.training import run
+    from hf_deep_nmt.training.pipeline import run
 
     summary = run(argv)
     printable = {key: value for key, value in summary.items() if key != "examples"}
@@ -75,10 +75,10 @@ def _train(argv: list[str]) -> int:
 
 
 def _train_staged(argv: list[str]) -> int:
-    from hf_deep_nmt.recipes import recipe_path
+    from hf_deep_nmt.training.recipes import recipe_path
 
     recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
-    from hf_deep_nmt.staged import run_staged
+    from hf_deep_nmt.training.staged import run_staged
 
     summary = run_staged(argv)
     printable = {key: value for key, value in summary.items() if key != "examples"}
@@ -87,7 +87,7 @@ def _train_staged(argv: list[str]) -> int:
 
 
 def _prepare(argv: list[str]) -> int:
-    from hf_deep_nmt.training import run_prepare
+    from hf_deep_nmt.training.pipeline import run_prepare
 
     summary = run_prepare(argv)
     print(f"Prepared data: {summary['folder']} ({'reused' if summary['reused'] else 'built'})")
@@ -137,7 +137,7 @@ def _check_model_source(model: str) -> None:
 
 
 def _load(model_name: str, device: str):
-    from hf_deep_nmt.translate import load_model
+    from hf_deep_nmt.serving.translate import load_model
 
     try:
         return load_model(model_name, device)
@@ -154,7 +154,7 @@ def _load(model_name: str, device: str):
 def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per field of `DecodingOptions` (`--batch-size` for `batch_size`, ...), with its help and its command
     line default."""
-    from hf_deep_nmt.decoding import DecodingOptions
+    from hf_deep_nmt.serving.options import DecodingOptions
 
     for flag, item, default in DecodingOptions.command_line_flags():
         if "choices" in item.metadata:
@@ -232,7 +232,7 @@ def _translate(argv: list[str]) -> int:
     elif args.int8:
         raise UsageError("--int8 picks the int8 graphs of --backend onnxruntime; add that, or drop --int8.")
 
-    from hf_deep_nmt.decoding import DecodingOptions
+    from hf_deep_nmt.serving.options import DecodingOptions
 
     # Everything the user named is checked, and the input read, before the model is loaded; the decoding options
     # before torch and transformers are imported (with the translation code).
@@ -241,12 +241,12 @@ def _translate(argv: list[str]) -> int:
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
-    from hf_deep_nmt.translate import check_output_path, read_lines, set_threads, write_translations
+    from hf_deep_nmt.serving.translate import check_output_path, read_lines, set_threads, write_translations
 
     check_output_path(args.output, args.input, args.overwrite)
     threads = set_threads(args.threads)
     if onnx:
-        from hf_deep_nmt.onnx_decoding import (
+        from hf_deep_nmt.serving.onnx import (
             load_onnx_model,
             onnx_folder,
             require_onnxruntime,
@@ -299,7 +299,7 @@ def _average(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-to")
     args = parser.parse_args(argv)
 
-    from hf_deep_nmt.averaging import average_checkpoints
+    from hf_deep_nmt.training.averaging import average_checkpoints
 
     average_checkpoints(
         args.checkpoints or None,
@@ -379,7 +379,7 @@ def _inspect(argv: list[str]) -> int:
     parser.add_argument("--overwrite", action="store_true", help="replace files of an earlier inspect run")
     args = parser.parse_args(argv)
 
-    from hf_deep_nmt.inspection import inspect_model
+    from hf_deep_nmt.tools.inspection import inspect_model
 
     summary = inspect_model(
         args.model,
@@ -397,13 +397,13 @@ def _inspect(argv: list[str]) -> int:
 
 
 def _doctor(argv: list[str]) -> int:
-    from hf_deep_nmt.doctor import main as doctor
+    from hf_deep_nmt.tools.doctor import main as doctor
 
     return doctor(argv)
 
 
 def _export_ctranslate2(argv: list[str]) -> int:
-    from hf_deep_nmt.ctranslate2_export import DEFAULT_MAX_POSITIONS, MIN_MAX_POSITIONS, SERVABLE
+    from hf_deep_nmt.serving.ctranslate2 import DEFAULT_MAX_POSITIONS, MIN_MAX_POSITIONS, SERVABLE
 
     parser = _Parser(
         prog="hf-deep-nmt export-ctranslate2",
@@ -436,14 +436,14 @@ def _export_ctranslate2(argv: list[str]) -> int:
 
     from transformers import AutoConfig
 
-    from hf_deep_nmt.ctranslate2_export import (
+    from hf_deep_nmt.folders import check_export_folder
+    from hf_deep_nmt.serving.ctranslate2 import (
         check_ctranslate2_support,
         check_max_positions,
         export_ctranslate2,
         quantization_choices,
         require_ctranslate2,
     )
-    from hf_deep_nmt.folders import check_export_folder
 
     # Everything named is checked before the model's weights are loaded.
     require_ctranslate2()
@@ -475,7 +475,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
 def _export_onnx(argv: list[str]) -> int:
     parser = _Parser(
         prog="hf-deep-nmt export-onnx",
-        description="Write a model (any family) as ONNX graphs for ONNX Runtime decoding (hf_deep_nmt.onnx_decoding): "
+        description="Write a model (any family) as ONNX graphs for ONNX Runtime decoding (hf_deep_nmt.serving.onnx): "
         "the encoder with the first decoder step, and one decoder step with the cache as tensors; with its tokenizer.",
     )
     parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
@@ -499,7 +499,7 @@ def _export_onnx(argv: list[str]) -> int:
     if os.path.lexists(Path(args.out).expanduser()):
         raise UsageError(f"{args.out} exists; give a new folder for the ONNX export (nothing is overwritten).")
     _check_model_source(args.model)
-    from hf_deep_nmt.onnx_decoding import export_for_serving, require_onnxruntime
+    from hf_deep_nmt.serving.onnx import export_for_serving, require_onnxruntime
 
     require_onnxruntime()
     model, tokenizer = _load(args.model, "cpu")
@@ -509,7 +509,7 @@ def _export_onnx(argv: list[str]) -> int:
 
 
 def _grow(argv: list[str]) -> int:
-    from hf_deep_nmt.growing import EXACT_AGGREGATIONS, GROWTH_STRATEGIES
+    from hf_deep_nmt.training.growing import EXACT_AGGREGATIONS, GROWTH_STRATEGIES
 
     parser = _Parser(
         prog="hf-deep-nmt grow",
@@ -544,7 +544,7 @@ def _grow(argv: list[str]) -> int:
 
     from hf_deep_nmt.fingerprints import record_tokenizer_fingerprint
     from hf_deep_nmt.folders import check_export_folder, write_marked_folder
-    from hf_deep_nmt.growing import grow_encoder
+    from hf_deep_nmt.training.growing import grow_encoder
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
     check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
@@ -571,7 +571,7 @@ def _grow(argv: list[str]) -> int:
 
 
 def _upgrade_code(argv: list[str]) -> int:
-    from hf_deep_nmt.upgrade_code import DEFAULT_NUM_CHECKS
+    from hf_deep_nmt.tools.upgrade_code import DEFAULT_NUM_CHECKS
 
     parser = _Parser(
         prog="hf-deep-nmt upgrade-code",
@@ -601,7 +601,7 @@ def _upgrade_code(argv: list[str]) -> int:
     args = parser.parse_args(argv)
 
     from hf_deep_nmt.model_folders import check_local_path
-    from hf_deep_nmt.upgrade_code import upgrade_folder, upgrade_repo
+    from hf_deep_nmt.tools.upgrade_code import upgrade_folder, upgrade_repo
 
     check_local_path(args.source, "Model folder")
     path = Path(args.source).expanduser()
@@ -639,8 +639,8 @@ def _convert_marian(argv: list[str]) -> int:
     )
     args = parser.parse_args(argv)
 
-    from hf_deep_nmt.marian import convert_marian
     from hf_deep_nmt.model_folders import check_local_path
+    from hf_deep_nmt.tools.marian import convert_marian
 
     check_local_path(args.source, "Model folder")
     print(convert_marian(args.source, args.out, overwrite=args.overwrite))

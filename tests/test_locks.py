@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from hf_deep_nmt import run_folder
 from hf_deep_nmt.cli import describe_error
-from hf_deep_nmt.run_folder import LOCK_FILE, MAX_PID, RunFolder, RunFolderError, lease_seconds, lock_problem
+from hf_deep_nmt.training import run_folder
+from hf_deep_nmt.training.run_folder import LOCK_FILE, MAX_PID, RunFolder, RunFolderError, lease_seconds, lock_problem
 
 
 def write_lock(folder, **fields):

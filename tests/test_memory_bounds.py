@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
-from hf_deep_nmt.ctranslate2_export import check_max_positions, export_ctranslate2
 from hf_deep_nmt.memory import InsufficientMemoryError, check_saved_model_size, estimate_parameters
-from hf_deep_nmt.translate import decoding_memory, translate
+from hf_deep_nmt.serving.ctranslate2 import check_max_positions, export_ctranslate2
+from hf_deep_nmt.serving.translate import decoding_memory, translate
 from hf_deep_nmt.weights import saved_parameters
 
 LIMIT = 3 << 30  # address space of the subprocesses: torch and a tiny model take under 1 GiB of it

@@ -18,18 +18,18 @@ import pytest
 import transformers.trainer
 from transformers import TrainerCallback
 
-from hf_deep_nmt import run_folder
-from hf_deep_nmt.arguments import parse_arguments
-from hf_deep_nmt.callbacks import checkpoint_problem, numbered_checkpoints
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.preemption import (
+from hf_deep_nmt.training import run_folder
+from hf_deep_nmt.training.arguments import parse_arguments
+from hf_deep_nmt.training.callbacks import checkpoint_problem, numbered_checkpoints
+from hf_deep_nmt.training.preemption import (
     OutputFolderTakenOver,
     PreemptionCallback,
     PreemptionSignals,
     TrainingPreempted,
     raise_if_preempted,
 )
-from hf_deep_nmt.run_folder import (
+from hf_deep_nmt.training.run_folder import (
     LOCK_FILE,
     RUN_RECORD,
     RunFolder,
@@ -38,7 +38,7 @@ from hf_deep_nmt.run_folder import (
     recipe_differences,
     run_recipe,
 )
-from hf_deep_nmt.staged import run_staged
+from hf_deep_nmt.training.staged import run_staged
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {

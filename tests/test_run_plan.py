@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from hf_deep_nmt import plan as plan_module
-from hf_deep_nmt import staged, training  # noqa: F401  (imported so that their bindings of the checks are spied on)
-from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
-from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.decoding import MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
-from hf_deep_nmt.plan import RunPlan, plan_run
+from hf_deep_nmt.data.corpus import sample_corpus_dir
+from hf_deep_nmt.serving.options import MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
+from hf_deep_nmt.training import pipeline as training
+from hf_deep_nmt.training import plan as plan_module
+from hf_deep_nmt.training import staged  # noqa: F401  (imported so that their bindings of the checks are spied on)
+from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
+from hf_deep_nmt.training.plan import RunPlan, plan_run
 
 TINY_OVERRIDES = {
     "d_model": 16,
@@ -137,23 +138,23 @@ def test_prepare_plans_no_folders(tmp_path):
 
 # The checks of a run and the functions that build what the plan holds; each must run once per run.
 CHECKS = [
-    ("hf_deep_nmt.recipes", "read_recipe"),
-    ("hf_deep_nmt.arguments", "check_recipe_values"),
-    ("hf_deep_nmt.arguments", "check_explicit_run"),
-    ("hf_deep_nmt.arguments", "check_model_arguments"),
-    ("hf_deep_nmt.arguments", "check_config_overrides"),
-    ("hf_deep_nmt.arguments", "check_arguments"),
-    ("hf_deep_nmt.arguments", "evaluation_options"),
-    ("hf_deep_nmt.plan", "plan_run"),
-    ("hf_deep_nmt.plan", "check_staged"),
-    ("hf_deep_nmt.plan", "check_saved_model"),
-    ("hf_deep_nmt.plan", "check_recipe_agrees_with_saved_model"),
-    ("hf_deep_nmt.plan", "check_checkpoints_to_average"),
-    ("hf_deep_nmt.plan", "check_repo_id"),
-    ("hf_deep_nmt.plan", "_sizes_of_preset"),
-    ("hf_deep_nmt.plan", "recipe_inputs"),
-    ("hf_deep_nmt.data", "parallel_files"),
-    ("hf_deep_nmt.data", "check_corpus_file"),
+    ("hf_deep_nmt.training.recipes", "read_recipe"),
+    ("hf_deep_nmt.training.arguments", "check_recipe_values"),
+    ("hf_deep_nmt.training.arguments", "check_explicit_run"),
+    ("hf_deep_nmt.training.arguments", "check_model_arguments"),
+    ("hf_deep_nmt.training.arguments", "check_config_overrides"),
+    ("hf_deep_nmt.training.arguments", "check_arguments"),
+    ("hf_deep_nmt.training.arguments", "evaluation_options"),
+    ("hf_deep_nmt.training.plan", "plan_run"),
+    ("hf_deep_nmt.training.plan", "check_staged"),
+    ("hf_deep_nmt.training.plan", "check_saved_model"),
+    ("hf_deep_nmt.training.plan", "check_recipe_agrees_with_saved_model"),
+    ("hf_deep_nmt.training.plan", "check_checkpoints_to_average"),
+    ("hf_deep_nmt.training.plan", "check_repo_id"),
+    ("hf_deep_nmt.training.plan", "_sizes_of_preset"),
+    ("hf_deep_nmt.training.plan", "recipe_inputs"),
+    ("hf_deep_nmt.data.corpus", "parallel_files"),
+    ("hf_deep_nmt.data.corpus", "check_corpus_file"),
     ("hf_deep_nmt.folders", "check_run_folders"),
     ("hf_deep_nmt.memory", "check_training_size"),
     ("hf_deep_nmt.model_folders", "check_saved_model_folder"),

@@ -87,12 +87,12 @@ def test_an_unknown_name_of_the_package_is_an_attribute_error():
 
 
 def test_the_0_1_0_path_of_inspect_model_warns_and_still_works():
-    from hf_deep_nmt import diagnostics
-    from hf_deep_nmt.inspection import inspect_model
+    from hf_deep_nmt.tools import diagnostics
+    from hf_deep_nmt.tools.inspection import inspect_model
 
-    with pytest.warns(FutureWarning, match="import it from `hf_deep_nmt.inspection`"):
+    with pytest.warns(FutureWarning, match="import it from `hf_deep_nmt.tools.inspection`"):
         assert diagnostics.inspect_model is inspect_model
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        from hf_deep_nmt.inspection import inspect_model as again  # the new path says nothing
+        from hf_deep_nmt.tools.inspection import inspect_model as again  # the new path says nothing
     assert again is inspect_model

@@ -21,7 +21,12 @@ from typing import Any
 from transformers import AutoConfig
 
 from hf_deep_nmt import MODEL_CLASSES
-from hf_deep_nmt.arguments import (
+from hf_deep_nmt.data.corpus import parallel_files
+from hf_deep_nmt.folders import check_export_folder, check_run_folders
+from hf_deep_nmt.memory import check_training_size
+from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder, check_saved_weights_finite
+from hf_deep_nmt.serving.options import DecodingOptions
+from hf_deep_nmt.training.arguments import (
     PRESETS,
     DataArguments,
     DeepNMTTrainingArguments,
@@ -30,11 +35,6 @@ from hf_deep_nmt.arguments import (
     check_arguments,
     check_model_arguments,
 )
-from hf_deep_nmt.data import parallel_files
-from hf_deep_nmt.decoding import DecodingOptions
-from hf_deep_nmt.folders import check_export_folder, check_run_folders
-from hf_deep_nmt.memory import check_training_size
-from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder, check_saved_weights_finite
 
 
 @dataclass(frozen=True)

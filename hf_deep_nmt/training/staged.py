@@ -7,10 +7,11 @@ Every stage writes its own folder under `output_dir` (`stage-1-2-layers/`, ...) 
 it is done, its final model and `stage.json`. Running the same command again resumes: finished stages are skipped, an
 interrupted stage continues from its last checkpoint, and a stage stopped after its last step (while its model or
 record was being saved) saves them from that checkpoint without training again. A folder holding a run of another
-recipe is refused (`hf_deep_nmt.run_folder`), so a changed recipe never exports the old stages under its own card.
-Each stage starts with a fresh optimizer; the schedule is the fairseq inverse square root with the SDT restart rule
-(`hf_deep_nmt.schedules`). With `average_checkpoints: N`, the final evaluation and the export use the mean of the last
-stage's newest N checkpoints (`hf_deep_nmt.training.average_last_checkpoints`, the step `train` takes).
+recipe is refused (`hf_deep_nmt.training.run_folder`), so a changed recipe never exports the old stages under its own
+card. Each stage starts with a fresh optimizer; the schedule is the fairseq inverse square root with the SDT restart
+rule (`hf_deep_nmt.training.schedules`). With `average_checkpoints: N`, the final evaluation and the export use the
+mean of the last stage's newest N checkpoints (`hf_deep_nmt.training.pipeline.average_last_checkpoints`, the step
+`train` takes).
 """
 
 from __future__ import annotations
@@ -25,18 +26,18 @@ from typing import Any
 from transformers import AutoModelForSeq2SeqLM, TrainerState
 from transformers.utils import logging
 
-from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
-from hf_deep_nmt.callbacks import nonfinite_steps_skipped
-from hf_deep_nmt.checkpoints import TRAINER_STATE_FILE, last_complete_checkpoint, training_finished, verify_checkpoint
 from hf_deep_nmt.folders import atomic_file, write_marked_folder
-from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.model_folders import check_saved_json_files
-from hf_deep_nmt.plan import RunPlan, plan_run
-from hf_deep_nmt.preemption import raise_if_preempted
-from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
-from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
-from hf_deep_nmt.trainer import DeepNMTTrainer
-from hf_deep_nmt.training import (
+from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments, check_explicit_run, parse_arguments
+from hf_deep_nmt.training.callbacks import nonfinite_steps_skipped
+from hf_deep_nmt.training.checkpoints import (
+    TRAINER_STATE_FILE,
+    last_complete_checkpoint,
+    training_finished,
+    verify_checkpoint,
+)
+from hf_deep_nmt.training.growing import grow_encoder
+from hf_deep_nmt.training.pipeline import (
     average_last_checkpoints,
     build_model,
     configure_generation,
@@ -46,6 +47,11 @@ from hf_deep_nmt.training import (
     prepare,
     skipped_steps_in_state,
 )
+from hf_deep_nmt.training.plan import RunPlan, plan_run
+from hf_deep_nmt.training.preemption import raise_if_preempted
+from hf_deep_nmt.training.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler, stage_start_step
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
 logger = logging.get_logger(__name__)

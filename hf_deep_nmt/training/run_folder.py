@@ -52,9 +52,9 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from hf_deep_nmt.callbacks import numbered_checkpoints
-from hf_deep_nmt.checkpoints import CHECKSUMS_FILE, checkpoint_problem
-from hf_deep_nmt.preemption import PreemptionSignals
+from hf_deep_nmt.training.callbacks import numbered_checkpoints
+from hf_deep_nmt.training.checkpoints import CHECKSUMS_FILE, checkpoint_problem
+from hf_deep_nmt.training.preemption import PreemptionSignals
 
 logger = logging.get_logger(__name__)
 
@@ -351,8 +351,8 @@ class RunOutputsCallback(TrainerCallback):
 class RunFolder:
     """`with RunFolder(output_dir, command, recipe, shape):` holds the folder's lock for the block (released on error
     and on a preemption signal too; see the module for taking over a lock left behind), with SIGTERM / SIGUSR1
-    handled as requests to save and stop (`hf_deep_nmt.preemption`). Only the main process of a multi-process launch
-    (`RANK` 0) locks and writes; the others only read the same decision."""
+    handled as requests to save and stop (`hf_deep_nmt.training.preemption`). Only the main process of a multi-process
+    launch (`RANK` 0) locks and writes; the others only read the same decision."""
 
     def __init__(
         self, output_dir: str | Path, command: str, recipe: dict[str, Any], shape: dict[str, Any] | None = None
