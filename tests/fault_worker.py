@@ -1,6 +1,6 @@
-"""Child process of the kill tests: `python fault_worker.py train|train-staged ARGS...` runs the real command line
-(`hf_deep_nmt.cli.main`), with two test-only slow-downs set by environment variables so that a SIGKILL from the test
-lands where it is meant to:
+"""Child process of the kill tests: runs the real command line (`hf_deep_nmt.cli.main`) with `train|train-staged
+ARGS...`, with test-only slow-downs set by environment variables so that a SIGKILL from the test lands where it is
+meant to:
 
 - FAULT_STEP_DELAY: seconds to sleep after every optimizer step (so a kill after checkpoint N lands before N + 1);
 - FAULT_HANG_AT_STEP / FAULT_MARKER: while writing the checkpoint of that step, after its weights, optimizer and
@@ -9,11 +9,18 @@ lands where it is meant to:
   once training is under way);
 - FAULT_HANG_IN_EVALUATION: at the start of the final evaluation, create this marker file and hang (the test signals
   it there).
+
+Two ways in: `python fault_worker.py ARGS...` (a fresh interpreter), or `start(arguments, environment, log)`, which
+forks the run from a multiprocessing fork server that imported torch, transformers and the package once per test
+process (`set_forkserver_preload`). Either way the run is a process of its own that the test kills or signals as a
+whole; the fork only spares each run the 5 CPU seconds a fresh interpreter spends importing.
 """
 
+import multiprocessing
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -21,42 +28,70 @@ import transformers.trainer
 from transformers import Trainer, TrainerCallback
 
 from hf_deep_nmt import cli
-from hf_deep_nmt.training import pipeline as training
-
-STEP_DELAY = float(os.environ.get("FAULT_STEP_DELAY", "0"))
-HANG_AT_STEP = int(os.environ.get("FAULT_HANG_AT_STEP", "0"))
-MARKER = os.environ.get("FAULT_MARKER")
-STEP_FILE = os.environ.get("FAULT_STEP_FILE")
-HANG_IN_EVALUATION = os.environ.get("FAULT_HANG_IN_EVALUATION")
+from hf_deep_nmt.training import pipeline
 
 
-class SlowSteps(TrainerCallback):
-    def on_step_end(self, args, state, control, **kwargs):
-        if STEP_FILE:
-            Path(STEP_FILE).write_text(str(state.global_step))
-        time.sleep(STEP_DELAY)
+def install_slow_downs(environment: Mapping[str, str]) -> None:
+    """Patch the Trainer and the pipeline of this process with the slow-downs `environment` asks for."""
+    step_delay = float(environment.get("FAULT_STEP_DELAY", "0"))
+    hang_at_step = int(environment.get("FAULT_HANG_AT_STEP", "0"))
+    marker, step_file = environment.get("FAULT_MARKER"), environment.get("FAULT_STEP_FILE")
+    hang_in_evaluation = environment.get("FAULT_HANG_IN_EVALUATION")
 
+    class SlowSteps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if step_file:
+                Path(step_file).write_text(str(state.global_step))
+            time.sleep(step_delay)
 
-_save_optimizer_and_scheduler = Trainer._save_optimizer_and_scheduler
+    save_optimizer_and_scheduler = Trainer._save_optimizer_and_scheduler
 
+    def save_optimizer_and_scheduler_then_hang(self, output_dir):
+        save_optimizer_and_scheduler(self, output_dir)
+        if self.state.global_step == hang_at_step:
+            Path(marker).write_text(output_dir)
+            time.sleep(600)
 
-def save_optimizer_and_scheduler_then_hang(self, output_dir):
-    _save_optimizer_and_scheduler(self, output_dir)
-    if self.state.global_step == HANG_AT_STEP:
-        Path(MARKER).write_text(output_dir)
+    def hang_in_evaluation_instead(*args, **kwargs):
+        Path(hang_in_evaluation).write_text("evaluating")
         time.sleep(600)
 
+    transformers.trainer.DEFAULT_CALLBACKS.append(SlowSteps)
+    if hang_at_step:
+        Trainer._save_optimizer_and_scheduler = save_optimizer_and_scheduler_then_hang
+    if hang_in_evaluation:
+        pipeline.score_validation = hang_in_evaluation_instead
 
-def hang_in_evaluation(*args, **kwargs):
-    Path(HANG_IN_EVALUATION).write_text("evaluating")
-    time.sleep(600)
+
+def run(arguments: list[str]) -> int:
+    torch.set_num_threads(1)
+    install_slow_downs(os.environ)
+    return cli.main(arguments)
+
+
+def _forked_run(arguments: list[str], environment: dict[str, str], log: str) -> None:
+    # the fork server's child: its own environment, its output (both streams) into `log`, the command's exit status
+    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    os.environ.clear()
+    os.environ.update(environment)
+    sys.exit(run(arguments))
+
+
+# What the fork server imports before it forks any run: this module's heavy imports, by their installed names (the
+# server's `sys.path` is a fresh interpreter's, without tests/; each run imports this small module itself)
+_FORK_SERVER = multiprocessing.get_context("forkserver")
+_FORK_SERVER.set_forkserver_preload(["torch", "transformers.trainer", "hf_deep_nmt.cli", pipeline.__name__])
+
+
+def start(arguments: list[str], environment: dict[str, str], log: Path) -> multiprocessing.Process:
+    """The run as a started process (`pid`, `exitcode`: negative for a signal, `join`), its output going to `log`."""
+    process = _FORK_SERVER.Process(target=_forked_run, args=(arguments, environment, str(log)), daemon=False)
+    process.start()
+    return process
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(1)
-    transformers.trainer.DEFAULT_CALLBACKS.append(SlowSteps)
-    if HANG_AT_STEP:
-        Trainer._save_optimizer_and_scheduler = save_optimizer_and_scheduler_then_hang
-    if HANG_IN_EVALUATION:
-        training.score_validation = hang_in_evaluation
-    sys.exit(cli.main(sys.argv[1:]))
+    sys.exit(run(sys.argv[1:]))

@@ -10,12 +10,11 @@ import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import fault_worker
 import pytest
 import torch
 from datasets import Dataset
@@ -31,7 +30,6 @@ from hf_deep_nmt.training.callbacks import (
     resolve_resume_checkpoint,
 )
 
-WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {
     "d_model": 16,
     "encoder_layers": 2,
@@ -72,40 +70,38 @@ def worker_environment(**settings) -> dict:
     return environment
 
 
+def start_worker(arguments: list[str], **settings):
+    """The run in a process of its own (forked from `fault_worker`'s fork server), with its output log."""
+    log = Path(arguments[arguments.index("--output_dir") + 1]).parent / f"worker-{time.monotonic_ns()}.log"
+    return fault_worker.start(arguments, worker_environment(**settings), log), log
+
+
 def run_to_completion(arguments: list[str], **settings) -> None:
-    result = subprocess.run(
-        [sys.executable, str(WORKER), *arguments],
-        env=worker_environment(**settings),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
+    process, log = start_worker(arguments, **settings)
+    process.join(timeout=300)
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+    assert process.exitcode == 0, log.read_text()[-3000:]
 
 
 def kill_when(arguments: list[str], condition, **settings) -> None:
     """Start the worker, SIGKILL it as soon as `condition()` holds; fail if it ends on its own first."""
-    process = subprocess.Popen(
-        [sys.executable, str(WORKER), *arguments],
-        env=worker_environment(**settings),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process, log = start_worker(arguments, **settings)
     deadline = time.monotonic() + 300
     try:
         while not condition():
-            if process.poll() is not None:
-                pytest.fail(f"the run ended (status {process.returncode}) before the kill:\n{process.stderr.read()}")
+            if process.exitcode is not None:
+                pytest.fail(f"the run ended (status {process.exitcode}) before the kill:\n{log.read_text()}")
             assert time.monotonic() < deadline, "the kill condition was never met"
             time.sleep(0.02)
         os.kill(process.pid, signal.SIGKILL)
-        assert process.wait(timeout=30) == -signal.SIGKILL
+        process.join(timeout=30)
+        assert process.exitcode == -signal.SIGKILL
     finally:
-        if process.poll() is None:
+        if process.exitcode is None:
             process.kill()
-            process.wait()
-        process.stderr.close()
+            process.join()
 
 
 def complete(folder: Path):

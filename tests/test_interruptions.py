@@ -10,11 +10,10 @@ last 2 averaged (an extra checkpoint saved for a preemption must not take a sche
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import fault_worker
 import pytest
 import transformers.trainer
 from safetensors.torch import load_file
@@ -25,7 +24,6 @@ from hf_deep_nmt.training import staged
 from hf_deep_nmt.training.preemption import TrainingPreempted
 from hf_deep_nmt.training.run_folder import RUN_RECORD
 
-WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {
     "d_model": 16,
     "encoder_layers": 1,
@@ -189,27 +187,28 @@ def test_sigterm_to_a_run_in_its_final_evaluation_resumes_into_evaluation_and_ex
     reference, expected = uninterrupted["train"]
     argv = arguments(corpus, tmp_path)
     marker = tmp_path / "evaluating"
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "FAULT_HANG_IN_EVALUATION": marker}
-    process = subprocess.Popen(
-        [sys.executable, str(WORKER), "train", *argv],
-        env={key: str(value) for key, value in environment.items()},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    environment = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "FAULT_HANG_IN_EVALUATION": str(marker),
+    }
+    log = tmp_path / "worker.log"
+    process = fault_worker.start(["train", *argv], environment, log)
     try:
         deadline = time.monotonic() + 120
         while not marker.exists():
-            assert process.poll() is None, f"the run ended before the signal: {process.stderr.read().decode()}"
+            assert process.exitcode is None, f"the run ended before the signal: {log.read_text()}"
             assert time.monotonic() < deadline, "the run never reached its final evaluation"
             time.sleep(0.05)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 130
-        error = process.stderr.read().decode()
+        os.kill(process.pid, signal.SIGTERM)
+        process.join(timeout=60)
+        assert process.exitcode == 130
+        error = log.read_text()
     finally:
-        if process.poll() is None:
+        if process.exitcode is None:
             process.kill()
-            process.wait()
-        process.stderr.close()
+            process.join()
     assert "SIGTERM received: stopped after the last checkpoint of a training" in error
     assert not (tmp_path / "export").exists()
     with caplog.at_level("WARNING"):

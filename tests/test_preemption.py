@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+import fault_worker
 import pytest
 import transformers.trainer
 from transformers import TrainerCallback
@@ -40,7 +41,6 @@ from hf_deep_nmt.training.run_folder import (
 )
 from hf_deep_nmt.training.staged import run_staged
 
-WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {
     "d_model": 16,
     "encoder_layers": 1,
@@ -88,25 +88,24 @@ def test_sigterm_saves_a_checkpoint_frees_the_folder_and_the_requeued_command_co
     arguments = train_arguments(corpus, output_dir)
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     environment.update(FAULT_STEP_DELAY="0.3", FAULT_STEP_FILE=str(step_file))
-    process = subprocess.Popen(
-        [sys.executable, str(WORKER), *arguments], env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
+    log = tmp_path / "worker.log"
+    process = fault_worker.start(arguments, environment, log)
     try:
         deadline = time.monotonic() + 120
         while not (step_file.is_file() and step_file.read_text().strip() not in ("", "0", "1")):
-            assert process.poll() is None, f"the run ended before the signal: {process.stderr.read().decode()}"
+            assert process.exitcode is None, f"the run ended before the signal: {log.read_text()}"
             assert time.monotonic() < deadline, "training never reached step 2"
             time.sleep(0.02)
         lock = json.loads((output_dir / LOCK_FILE).read_text())
         assert lock["pid"] == process.pid and lock["lease_seconds"] > 0 and lock["heartbeat"] <= time.time()
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 130
-        error = process.stderr.read().decode()
+        os.kill(process.pid, signal.SIGTERM)
+        process.join(timeout=60)
+        assert process.exitcode == 130
+        error = log.read_text()
     finally:
-        if process.poll() is None:
+        if process.exitcode is None:
             process.kill()
-            process.wait()
-        process.stderr.close()
+            process.join()
     saved = numbered_checkpoints(output_dir)
     assert len(saved) == 1, error
     step = int(saved[0].name.split("-")[1])
