@@ -264,55 +264,62 @@ from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments, multi_proce
 from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 torch.set_num_threads(1)
-work, poisoned_calls, limit = sys.argv[1], {int(c) for c in sys.argv[2].split(",")}, int(sys.argv[3])
 generator = torch.Generator().manual_seed(0)
 tokens = torch.randint(3, 37, (32, 6), generator=generator)
 dataset = Dataset.from_dict({"input_ids": tokens.tolist(), "labels": tokens.flip(1).tolist()})
-torch.manual_seed(0)
-config = DeepNMTConfig(
-    vocab_size=37, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
-    decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=24, dropout=0.0, layer_aggregation="dlcl",
-)
-model = DeepNMTForConditionalGeneration(config)
-calls = {"n": 0}
 
 
-def poison(module, inputs, outputs):
-    # a NaN loss on rank 1 only: rank 0's own loss and batch are fine
-    if module.training:
-        calls["n"] += 1
-        if dist.get_rank() == 1 and calls["n"] in poisoned_calls:
-            outputs.loss = outputs.loss * float("nan")
-    return outputs
+def train(name, poisoned_calls, limit):
+    torch.manual_seed(0)
+    config = DeepNMTConfig(
+        vocab_size=37, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=24, decoder_ffn_dim=24, dropout=0.0, layer_aggregation="dlcl",
+    )
+    model = DeepNMTForConditionalGeneration(config)
+    calls = {"n": 0}
+
+    def poison(module, inputs, outputs):
+        # a NaN loss on rank 1 only: rank 0's own loss and batch are fine
+        if module.training:
+            calls["n"] += 1
+            if dist.get_rank() == 1 and calls["n"] in poisoned_calls:
+                outputs.loss = outputs.loss * float("nan")
+        return outputs
+
+    model.register_forward_hook(poison)
+    args = DeepNMTTrainingArguments(
+        output_dir=f"{work}/{name}", max_steps=6, per_device_train_batch_size=2, learning_rate=3e-3,
+        lr_schedule="inverse_sqrt", warmup_steps=4, use_cpu=multi_process_launch_without_gpu(), report_to="none",
+        save_strategy="no", disable_tqdm=True, ddp_find_unused_parameters=False, seed=0, remove_unused_columns=False,
+        max_consecutive_nonfinite_steps=limit,
+    )
+    trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator)
+    result = {"rank": dist.get_rank()}
+    try:
+        trainer.train()
+    except NonFiniteTrainingError as error:
+        result["error"] = str(error)
+    final = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
+    gathered = [torch.zeros_like(final) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, final)
+    adam_steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
+    result.update(
+        identical=all(torch.equal(final, other) for other in gathered),
+        skipped=nonfinite_steps_skipped(trainer),
+        skipped_steps=[e["step"] for e in trainer.state.log_history if "nonfinite_steps_skipped" in e],
+        adam_steps=sorted(adam_steps),
+        schedule_steps=trainer.lr_scheduler.last_epoch,
+        finite=bool(torch.isfinite(final).all()),
+    )
+    with open(f"{work}/{name}-rank{dist.get_rank()}.json", "w") as handle:
+        json.dump(result, handle)
 
 
-model.register_forward_hook(poison)
-args = DeepNMTTrainingArguments(
-    output_dir=f"{work}/out", max_steps=6, per_device_train_batch_size=2, learning_rate=3e-3,
-    lr_schedule="inverse_sqrt", warmup_steps=4, use_cpu=multi_process_launch_without_gpu(), report_to="none",
-    save_strategy="no", disable_tqdm=True, ddp_find_unused_parameters=False, seed=0, remove_unused_columns=False,
-    max_consecutive_nonfinite_steps=limit,
-)
-trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator)
-result = {"rank": dist.get_rank()}
-try:
-    trainer.train()
-except NonFiniteTrainingError as error:
-    result["error"] = str(error)
-final = torch.cat([p.detach().flatten() for p in trainer.model.parameters()])
-gathered = [torch.zeros_like(final) for _ in range(dist.get_world_size())]
-dist.all_gather(gathered, final)
-adam_steps = {int(s["step"]) for s in trainer.optimizer.state_dict()["state"].values()}
-result.update(
-    identical=all(torch.equal(final, other) for other in gathered),
-    skipped=nonfinite_steps_skipped(trainer),
-    skipped_steps=[e["step"] for e in trainer.state.log_history if "nonfinite_steps_skipped" in e],
-    adam_steps=sorted(adam_steps),
-    schedule_steps=trainer.lr_scheduler.last_epoch,
-    finite=bool(torch.isfinite(final).all()),
-)
-with open(f"{work}/rank{dist.get_rank()}.json", "w") as handle:
-    json.dump(result, handle)
+# one launch, one run after the other (each from its own seeded model and Trainer): `name:poisoned calls:limit`
+work = sys.argv[1]
+for run in sys.argv[2:]:
+    name, poisoned_calls, limit = run.split(":")
+    train(name, {int(call) for call in poisoned_calls.split(",")}, int(limit))
 # leave together and close gloo's threads before the interpreter exits (as tests/test_distributed.py does: a rank
 # that exits with gloo's threads still running can abort with "terminate called without an active exception")
 dist.barrier()
@@ -325,23 +332,22 @@ os._exit(0)
 """
 
 
-def run_two_processes(tmp_path: Path, poisoned_calls: str, limit: int) -> list[dict]:
-    (tmp_path / "script.py").write_text(SCRIPT)
+# The runs of the tests below, by name: the NaN losses of rank 1 (by training forward call) and the limit of
+# consecutive skipped steps. One torchrun launch runs them all (each launch pays three interpreters' imports).
+TWO_PROCESS_RUNS = {"transient": ("3", 5), "persistent": ("2,3,4,5,6", 1)}
+
+
+@pytest.fixture(scope="module")
+def two_process_results(tmp_path_factory) -> dict[str, list[dict]]:
+    work = tmp_path_factory.mktemp("torchrun")
+    (work / "script.py").write_text(SCRIPT)
     env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     torchrun = str(Path(sys.executable).parent / "torchrun")
+    runs = [f"{name}:{calls}:{limit}" for name, (calls, limit) in TWO_PROCESS_RUNS.items()]
     completed = subprocess.run(
-        [
-            torchrun,
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            str(tmp_path / "script.py"),
-            str(tmp_path),
-            poisoned_calls,
-            str(limit),
-        ],
-        cwd=tmp_path,
+        [torchrun, "--standalone", "--nproc_per_node", "2", str(work / "script.py"), str(work), *runs],
+        cwd=work,
         env=env,
         capture_output=True,
         text=True,
@@ -349,7 +355,10 @@ def run_two_processes(tmp_path: Path, poisoned_calls: str, limit: int) -> list[d
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
-    return [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return {
+        name: [json.loads((work / f"{name}-rank{rank}.json").read_text()) for rank in (0, 1)]
+        for name in TWO_PROCESS_RUNS
+    }
 
 
 needs_torchrun = pytest.mark.skipif(
@@ -358,9 +367,8 @@ needs_torchrun = pytest.mark.skipif(
 
 
 @needs_torchrun
-def test_under_torchrun_every_process_skips_the_step_one_process_found_non_finite(tmp_path):
-    results = run_two_processes(tmp_path, "3", limit=5)
-    for result in results:
+def test_under_torchrun_every_process_skips_the_step_one_process_found_non_finite(two_process_results):
+    for result in two_process_results["transient"]:
         assert "error" not in result
         assert result["identical"] and result["finite"]
         assert result["skipped"] == 1 and result["skipped_steps"] == [3]
@@ -368,9 +376,8 @@ def test_under_torchrun_every_process_skips_the_step_one_process_found_non_finit
 
 
 @needs_torchrun
-def test_under_torchrun_persistent_non_finite_steps_stop_every_process_at_the_same_step(tmp_path):
-    results = run_two_processes(tmp_path, "2,3,4,5,6", limit=1)
-    for result in results:
+def test_under_torchrun_persistent_non_finite_steps_stop_every_process_at_the_same_step(two_process_results):
+    for result in two_process_results["persistent"]:
         assert "at optimizer step 3" in result["error"]
         assert "more than `max_consecutive_nonfinite_steps=1` allows" in result["error"]
         assert result["identical"] and result["skipped"] == 1 and result["adam_steps"] == [1]
