@@ -59,7 +59,8 @@ class _Parser(argparse.ArgumentParser):
         release, in their order (`grow MODEL OUT` is now `grow --model MODEL --output OUT`); `required`: the flags
         that must be given, one way or the other."""
         if positionals:
-            self.add_argument("previous_positionals", nargs="*", type=_path, help=argparse.SUPPRESS)
+            metavar = " ".join(name for _, name in positionals)
+            self.add_argument("previous_positionals", nargs="*", type=_path, metavar=metavar, help=argparse.SUPPRESS)
         args = self.parse_intermixed_args(argv)
         given = getattr(args, "previous_positionals", None) or []
         if len(given) > len(positionals):

@@ -199,7 +199,9 @@ def test_nan_weights_are_refused_by_the_commands_and_warned_about_by_from_pretra
     line = error_line(capsys)
     assert f"hold NaN or infinite values ({name})" in line and "Use an earlier checkpoint" in line
     assert not (model_copy.parent / "grown").exists()
-    assert main(["grow", str(model_copy), str(model_copy.parent / "grown"), "--layers", "1"]) == 2
+    assert (
+        main(["grow", "--model", str(model_copy), "--output", str(model_copy.parent / "grown"), "--layers", "1"]) == 2
+    )
     assert name in error_line(capsys)
     assert not (model_copy.parent / "grown").exists()
     with pytest.raises(ValueError, match=rf"Checkpoint '.*model' holds NaN or infinite weights \({name}\)"):

@@ -58,12 +58,12 @@ def recipe_arguments(corpus: Path, output_dir: Path, *extra: str) -> list[str]:
     recipe.write_text(json.dumps({"model_type": "deep_nmt", "model_overrides": OVERRIDES}))
     return [
         str(recipe),
-        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
-        *("--tokenizer_name_or_path", str(corpus / "tokenizer"), "--max_length_b", "2", "--num_beams", "1"),
-        *("--max_source_length", "64", "--max_target_length", "64", "--max_steps", str(STEPS)),
-        *("--save_strategy", "steps", "--save_steps", "1", "--per_device_train_batch_size", "8"),
-        *("--output_dir", str(output_dir), "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true"),
-        *("--seed", "0", "--translate_examples", "0", "--plot_curves", "false"),
+        *("--train-file", str(corpus / "train.tsv"), "--validation-file", str(corpus / "valid.tsv")),
+        *("--tokenizer-name-or-path", str(corpus / "tokenizer"), "--max-length-b", "2", "--num-beams", "1"),
+        *("--max-source-length", "64", "--max-target-length", "64", "--max-steps", str(STEPS)),
+        *("--save-strategy", "steps", "--save-steps", "1", "--per-device-train-batch-size", "8"),
+        *("--output-dir", str(output_dir), "--report-to", "none", "--disable-tqdm", "true", "--use-cpu", "true"),
+        *("--seed", "0", "--translate-examples", "0", "--plot-curves", "false"),
         *extra,
     ]
 
@@ -131,7 +131,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_every_lock_is_released(
 def test_an_output_dir_holding_another_recipe_or_an_unrecorded_run_is_refused(corpus, old_run, monkeypatch, capsys):
     fail_on_training(monkeypatch)
     before = tree(old_run)
-    assert main(["train", *recipe_arguments(corpus, old_run, "--learning_rate", "0.01")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--learning-rate", "0.01")]) == 2
     error = capsys.readouterr().err
     assert "holds a run of another recipe (learning_rate: 5e-05 -> 0.01)" in error
     assert "--resume_from_checkpoint last" in error and "--overwrite_output_dir true" in error
@@ -202,7 +202,7 @@ def test_overwrite_output_dir_removes_only_what_our_runs_wrote(corpus, old_run):
     (old_run / "data").mkdir()
     (old_run / "data" / "extra.tsv").write_text("a\tb\n")
     kept = {name: tree(old_run)[name] for name in ("notes.txt", "data/extra.tsv")}
-    run(recipe_arguments(corpus, old_run, "--max_steps", "2", "--overwrite_output_dir", "true"))
+    run(recipe_arguments(corpus, old_run, "--max-steps", "2", "--overwrite-output-dir", "true"))
     assert {name: tree(old_run)[name] for name in kept} == kept
     assert sorted(path.name for path in old_run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert json.loads((old_run / "results.json").read_text())["train_steps"] == 2
@@ -243,7 +243,7 @@ def test_a_run_continued_with_another_process_count_or_update_size_is_refused(co
         "keep 16 sentences per update with `--gradient_accumulation_steps 2` or `--per_device_train_batch_size 16`"
         in error
     )
-    assert main(["train", *recipe_arguments(corpus, old_run, "--resume_from_checkpoint", "last")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--resume-from-checkpoint", "last")]) == 2
     assert "Cannot continue" in capsys.readouterr().err
     assert tree(old_run) == before
 
@@ -285,8 +285,8 @@ def test_two_processes_after_one_are_refused_naming_the_settings_that_keep_the_t
 def test_overwrite_keeps_the_tokenizer_the_recipe_reads_from_the_output_dir(corpus, old_run, caplog):
     shutil.copytree(corpus / "tokenizer", old_run / "tokenizer")
     kept = tree(old_run / "tokenizer")
-    arguments = recipe_arguments(corpus, old_run, "--max_steps", "1", "--overwrite_output_dir", "true")
-    arguments[arguments.index("--tokenizer_name_or_path") + 1] = str(old_run / "tokenizer")
+    arguments = recipe_arguments(corpus, old_run, "--max-steps", "1", "--overwrite-output-dir", "true")
+    arguments[arguments.index("--tokenizer-name-or-path") + 1] = str(old_run / "tokenizer")
     run(arguments)  # not listed as ours: neither removed nor counted as an earlier output
     assert tree(old_run / "tokenizer") == kept
     assert sorted(path.name for path in old_run.glob("checkpoint-*")) == ["checkpoint-1"]
@@ -310,14 +310,14 @@ def test_overwrite_refuses_a_folder_no_record_lists_and_removes_nothing(corpus, 
     (old_run / RUN_RECORD).write_text(json.dumps(record))
     before = tree(old_run)
     fail_on_training(monkeypatch)
-    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite_output_dir", "true")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite-output-dir", "true")]) == 2
     error = capsys.readouterr().err
     names = [f"checkpoint-{step}" for step in range(1, STEPS + 1)] + ["results.json"]
     assert f"holds {names}, which may not be removed: no record lists them as written" in error
     assert "Nothing was removed" in error and "choose another output_dir" in error
     assert tree(old_run) == before
     (old_run / RUN_RECORD).unlink()  # no record at all: the same
-    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite_output_dir", "true")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite-output-dir", "true")]) == 2
     assert "Nothing was removed" in capsys.readouterr().err
     assert sorted(tree(old_run)) == sorted(name for name in before if name != RUN_RECORD)
 
@@ -410,27 +410,27 @@ def checkpoints(finished_run, tmp_path):
 def test_average_refuses_to_write_over_its_inputs_or_their_output_folder(checkpoints, capsys):
     inputs = [str(checkpoints / "checkpoint-3"), str(checkpoints / "checkpoint-4")]
     before = tree(checkpoints)
-    assert main(["average", *inputs, "--save-to", str(checkpoints), "--overwrite"]) == 2
+    assert main(["average", *inputs, "--output", str(checkpoints), "--overwrite"]) == 2
     error = capsys.readouterr().err
     assert "is the Trainer output folder holding the checkpoint" in error
-    assert main(["average", *inputs, "--save-to", inputs[0], "--overwrite"]) == 2
+    assert main(["average", *inputs, "--output", inputs[0], "--overwrite"]) == 2
     assert "is one of the averaged checkpoints" in capsys.readouterr().err
     assert tree(checkpoints) == before
 
 
 def test_an_average_overwrites_only_an_earlier_average_and_carries_the_tokenizer(checkpoints, tmp_path, capsys):
     target = tmp_path / "averaged"
-    assert main(["average", "--output-dir", str(checkpoints), "--last", "2", "--save-to", str(target)]) == 0
+    assert main(["average", "--run", str(checkpoints), "--last", "2", "--output", str(target)]) == 0
     assert (target / "tokenizer.json").is_file() and (target / WRITTEN_MARKER).is_file()
-    assert main(["average", "--output-dir", str(checkpoints), "--last", "2", "--save-to", str(target)]) == 2
+    assert main(["average", "--run", str(checkpoints), "--last", "2", "--output", str(target)]) == 2
     error = capsys.readouterr().err
     assert "`--overwrite` on the command line" in error and "overwrite_export" not in error
-    assert main(["average", str(checkpoints / "checkpoint-1"), "--save-to", str(target), "--overwrite"]) == 0
+    assert main(["average", str(checkpoints / "checkpoint-1"), "--output", str(target), "--overwrite"]) == 0
     expected = load_file(checkpoints / "checkpoint-1" / "model.safetensors")
     assert torch.equal(load_file(target / "model.safetensors")["model.shared.weight"], expected["model.shared.weight"])
     (target / "notes.txt").write_text("mine")
     before = tree(target)
-    assert main(["average", str(checkpoints / "checkpoint-2"), "--save-to", str(target), "--overwrite"]) == 2
+    assert main(["average", str(checkpoints / "checkpoint-2"), "--output", str(target), "--overwrite"]) == 2
     assert "holds files that no export or average of hf-deep-nmt wrote (['notes.txt'])" in capsys.readouterr().err
     assert tree(target) == before
 
@@ -478,7 +478,7 @@ def test_a_damaged_or_partial_newest_checkpoint_is_skipped_for_resume_and_averag
     "flags, message",
     [
         (("--max_eval_samples", "-3"), r"`max_eval_samples` must be >= 1, got -3"),
-        (("--num_beams", "0"), r"`num_beams` must be >= 1, got 0"),
+        (("--num-beams", "0"), r"`num_beams` must be >= 1, got 0"),
         (("--per_device_eval_batch_size", "0"), r"`per_device_eval_batch_size` must be >= 1, got 0"),
         (("--gradient_accumulation_steps", "0"), r"`gradient_accumulation_steps` must be >= 1, got 0"),
         (
@@ -488,7 +488,7 @@ def test_a_damaged_or_partial_newest_checkpoint_is_skipped_for_resume_and_averag
         (("--length_penalty", "nan"), r"`length_penalty` must be a finite number, got nan"),
         (("--max_length_a", "inf"), r"`max_length_a` must be a finite number, got inf"),
         (("--max_length_a", "1e6"), r"= 1000000.0 \* 64 \+ 2 = 6.4e\+07 tokens must be between 1 and 4096"),
-        (("--max_length_a", "0", "--max_length_b", "0"), r"= 0.0 \* 64 \+ 0 = 0 tokens must be between 1 and 4096"),
+        (("--max_length_a", "0", "--max-length-b", "0"), r"= 0.0 \* 64 \+ 0 = 0 tokens must be between 1 and 4096"),
     ],
 )
 def test_bad_settings_are_refused_before_any_work(corpus, tmp_path, flags, message, monkeypatch):
@@ -579,7 +579,7 @@ def test_a_saved_model_with_a_smaller_tokenizer_is_refused(corpus, finished_run,
     from hf_deep_nmt import training
 
     arguments = recipe_arguments(corpus, tmp_path / "run", "--model_name_or_path", str(finished_run / "checkpoint-4"))
-    arguments[arguments.index("--tokenizer_name_or_path") + 1] = str(small)
+    arguments[arguments.index("--tokenizer-name-or-path") + 1] = str(small)
     monkeypatch.setattr(training, "build_model", lambda *args: pytest.fail("model built"))
     with pytest.raises(
         ValueError, match=rf"has {len(smaller)} tokens but the model .* has a vocabulary of {model_vocab}"
