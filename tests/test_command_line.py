@@ -3,6 +3,9 @@ flags in kebab case; each spelling of the previous release still works for one r
 stderr, what replaces it. `hf-deep-nmt --help` lists the commands on stdout; `train --help` the recipe's own settings,
 from a copy (`hf_deep_nmt.cli_reference`) that must equal what the argument classes say."""
 
+import re
+from pathlib import Path
+
 import pytest
 
 from hf_deep_nmt import cli, cli_reference
@@ -158,3 +161,24 @@ def test_the_positional_spelling_gives_the_same_arguments_as_the_flags(tmp_path,
     assert main(["export-onnx", "--model", model, str(tmp_path / "out")]) == 2  # OUT would be read as MODEL
     error = capsys.readouterr().err
     assert f"'{tmp_path / 'out'}' and --model both name the model; give --model only" in error
+
+
+def test_the_documents_commands_speak_the_vocabulary():
+    """The commands in the ```bash blocks of README.md and docs/ use no spelling the command line calls deprecated."""
+    root = Path(__file__).resolve().parent.parent
+    positional = ("push", "export-onnx", "export-ctranslate2", "grow", "upgrade-code", "convert-marian")
+    stale = []
+    for path in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = line.split("#")[0].split()
+                if len(words) < 2 or words[0] != "hf-deep-nmt":
+                    continue
+                old = [word for word in words if re.fullmatch(r"--[a-z0-9]+_[a-z0-9_]+(=.*)?", word)]
+                if words[1] not in ("train", "train-staged", "prepare"):
+                    old += [word for word in words if word in ("--save-to", "--output-dir")]
+                if words[1] in positional and len(words) > 2 and not words[2].startswith("--"):
+                    old.append(words[2])
+                if old:
+                    stale.append(f"{path.name}: {line.strip()} ({', '.join(old)})")
+    assert not stale, stale
