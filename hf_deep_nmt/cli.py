@@ -47,8 +47,27 @@ class _Parser(argparse.ArgumentParser):
     """An argument parser whose mistakes are `UsageError`s, reported in one line like every other mistake; it keeps
     the spellings of the previous release working for one release (`renamed`, `parse` with `positionals`)."""
 
+    required_flags: tuple = ()  # checked by `parse`, after a previous spelling may have given them
+
     def error(self, message: str):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def format_usage(self) -> str:
+        return self._with_required_flags(super().format_usage)
+
+    def format_help(self) -> str:
+        return self._with_required_flags(super().format_help)
+
+    def _with_required_flags(self, format_text) -> str:
+        """`format_text()` with the `required_flags` shown as required, as argparse shows its own."""
+        actions = [action for action in self._actions if set(action.option_strings) & set(self.required_flags)]
+        for action in actions:
+            action.required = True
+        try:
+            return format_text()
+        finally:
+            for action in actions:
+                action.required = False
 
     def renamed(self, old: str, new: str, **kwargs) -> None:
         """Accept the flag `old` for `new` (hidden from --help)."""
@@ -58,6 +77,7 @@ class _Parser(argparse.ArgumentParser):
         """`argv` parsed. `positionals`: the (flag, METAVAR) pairs that were positional arguments in the previous
         release, in their order (`grow MODEL OUT` is now `grow --model MODEL --output OUT`); `required`: the flags
         that must be given, one way or the other."""
+        self.required_flags = required
         if positionals:
             metavar = " ".join(name for _, name in positionals)
             self.add_argument("previous_positionals", nargs="*", type=_path, metavar=metavar, help=argparse.SUPPRESS)
@@ -224,6 +244,10 @@ def _recipe_command(command: str, argv: list[str]) -> list[str] | None:
 
         classes = ARGUMENT_CLASSES if command == "train" else (*ARGUMENT_CLASSES, StageArguments)
         parser = HfArgumentParser(classes, prog=f"hf-deep-nmt {command}", usage=RECIPE_USAGE.format(command=command))
+        for action in parser._actions:  # each setting under its kebab-case flag alone, the spelling to use
+            action.option_strings = [
+                flag for flag in action.option_strings if "_" not in flag
+            ] or action.option_strings
         _show(parser.format_help())
         return None
     if "-h" in argv or "--help" in argv:
@@ -481,7 +505,7 @@ def _average(argv: list[str]) -> int:
         "--run", type=_path, help="a training run's folder (its output_dir), holding checkpoint-<step> folders"
     )
     parser.add_argument("--last", type=_at_least(1), help="average the newest N checkpoints of --run")
-    parser.add_argument("--output", type=_path, help="folder for the averaged model (required)")
+    parser.add_argument("--output", type=_path, help="folder for the averaged model")
     parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output")
     parser.renamed("--output-dir", "--run", type=_path)
     parser.renamed("--save-to", "--output", type=_path)
@@ -502,8 +526,8 @@ def _average(argv: list[str]) -> int:
 
 def _push(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt push", description="Upload an exported folder to the Hub.")
-    parser.add_argument("--model", type=_path, help="an exported model folder (`export_dir` of a recipe; required)")
-    parser.add_argument("--repo-id", help="Hub repository to upload to, e.g. your-name/dlcl-es-en (required)")
+    parser.add_argument("--model", type=_path, help="an exported model folder (`export_dir` of a recipe)")
+    parser.add_argument("--repo-id", help="Hub repository to upload to, e.g. your-name/dlcl-es-en")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing repository")
     parser.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
@@ -541,7 +565,7 @@ def _inspect(argv: list[str]) -> int:
         description="Per-layer gradient norms, layer similarities (SDT) and combination weights (DLCL) of a saved "
         "model on a batch of parallel text, as PNG plots and one JSON file.",
     )
-    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer (required)")
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
     parser.add_argument(
         "--data",
         type=_path,
@@ -562,7 +586,7 @@ def _inspect(argv: list[str]) -> int:
     parser.add_argument(
         "--dropout", action="store_true", help="gradient norms in training mode (with dropout); default: without"
     )
-    parser.add_argument("--output", type=_path, help="folder for inspect.json and the PNG plots (required)")
+    parser.add_argument("--output", type=_path, help="folder for inspect.json and the PNG plots")
     parser.add_argument("--overwrite", action="store_true", help="replace files of an earlier inspect run")
     parser.renamed("--output-dir", "--output", type=_path)
     args = parser.parse(argv, required=("--model", "--output"))
@@ -620,11 +644,11 @@ def _export_ctranslate2(argv: list[str]) -> int:
         description=f"Write a model as a CTranslate2 model folder (C++ decoding), with its tokenizer. Models with "
         f"{CTRANSLATE2_SERVABLE} can be written; any other is refused, naming what CTranslate2 cannot express.",
     )
-    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer (required)")
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
     parser.add_argument(
         "--output",
         type=_path,
-        help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite) (required)",
+        help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)",
     )
     parser.add_argument(
         "--quantization",
@@ -695,7 +719,7 @@ def _export_onnx(argv: list[str]) -> int:
         description="Write a model (any family) as ONNX graphs for ONNX Runtime decoding (hf_deep_nmt.onnx_decoding): "
         "the encoder with the first decoder step, and one decoder step with the cache as tensors; with its tokenizer.",
     )
-    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer (required)")
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
     parser.add_argument("--output", type=_path, help="new folder for the ONNX graphs; an existing one is refused")
     parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
     parser.add_argument(
@@ -732,11 +756,11 @@ def _grow(argv: list[str]) -> int:
         "tokenizer: a folder `hf-deep-nmt train` starts from with `model_name_or_path` (e.g. a converted Marian "
         "model). The source folder is not changed.",
     )
-    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer (required)")
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
     parser.add_argument(
         "--output",
         type=_path,
-        help="folder for the grown model; an existing non-empty one is refused (see --overwrite) (required)",
+        help="folder for the grown model; an existing non-empty one is refused (see --overwrite)",
     )
     parser.add_argument(
         "--layers", type=_at_least(1), default=None, help="encoder layers to add (default: a sparse encoder's block)"
@@ -802,7 +826,7 @@ def _upgrade_code(argv: list[str]) -> int:
     parser.add_argument(
         "--model",
         type=_path,
-        help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en) (required)",
+        help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="check and report (the check runs the old code); write and push nothing"
@@ -850,9 +874,9 @@ def _convert_marian(argv: list[str]) -> int:
         "refused by name before anything is written.",
     )
     parser.add_argument(
-        "--model", type=_path, help="a MarianMTModel folder or Hub id, e.g. Helsinki-NLP/opus-mt-en-de (required)"
+        "--model", type=_path, help="a MarianMTModel folder or Hub id, e.g. Helsinki-NLP/opus-mt-en-de"
     )
-    parser.add_argument("--output", type=_path, help="the folder to write (required)")
+    parser.add_argument("--output", type=_path, help="the folder to write")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace --output when an earlier export or conversion wrote it"
     )
