@@ -64,13 +64,13 @@ def train_arguments(corpus: Path, output_dir: Path) -> list[str]:
     return [
         "train",
         str(recipe),
-        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
-        *("--tokenizer_name_or_path", str(corpus / "tokenizer"), "--max_length_b", "2", "--num_beams", "1"),
-        *("--max_source_length", "64", "--max_target_length", "64", "--max_steps", str(STEPS)),
+        *("--train-file", str(corpus / "train.tsv"), "--validation-file", str(corpus / "valid.tsv")),
+        *("--tokenizer-name-or-path", str(corpus / "tokenizer"), "--max-length-b", "2", "--num-beams", "1"),
+        *("--max-source-length", "64", "--max-target-length", "64", "--max-steps", str(STEPS)),
         # no periodic checkpoint: the only ones are the preemption's and the last
-        *("--save_strategy", "steps", "--save_steps", "1000", "--per_device_train_batch_size", "8"),
-        *("--output_dir", str(output_dir), "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true"),
-        *("--seed", "0", "--dataloader_num_workers", "0", "--translate_examples", "0", "--plot_curves", "false"),
+        *("--save-strategy", "steps", "--save-steps", "1000", "--per-device-train-batch-size", "8"),
+        *("--output-dir", str(output_dir), "--report-to", "none", "--disable-tqdm", "true", "--use-cpu", "true"),
+        *("--seed", "0", "--dataloader-num-workers", "0", "--translate-examples", "0", "--plot-curves", "false"),
     ]
 
 
@@ -143,10 +143,10 @@ class SignalDuringStageTwo(TrainerCallback):
 def test_a_preempted_stage_is_not_marked_finished_and_the_same_command_continues_it(corpus, tmp_path, monkeypatch):
     output_dir = tmp_path / "staged"
     arguments = train_arguments(corpus, output_dir)[1:]
-    arguments[arguments.index("--tokenizer_name_or_path") : arguments.index("--tokenizer_name_or_path") + 2] = [
-        *("--tokenizer_vocab_size", "300")  # trained by the run and saved in output_dir/tokenizer
+    arguments[arguments.index("--tokenizer-name-or-path") : arguments.index("--tokenizer-name-or-path") + 2] = [
+        *("--tokenizer-vocab-size", "300")  # trained by the run and saved in output_dir/tokenizer
     ]
-    arguments += ["--stage_depths", "1", "2", "--stage_max_steps", "3"]
+    arguments += ["--stage-depths", "1", "2", "--stage-max-steps", "3"]
     defaults = transformers.trainer.DEFAULT_CALLBACKS
     monkeypatch.setattr(transformers.trainer, "DEFAULT_CALLBACKS", [*defaults, SignalDuringStageTwo])
     stage_two = output_dir / "stage-2-2-layers"
@@ -182,7 +182,7 @@ def test_a_run_whose_folder_was_taken_over_stops_without_saving(tmp_path):
 
 
 def test_the_launchers_rank_is_not_part_of_the_recipe(tmp_path):
-    parsed = parse_arguments(["--model_type", "deep_nmt", "--output_dir", str(tmp_path), "--use_cpu", "true"])
+    parsed = parse_arguments(["--model-type", "deep_nmt", "--output-dir", str(tmp_path), "--use-cpu", "true"])
     assert "local_rank" not in run_recipe(*parsed)
     # a record of an earlier version holds it: continuing that run under a launcher is not a changed recipe
     assert recipe_differences({"local_rank": -1, "seed": 0}, {"seed": 0}) == []

@@ -354,7 +354,7 @@ def test_translate_refuses_an_output_that_is_the_file_read_on_stdin(tmp_path, mo
 
 def test_train_staged_refuses_a_folder_of_another_recipe(corpus, tmp_path, monkeypatch):
     output_dir = tmp_path / "staged"
-    arguments = [*recipe_arguments(corpus, output_dir), "--stage_depths", "1", "2", "--stage_max_steps", "2"]
+    arguments = [*recipe_arguments(corpus, output_dir), "--stage-depths", "1", "2", "--stage-max-steps", "2"]
     classes = (*ARGUMENT_CLASSES, StageArguments)
     from hf_deep_nmt.run_folder import run_recipe
 
@@ -377,8 +377,8 @@ def test_an_export_into_the_output_or_corpus_folder_is_refused_before_work(corpu
     shutil.copytree(corpus, tmp_path / "corpus")
     output_dir = tmp_path / "out" / "run"
     export = {"output_dir": output_dir, "corpus": tmp_path / "corpus", "holds_output": tmp_path / "out"}[where]
-    arguments = recipe_arguments(tmp_path / "corpus", output_dir, "--export_dir", str(export))
-    arguments += ["--overwrite_export", "true"]
+    arguments = recipe_arguments(tmp_path / "corpus", output_dir, "--export-dir", str(export))
+    arguments += ["--overwrite-export", "true"]
     before = tree(tmp_path)
     fail_on_training(monkeypatch)
     message = {"output_dir": "is the training output_dir", "corpus": "is the folder of the corpus file"}
@@ -395,7 +395,7 @@ def test_an_export_under_an_unwritable_folder_is_refused_before_work(corpus, tmp
     fail_on_training(monkeypatch)
     try:
         with pytest.raises(PermissionError, match=rf"Export folder '{parent}/export' cannot be written"):
-            run(recipe_arguments(corpus, tmp_path / "run", "--export_dir", str(parent / "export")))
+            run(recipe_arguments(corpus, tmp_path / "run", "--export-dir", str(parent / "export")))
     finally:
         locked.chmod(0o755)
 
@@ -477,18 +477,18 @@ def test_a_damaged_or_partial_newest_checkpoint_is_skipped_for_resume_and_averag
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (("--max_eval_samples", "-3"), r"`max_eval_samples` must be >= 1, got -3"),
+        (("--max-eval-samples", "-3"), r"`max_eval_samples` must be >= 1, got -3"),
         (("--num-beams", "0"), r"`num_beams` must be >= 1, got 0"),
-        (("--per_device_eval_batch_size", "0"), r"`per_device_eval_batch_size` must be >= 1, got 0"),
-        (("--gradient_accumulation_steps", "0"), r"`gradient_accumulation_steps` must be >= 1, got 0"),
+        (("--per-device-eval-batch-size", "0"), r"`per_device_eval_batch_size` must be >= 1, got 0"),
+        (("--gradient-accumulation-steps", "0"), r"`gradient_accumulation_steps` must be >= 1, got 0"),
         (
-            ("--bleu_tokenize", "13b"),
+            ("--bleu-tokenize", "13b"),
             r"`bleu_tokenize` must be one of sacreBLEU's tokenizers .*\(did you mean '13a'\?\)",
         ),
-        (("--length_penalty", "nan"), r"`length_penalty` must be a finite number, got nan"),
-        (("--max_length_a", "inf"), r"`max_length_a` must be a finite number, got inf"),
-        (("--max_length_a", "1e6"), r"= 1000000.0 \* 64 \+ 2 = 6.4e\+07 tokens must be between 1 and 4096"),
-        (("--max_length_a", "0", "--max-length-b", "0"), r"= 0.0 \* 64 \+ 0 = 0 tokens must be between 1 and 4096"),
+        (("--length-penalty", "nan"), r"`length_penalty` must be a finite number, got nan"),
+        (("--max-length-a", "inf"), r"`max_length_a` must be a finite number, got inf"),
+        (("--max-length-a", "1e6"), r"= 1000000.0 \* 64 \+ 2 = 6.4e\+07 tokens must be between 1 and 4096"),
+        (("--max-length-a", "0", "--max-length-b", "0"), r"= 0.0 \* 64 \+ 0 = 0 tokens must be between 1 and 4096"),
     ],
 )
 def test_bad_settings_are_refused_before_any_work(corpus, tmp_path, flags, message, monkeypatch):
@@ -578,7 +578,7 @@ def test_a_saved_model_with_a_smaller_tokenizer_is_refused(corpus, finished_run,
     assert len(smaller) < model_vocab
     from hf_deep_nmt import training
 
-    arguments = recipe_arguments(corpus, tmp_path / "run", "--model_name_or_path", str(finished_run / "checkpoint-4"))
+    arguments = recipe_arguments(corpus, tmp_path / "run", "--model-name-or-path", str(finished_run / "checkpoint-4"))
     arguments[arguments.index("--tokenizer-name-or-path") + 1] = str(small)
     monkeypatch.setattr(training, "build_model", lambda *args: pytest.fail("model built"))
     with pytest.raises(
