@@ -27,12 +27,12 @@ class UsageError(ValueError):
 
 
 def _deprecated(prog: str, old: str, new: str) -> None:
-    """The one stderr line of a spelling kept from the previous release, naming the one that replaces it."""
+    """The one stderr line of an earlier spelling, kept for one release, naming the one that replaces it."""
     print(f"{prog}: {old} is deprecated and goes in the next release; write {new}.", file=sys.stderr)
 
 
 class _Renamed(argparse.Action):
-    """A flag's spelling of the previous release: it sets the new flag's value and says so (`_deprecated`)."""
+    """An earlier spelling of a flag: it sets the new flag's value and says so (`_deprecated`)."""
 
     def __init__(self, option_strings, dest, new: str, **kwargs):
         super().__init__(option_strings, dest, **kwargs)
@@ -45,7 +45,7 @@ class _Renamed(argparse.Action):
 
 class _Parser(argparse.ArgumentParser):
     """An argument parser whose mistakes are `UsageError`s, reported in one line like every other mistake; it keeps
-    the spellings of the previous release working for one release (`renamed`, `parse` with `positionals`)."""
+    earlier spellings working for one release (`renamed`, `parse` with `positionals`)."""
 
     required_flags: tuple = ()  # checked by `parse`, after a previous spelling may have given them
 
@@ -74,9 +74,9 @@ class _Parser(argparse.ArgumentParser):
         self.add_argument(old, dest=_dest(new), action=_Renamed, new=new, help=argparse.SUPPRESS, **kwargs)
 
     def parse(self, argv: list[str], positionals: tuple = (), required: tuple = ()) -> argparse.Namespace:
-        """`argv` parsed. `positionals`: the (flag, METAVAR) pairs that were positional arguments in the previous
-        release, in their order (`grow MODEL OUT` is now `grow --model MODEL --output OUT`); `required`: the flags
-        that must be given, one way or the other."""
+        """`argv` parsed. `positionals`: the (flag, METAVAR) pairs that were positional arguments, in their order
+        (`grow MODEL OUT` is now `grow --model MODEL --output OUT`); `required`: the flags that must be given, one
+        way or the other."""
         self.required_flags = required
         if positionals:
             metavar = " ".join(name for _, name in positionals)
@@ -236,7 +236,7 @@ def _recipe_help(command: str) -> str:
 
 def _recipe_command(command: str, argv: list[str]) -> list[str] | None:
     """The command line of `train`, `train-staged` or `prepare` with its flags in kebab case; None when it asked for
-    help, which is printed. The snake case of the previous release (--max_steps) still works for one release."""
+    help, which is printed. The earlier snake case (--max_steps) still works for one release."""
     if "--help-all" in argv:
         from transformers import HfArgumentParser
 

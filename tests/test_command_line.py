@@ -1,7 +1,7 @@
 """The command line's vocabulary: every command names the model it reads `--model` and what it writes `--output`, its
-flags in kebab case; each spelling of the previous release still works for one release and says, in one line on
-stderr, what replaces it. `hf-deep-nmt --help` lists the commands on stdout; `train --help` the recipe's own settings,
-from a copy (`hf_deep_nmt.cli_reference`) that must equal what the argument classes say."""
+flags in kebab case; each earlier spelling still works for one release and says, in one line on stderr, what replaces
+it. `hf-deep-nmt --help` lists the commands on stdout; `train --help` the recipe's own settings, from a copy
+(`hf_deep_nmt.cli_reference`) that must equal what the argument classes say."""
 
 import re
 from pathlib import Path
@@ -77,7 +77,7 @@ def test_the_trainer_settings_shown_are_trainer_fields():
     assert set(cli.PREPARE_SKIPPED_DATA_SETTINGS) <= {row[0] for row in settings["DataArguments"]}
 
 
-# ---- the spellings of the previous release: each works, saying what replaces it ---------------------------------
+# ---- the earlier spellings: each works, saying what replaces it ---------------------------------------------------
 
 
 def test_snake_case_recipe_flags_still_work_with_one_line_each(tmp_path, capsys):
@@ -140,7 +140,7 @@ def test_the_positional_arguments_still_work_saying_what_replaces_them(
     monkeypatch.chdir(tmp_path)
     assert main(command) != 0  # 1 where CTranslate2 is not installed
     prog = f"hf-deep-nmt {command[0]}"
-    if old is None:  # more than the previous release took
+    if old is None:  # more than the earlier spelling took
         assert f"{prog}: error: unrecognized arguments: x" in capsys.readouterr().err
         return
     deprecation, failure = deprecation_and_error(capsys)
