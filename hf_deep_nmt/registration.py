@@ -10,44 +10,12 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling import modeling_deep_nmt
-from hf_deep_nmt.modeling.configuration_deep_nmt import (  # noqa: F401  (handed on by the package)
-    AttnResConfig,
-    DeepNMTConfig,
-    DeepNormConfig,
-    DenseFormerConfig,
-    DlclConfig,
-    DsInitConfig,
-    HyperConnectionsConfig,
-    MixLnConfig,
-    MscConfig,
-    SdtConfig,
-)
 from hf_deep_nmt.modeling.contract_deep_nmt import TESTED_TRANSFORMERS
 from hf_deep_nmt.modeling.modeling_deep_nmt import (  # noqa: F401  (handed on by the package)
     CODE_VERSION,
     METHODS,
-    AttnResForConditionalGeneration,
-    AttnResModel,
-    DeepNMTForConditionalGeneration,
     DeepNMTMethod,
-    DeepNMTModel,
     DeepNMTPreTrainedModel,
-    DeepNormForConditionalGeneration,
-    DeepNormModel,
-    DenseFormerForConditionalGeneration,
-    DenseFormerModel,
-    DlclForConditionalGeneration,
-    DlclModel,
-    DsInitForConditionalGeneration,
-    DsInitModel,
-    HyperConnectionsForConditionalGeneration,
-    HyperConnectionsModel,
-    MixLnForConditionalGeneration,
-    MixLnModel,
-    MscForConditionalGeneration,
-    MscModel,
-    SdtForConditionalGeneration,
-    SdtModel,
 )
 
 __version__ = CODE_VERSION  # one version for the package and the model code it ships to the Hub
@@ -66,8 +34,9 @@ BASE_MODEL_CLASSES: dict[type, type] = {}
 def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
     """Make `method` a method of the package: added to the model code's `METHODS`, its classes to `MODEL_CLASSES` /
     `BASE_MODEL_CLASSES`, registered with `AutoConfig`, `AutoModelForSeq2SeqLM` and `AutoModel` and marked for
-    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets. The five
-    built-in methods come this way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
+    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets; its classes
+    are names of this module and of the package from then on (`method_classes`). Every built-in method comes this
+    way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
     modeling_deep_nmt.register_method(method)
     config_class, model_class, base_model_class = method.config_class, method.model_class, method.base_model_class
     MODEL_CLASSES[config_class] = model_class
@@ -80,6 +49,24 @@ def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
     base_model_class.register_for_auto_class("AutoModel")
     register_lora_defaults([config_class.model_type])
     return method
+
+
+def method_classes() -> dict[str, type]:
+    """Every method's config, model and base-model class by its name, read from `METHODS` at each call: the names
+    the package hands on, so a method registered later is among them."""
+    return {
+        cls.__name__: cls
+        for method in METHODS.values()
+        for cls in (method.config_class, method.model_class, method.base_model_class)
+    }
+
+
+def __getattr__(name: str) -> type:
+    # the classes of the methods are names of this module (`from hf_deep_nmt.registration import DlclConfig`)
+    try:
+        return method_classes()[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 def _register() -> None:
