@@ -3,8 +3,11 @@ translation model with `AutoModelForSeq2SeqLM` and its encoder-decoder without t
 marks them for auto-class saving, so that `save_pretrained` writes `auto_map` and the modeling files (Hub remote
 code). With `peft` installed, it also registers the models' default LoRA target modules (`hf_deep_nmt.adapters`).
 
-The package imports it when one of its names is first used (`from hf_deep_nmt import DlclConfig`,
-`hf_deep_nmt.register()`), and so does every module of the package that loads or builds a model."""
+It is also where the package's names live. The classes of every method (config, model, encoder-decoder) are names of
+this module by the names `METHODS` gives them, read at each lookup (`method_classes`), so that no list of them is kept
+by hand and a method registered later is named too. The package imports it when one of its names is first used
+(`from hf_deep_nmt import DlclConfig`, `hf_deep_nmt.register()`), and so does every module of the package that loads
+or builds a model."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
