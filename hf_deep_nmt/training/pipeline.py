@@ -82,7 +82,8 @@ from hf_deep_nmt.training.plan import (  # noqa: F401  (check_saved_model, check
     recipe_inputs,
 )
 from hf_deep_nmt.training.preemption import raise_if_preempted, signals_held
-from hf_deep_nmt.training.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.run_folder import RunFolder
+from hf_deep_nmt.training.run_record import claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 logger = logging.get_logger(__name__)

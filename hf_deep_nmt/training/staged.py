@@ -49,7 +49,8 @@ from hf_deep_nmt.training.pipeline import (
 )
 from hf_deep_nmt.training.plan import RunPlan, plan_run
 from hf_deep_nmt.training.preemption import raise_if_preempted
-from hf_deep_nmt.training.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.run_folder import RunFolder
+from hf_deep_nmt.training.run_record import claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.training.trainer import DeepNMTTrainer
 from hf_deep_nmt.weights import safetensors_header, saved_weight_files
