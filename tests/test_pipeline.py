@@ -378,6 +378,7 @@ def test_overrides_of_a_saved_model_must_be_its_own_values(tokenizer, tmp_path):
     from hf_deep_nmt.training.arguments import ModelArguments
 
     tiny_model(tokenizer).save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")  # a saved model is used with the tokenizer saved there
     saved = str(tmp_path / "saved")
     with pytest.raises(ValueError, match=r"`model_overrides.d_model` is 8 but the saved model has 32"):
         build_model(ModelArguments(model_name_or_path=saved, model_overrides={"d_model": 8}), tokenizer)

@@ -64,7 +64,6 @@ from hf_deep_nmt.training.arguments import (
     EvalExportArguments,
     ModelArguments,
     check_explicit_run,
-    check_model_arguments,
     parse_arguments,
 )
 from hf_deep_nmt.training.averaging import average_checkpoints, last_checkpoints
@@ -74,6 +73,7 @@ from hf_deep_nmt.training.curves import CURVES_FILE, plot_training_curves
 from hf_deep_nmt.training.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
 from hf_deep_nmt.training.plan import (  # noqa: F401  (check_saved_model, check_repo_id, ...: their old home)
     RunPlan,
+    as_plan,
     check_checkpoints_to_average,
     check_recipe_agrees_with_saved_model,
     check_repo_id,
@@ -82,7 +82,8 @@ from hf_deep_nmt.training.plan import (  # noqa: F401  (check_saved_model, check
     recipe_inputs,
 )
 from hf_deep_nmt.training.preemption import raise_if_preempted, signals_held
-from hf_deep_nmt.training.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.run_folder import RunFolder
+from hf_deep_nmt.training.run_record import claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 logger = logging.get_logger(__name__)
@@ -102,8 +103,8 @@ def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
     training_args = plan.training_args
     resume = folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir, list(plan.inputs))
     prepared = prepare(plan)
-    model = build_model(plan.model_args, prepared.tokenizer, plan)
-    configure_generation(model, prepared.tokenizer, plan.data_args, plan.export_args, plan)
+    model = build_model(plan, prepared.tokenizer)
+    configure_generation(model, prepared.tokenizer, plan)
     trainer = make_trainer(model, training_args, prepared)
     started, cpu_started = time.perf_counter(), time.process_time()
     checkpoint = resolve_resume_checkpoint(resume, training_args.output_dir)
@@ -407,29 +408,22 @@ def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrained
         )
 
 
-def build_model(
-    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, plan: RunPlan | None = None
-) -> DeepNMTForConditionalGeneration:
-    """A fresh model from a named preset plus overrides, sized to the tokenizer; or the saved model of
-    `model_name_or_path` as saved (`check_saved_model`). With the run's `plan`, `model_args` were checked there."""
-    if model_args.model_name_or_path and plan is not None:
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-    if model_args.model_name_or_path:
-        check_local_path(model_args.model_name_or_path, "`model_name_or_path`")
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-        if type(config) in MODEL_CLASSES:  # anything else: AutoModelForSeq2SeqLM names what it cannot load
-            check_recipe_agrees_with_saved_model(model_args, config)
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-    config = build_config(model_args, tokenizer, checked=plan is not None)
+def build_model(plan: RunPlan | ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
+    """A fresh model from the plan's preset plus overrides, sized to the tokenizer (`build_config`); or the saved
+    model of `model_name_or_path` as saved (checked by the plan: `check_saved_model`). The recipe's `ModelArguments`
+    in place of the plan are checked into one first (`as_plan`)."""
+    plan = as_plan(plan)
+    if plan.model_args.model_name_or_path:
+        return AutoModelForSeq2SeqLM.from_pretrained(plan.model_args.model_name_or_path)
+    config = build_config(plan, tokenizer)
     return MODEL_CLASSES[type(config)](config)
 
 
-def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None, checked: bool = False):
-    """The preset's config with the overrides, sized to `tokenizer`; without one, to a joint tokenizer of
-    `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0, `<pad>`=1, `</s>`=2). `checked`: the
-    arguments were checked by the run's plan (`check_model_arguments`)."""
-    if not checked:
-        check_model_arguments(model_args)
+def build_config(plan: RunPlan | ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None):
+    """The plan's preset config with the overrides (checked there: `check_model_arguments`), sized to `tokenizer`;
+    without one, to a joint tokenizer of `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0,
+    `<pad>`=1, `</s>`=2). The recipe's `ModelArguments` in place of the plan are checked into one first (`as_plan`)."""
+    model_args = as_plan(plan).model_args
     config_class = PRESETS[model_args.model_type]
     if tokenizer is None:
         settings = {"vocab_size": model_args.tokenizer_vocab_size, "pad_token_id": 1, "bos_token_id": 0}
@@ -448,20 +442,16 @@ def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase 
     return config_class(**{**model_args.model_overrides, **settings})
 
 
-def configure_generation(
-    model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments, plan: RunPlan | None = None
-) -> None:
-    """Beam size, length penalty and the recipe's output cap at the longest allowed source; the tokenizer must fit the
-    model (`check_tokenizer_matches`).
+def configure_generation(model, tokenizer, *plan: RunPlan | DataArguments | EvalExportArguments) -> None:
+    """The plan's generation settings: beam size, length penalty and the recipe's output cap at the longest allowed
+    source; the tokenizer must fit the model (`check_tokenizer_matches`). The recipe's `DataArguments` and
+    `EvalExportArguments` in place of the plan are checked into one first (`as_plan`).
 
     The cap is `max_length`, the start token + `max_length_a * max_source_length + max_length_b` tokens + `</s>` (what
     `translate` allows the longest source): not `max_new_tokens`, beside which `Seq2SeqTrainer` evaluation would fill
     in transformers' default `max_length` of 20, and which would override a caller's `generate(max_length=...)`."""
+    settings = as_plan(*plan).generation
     check_tokenizer_matches(model, tokenizer)
-    if plan is not None:  # built when the plan checked the recipe
-        settings = plan.generation
-    else:
-        settings = DecodingOptions.from_recipe(export_args).generation_settings(data_args.max_source_length)
     for name, value in settings.items():  # a GNMT-form alpha is kept as the recipe's value (the card says which)
         setattr(model.generation_config, name, value)
     logger.warning(
