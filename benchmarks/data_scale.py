@@ -6,10 +6,11 @@ For each size, every measured command runs in its own subprocess, one after anot
 
 * `project` (needs `hf-deep-nmt prepare`): a first preparation with 1 and with 2 workers
   (`preprocessing_num_workers`), each into an empty prepared-data root; a second run of the same command; a resume
-  (the in-process `hf_deep_nmt.training.prepare()` that `train` calls, with a new `output_dir` and
+  (the in-process `hf_deep_nmt.training.pipeline.prepare()` that `train` calls, with a new `output_dir` and
   `resume_from_checkpoint` set); two ranks (`torchrun --nproc_per_node 2`, gloo, CPU) calling that same
   `prepare()` into an empty root.
-* `inprocess`: the in-process `hf_deep_nmt.training.prepare()` alone, which every version of the package has (the
+* `inprocess`: the in-process `hf_deep_nmt.training.pipeline.prepare()` alone, which every version of the package has
+  (the
   only path before `hf-deep-nmt prepare` existed): a first run, a second run, a resume, two ranks.
 * `lean`: `datasets`' csv loader (memory-mapped Arrow in a cache folder), a `tokenizers` byte-level BPE trained on
   the same number of sampled pairs, `Dataset.map(batched=True, num_proc=N)` to uint16/int32 ids; first runs with 1
@@ -247,7 +248,7 @@ def child_project_cli(options: dict) -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    from hf_deep_nmt import cli, training  # noqa: F401
+    from hf_deep_nmt import cli  # noqa: F401
 
     meter = Meter()
     captured = io.StringIO()
@@ -267,14 +268,15 @@ def child_project_cli(options: dict) -> None:
 
 
 def child_inprocess(options: dict) -> None:
-    """`hf_deep_nmt.training.prepare(*parse_arguments(RECIPE FLAGS))`: the call `train` makes before the model."""
+    """`hf_deep_nmt.training.pipeline.prepare(*parse_arguments(RECIPE FLAGS))`: the call `train` makes before the
+    model."""
     import datasets  # noqa: F401
     import tokenizers  # noqa: F401
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    from hf_deep_nmt import training
-    from hf_deep_nmt.arguments import parse_arguments
+    from hf_deep_nmt.training import pipeline as training
+    from hf_deep_nmt.training.arguments import parse_arguments
 
     meter = Meter()
     model_args, data_args, _export_args, training_args = parse_arguments([options["recipe"], *options["flags"]])

@@ -2,10 +2,10 @@
 sample, base width, bf16 on a GPU (DeepNet's claim at translation scale: plain post-norm is unstable at this depth
 with an aggressive schedule, DeepNorm trains like pre-norm).
 
-Each system is the same recipe (`hf_deep_nmt.training.run`, the code behind `hf-deep-nmt train`): d 512, FFN 2048,
-8 heads, dropout 0.1, 8k-token batches, Adam (0.9, 0.98), inverse-sqrt schedule with a short warm-up, label smoothing
-0.1, the same seed and data order; only the residual placement differs. Writes the training-loss curve of each
-(every `--log-every` steps), the step of the first non-finite loss, the skipped steps, the final loss, validation
+Each system is the same recipe (`hf_deep_nmt.training.pipeline.run`, the code behind `hf-deep-nmt train`): d 512, FFN
+2048, 8 heads, dropout 0.1, 8k-token batches, Adam (0.9, 0.98), inverse-sqrt schedule with a short warm-up, label
+smoothing 0.1, the same seed and data order; only the residual placement differs. Writes the training-loss curve of
+each (every `--log-every` steps), the step of the first non-finite loss, the skipped steps, the final loss, validation
 sacreBLEU (greedy, 100 sentences), the wall time and the peak GPU memory to `--out` (JSON), and prints a table.
 
     python benchmarks/deepnorm_training.py --out benchmarks/results/deepnorm_training.json        # GPU, bf16
@@ -74,7 +74,7 @@ def recipe(system: dict, args: argparse.Namespace, output_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from hf_deep_nmt.training import run
+    from hf_deep_nmt.training.pipeline import run
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cuda", "cpu"])

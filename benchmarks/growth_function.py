@@ -19,7 +19,7 @@ import json
 import torch
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder, with_layer_aggregation
+from hf_deep_nmt.training.growing import GROWTH_STRATEGIES, grow_encoder, with_layer_aggregation
 
 LAYERS = 4
 NEW_LAYERS = {"top": 2, "top_only": 2, "double": LAYERS, "interleave": LAYERS}

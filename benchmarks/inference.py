@@ -11,7 +11,7 @@ Backends, each where it applies:
   docs/serving.md gives), when torchao is installed;
 * ``ct2_fp32`` / ``ct2_int8``: the model's CTranslate2 export (`export_ctranslate2`) loaded with compute type
   float32 / int8, for the families it expresses (plain and DeepNorm), when ctranslate2 is installed;
-* ``ort_fp32`` / ``ort_int8``: `hf_deep_nmt.onnx_decoding` (the start graph and the one-step graph with the cache
+* ``ort_fp32`` / ``ort_int8``: `hf_deep_nmt.serving.onnx` (the start graph and the one-step graph with the cache
   as tensors, ONNX Runtime at one thread, its own vectorised greedy and beam search; int8: `quantize_dynamic`), every
   family; not at the quick size (each export costs several CPU seconds, and CI runs the quick size).
 
@@ -59,7 +59,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
-from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
+from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
 
 SIZES = {
     "quick": dict(
@@ -124,7 +124,7 @@ def sample_lines(count: int) -> list[str]:
 
 
 def tokenizer_for(size: dict):
-    from hf_deep_nmt.tokenizer import train_joint_tokenizer
+    from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 
     path = Path(__file__).resolve().parent.parent / "hf_deep_nmt" / "sample_data" / "train.tsv"
     lines = path.read_text(encoding="utf-8").splitlines()[: size["tokenizer_pairs"]]
@@ -335,7 +335,7 @@ def run(size_name: str, families: list[str], workdir: Path, backends: tuple[str,
         if have_ct2 and not ctranslate2_blockers(model.config):
             import ctranslate2
 
-            from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+            from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
             folder = export_ctranslate2(model, tokenizer, workdir / f"{family}-ct2", overwrite=True)
             for compute_type in ("float32", "int8"):
@@ -347,7 +347,7 @@ def run(size_name: str, families: list[str], workdir: Path, backends: tuple[str,
         elif have_ct2:
             results["skipped"].append(f"{family} ct2: {'; '.join(ctranslate2_blockers(model.config))}")
         if have_ort:
-            from hf_deep_nmt.onnx_decoding import OnnxDecoder, export_onnx
+            from hf_deep_nmt.serving.onnx import OnnxDecoder, export_onnx
 
             folder = export_onnx(model, workdir / f"{family}-onnx", quantize=True)
             for int8 in (False, True):
@@ -357,14 +357,14 @@ def run(size_name: str, families: list[str], workdir: Path, backends: tuple[str,
         if have_torchao:
             results["rows"][f"{family} torch_int8"] = measure(torch_runs(torchao_int8(model), size, batches), size)
     if have_ct2 and "torch" in backends and "plain" in families:
-        from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+        from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
         model = family_model("plain", size, vocab_size)
         model.save_pretrained(workdir / "plain")
         tokenizer.save_pretrained(workdir / "plain")
         export_ctranslate2(model, tokenizer, workdir / "plain-e2e-ct2", overwrite=True)
         if have_ort:
-            from hf_deep_nmt.onnx_decoding import export_into_model
+            from hf_deep_nmt.serving.onnx import export_into_model
 
             shutil.rmtree(workdir / "plain" / "onnx", ignore_errors=True)  # this run's scratch folder
             export_into_model(model, tokenizer, workdir / "plain", quantize=True)

@@ -5,7 +5,8 @@ Families and sizes are `benchmarks/inference.py`'s (random weights, every output
 synchronised before every clock read, one warm-up, the median of `repeats`:
 
 * ``eager_fp32`` / ``eager_bf16``: `generate()` with the dynamic cache, the model in float32 / bfloat16;
-* ``compiled_bf16``: `hf_deep_nmt.translate.compiled_decoding`, the bf16 model's forward compiled as one graph with
+* ``compiled_bf16``: `hf_deep_nmt.serving.translate.compiled_decoding`, the bf16 model's forward compiled as one graph
+  with
   CUDA graphs (`mode="reduce-overhead"`) over the static cache; its greedy tokens are compared with eager bf16's
   (``agree``: the fraction of equal output tokens; bf16 rounding can move a near tie);
 * ``ct2_fp16`` / ``ct2_int8``: the CTranslate2 export (plain and DeepNorm families) on the GPU with compute type
@@ -36,8 +37,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from inference import FAMILIES, SEARCHES, SIZES, family_model, sources, tokenizer_for, torch_runs  # noqa: E402
 
-from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers  # noqa: E402
-from hf_deep_nmt.translate import compiled_decoding  # noqa: E402
+from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers  # noqa: E402
+from hf_deep_nmt.serving.translate import compiled_decoding  # noqa: E402
 
 COMPILED_RUNS = ("greedy_b1", "beam4_bBATCH")
 
@@ -73,7 +74,7 @@ def agreement(ours, reference) -> float:
 def ct2_rows(model, tokenizer, family: str, size: dict, batches: dict, workdir: Path, device: torch.device) -> dict:
     import ctranslate2
 
-    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+    from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
     folder = export_ctranslate2(model.float().cpu(), tokenizer, workdir / f"{family}-ct2", overwrite=True)
     tokens = {

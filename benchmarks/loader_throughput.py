@@ -30,10 +30,10 @@ from torch.utils.data import DataLoader  # noqa: E402
 from transformers import DataCollatorForSeq2Seq  # noqa: E402
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
-from hf_deep_nmt.arguments import DataArguments, ModelArguments  # noqa: E402
-from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
-from hf_deep_nmt.data import read_parallel_file, tokenize_parallel  # noqa: E402
-from hf_deep_nmt.prepared_data import prepare_data  # noqa: E402
+from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
+from hf_deep_nmt.data.corpus import read_parallel_file, tokenize_parallel  # noqa: E402
+from hf_deep_nmt.data.prepared import prepare_data  # noqa: E402
+from hf_deep_nmt.training.arguments import DataArguments, ModelArguments  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

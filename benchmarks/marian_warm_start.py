@@ -31,14 +31,14 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
 
-from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
-from hf_deep_nmt.evaluation import corpus_scores
-from hf_deep_nmt.growing import GROWTH_STRATEGIES, grow_encoder
-from hf_deep_nmt.marian import convert_marian
-from hf_deep_nmt.schedules import inverse_sqrt_scheduler
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import run as train_run
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.serving.translate import translate
+from hf_deep_nmt.tools.marian import convert_marian
+from hf_deep_nmt.training.evaluation import corpus_scores
+from hf_deep_nmt.training.growing import GROWTH_STRATEGIES, grow_encoder
+from hf_deep_nmt.training.pipeline import run as train_run
+from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler
 
 # Largest difference between the converted model's and Marian's validation logits that the run accepts.
 LOGITS_TOLERANCE = 1e-5

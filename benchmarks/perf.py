@@ -435,7 +435,7 @@ def decode(
 
         return run
 
-    from hf_deep_nmt.translate import compiled_decoding
+    from hf_deep_nmt.serving.translate import compiled_decoding
 
     device = source.device
 
@@ -708,7 +708,7 @@ def trainer_throughput(model, size: dict, budget: int, steps: int, workdir: Path
     peak, or the resident-set high-water mark above the resident set before them on CPU."""
     from transformers import PrinterCallback, TrainerCallback
 
-    from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments
+    from hf_deep_nmt.training.pipeline import DeepNMTTrainer, DeepNMTTrainingArguments
 
     rows = budget // size["pair_length"]
     ends: list[float] = []

@@ -23,10 +23,10 @@ import torch
 from transformers import DataCollatorForSeq2Seq
 
 from hf_deep_nmt import SdtConfig, SdtForConditionalGeneration
-from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
-from hf_deep_nmt.growing import grow_encoder
-from hf_deep_nmt.schedules import inverse_sqrt_scheduler, stage_start_step
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.training.growing import grow_encoder
+from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler, stage_start_step
 
 
 def batches(dataset, collator, batch_size: int, seed: int):

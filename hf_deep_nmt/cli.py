@@ -240,7 +240,7 @@ def _recipe_command(command: str, argv: list[str]) -> list[str] | None:
     if "--help-all" in argv:
         from transformers import HfArgumentParser
 
-        from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments
+        from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments
 
         classes = ARGUMENT_CLASSES if command == "train" else (*ARGUMENT_CLASSES, StageArguments)
         parser = HfArgumentParser(classes, prog=f"hf-deep-nmt {command}", usage=RECIPE_USAGE.format(command=command))
@@ -267,10 +267,10 @@ def _train(argv: list[str]) -> int:
     argv = _recipe_command("train", argv)
     if argv is None:
         return 0
-    from hf_deep_nmt.recipes import recipe_path
+    from hf_deep_nmt.training.recipes import recipe_path
 
     recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
-    from hf_deep_nmt.training import run
+    from hf_deep_nmt.training.pipeline import run
 
     summary = run(argv)
     printable = {key: value for key, value in summary.items() if key != "examples"}
@@ -282,10 +282,10 @@ def _train_staged(argv: list[str]) -> int:
     argv = _recipe_command("train-staged", argv)
     if argv is None:
         return 0
-    from hf_deep_nmt.recipes import recipe_path
+    from hf_deep_nmt.training.recipes import recipe_path
 
     recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
-    from hf_deep_nmt.staged import run_staged
+    from hf_deep_nmt.training.staged import run_staged
 
     summary = run_staged(argv)
     printable = {key: value for key, value in summary.items() if key != "examples"}
@@ -297,7 +297,7 @@ def _prepare(argv: list[str]) -> int:
     argv = _recipe_command("prepare", argv)
     if argv is None:
         return 0
-    from hf_deep_nmt.training import run_prepare
+    from hf_deep_nmt.training.pipeline import run_prepare
 
     summary = run_prepare(argv)
     print(f"Prepared data: {summary['folder']} ({'reused' if summary['reused'] else 'built'})")
@@ -347,7 +347,7 @@ def _check_model_source(model: str) -> None:
 
 
 def _load(model_name: str, device: str):
-    from hf_deep_nmt.translate import load_model
+    from hf_deep_nmt.serving.translate import load_model
 
     try:
         return load_model(model_name, device)
@@ -364,7 +364,7 @@ def _load(model_name: str, device: str):
 def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per field of `DecodingOptions` (`--batch-size` for `batch_size`, ...), with its help and its command
     line default."""
-    from hf_deep_nmt.decoding import DecodingOptions
+    from hf_deep_nmt.serving.options import DecodingOptions
 
     for flag, item, default in DecodingOptions.command_line_flags():
         if "choices" in item.metadata:
@@ -442,7 +442,7 @@ def _translate(argv: list[str]) -> int:
     elif args.int8:
         raise UsageError("--int8 picks the int8 graphs of --backend onnxruntime; add that, or drop --int8.")
 
-    from hf_deep_nmt.decoding import DecodingOptions
+    from hf_deep_nmt.serving.options import DecodingOptions
 
     # Everything the user named is checked, and the input read, before the model is loaded; the decoding options
     # before torch and transformers are imported (with the translation code).
@@ -451,12 +451,12 @@ def _translate(argv: list[str]) -> int:
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
-    from hf_deep_nmt.translate import check_output_path, read_lines, set_threads, write_translations
+    from hf_deep_nmt.serving.translate import check_output_path, read_lines, set_threads, write_translations
 
     check_output_path(args.output, args.input, args.overwrite)
     threads = set_threads(args.threads)
     if onnx:
-        from hf_deep_nmt.onnx_decoding import (
+        from hf_deep_nmt.serving.onnx import (
             load_onnx_model,
             onnx_folder,
             require_onnxruntime,
@@ -511,7 +511,7 @@ def _average(argv: list[str]) -> int:
     parser.renamed("--save-to", "--output", type=_path)
     args = parser.parse(argv, required=("--output",))
 
-    from hf_deep_nmt.averaging import average_checkpoints
+    from hf_deep_nmt.training.averaging import average_checkpoints
 
     average_checkpoints(
         args.checkpoints or None,
@@ -591,7 +591,7 @@ def _inspect(argv: list[str]) -> int:
     parser.renamed("--output-dir", "--output", type=_path)
     args = parser.parse(argv, required=("--model", "--output"))
 
-    from hf_deep_nmt.inspection import inspect_model
+    from hf_deep_nmt.tools.inspection import inspect_model
 
     summary = inspect_model(
         args.model,
@@ -627,7 +627,7 @@ def _doctor(argv: list[str]) -> int:
     parser.renamed("--output-dir", "--output", type=_path)
     args = parser.parse(argv)
 
-    from hf_deep_nmt.doctor import check_machine
+    from hf_deep_nmt.tools.doctor import check_machine
 
     return check_machine(args.device, args.train_steps, args.families, args.output)
 
@@ -668,7 +668,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
     )
     args = parser.parse(argv, (("--model", "MODEL"), ("--output", "OUT")), ("--model", "--output"))
     protected = _check_ctranslate2_export(args)
-    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+    from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
     model, tokenizer = _load(args.model, "cpu")
     export_ctranslate2(
@@ -691,13 +691,13 @@ def _check_ctranslate2_export(args: argparse.Namespace) -> dict[str, str]:
     folders the export must not write into."""
     from transformers import AutoConfig
 
-    from hf_deep_nmt.ctranslate2_export import (
+    from hf_deep_nmt.folders import check_export_folder
+    from hf_deep_nmt.serving.ctranslate2 import (
         check_ctranslate2_support,
         check_max_positions,
         quantization_choices,
         require_ctranslate2,
     )
-    from hf_deep_nmt.folders import check_export_folder
 
     require_ctranslate2()
     if args.quantization is not None and args.quantization not in quantization_choices():
@@ -716,7 +716,7 @@ def _check_ctranslate2_export(args: argparse.Namespace) -> dict[str, str]:
 def _export_onnx(argv: list[str]) -> int:
     parser = _Parser(
         prog="hf-deep-nmt export-onnx",
-        description="Write a model (any family) as ONNX graphs for ONNX Runtime decoding (hf_deep_nmt.onnx_decoding): "
+        description="Write a model (any family) as ONNX graphs for ONNX Runtime decoding (hf_deep_nmt.serving.onnx): "
         "the encoder with the first decoder step, and one decoder step with the cache as tensors; with its tokenizer.",
     )
     parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
@@ -738,7 +738,7 @@ def _export_onnx(argv: list[str]) -> int:
     if os.path.lexists(Path(args.output).expanduser()):
         raise UsageError(f"{args.output} exists; give a new folder for the ONNX export (nothing is overwritten).")
     _check_model_source(args.model)
-    from hf_deep_nmt.onnx_decoding import export_for_serving, require_onnxruntime
+    from hf_deep_nmt.serving.onnx import export_for_serving, require_onnxruntime
 
     require_onnxruntime()
     model, tokenizer = _load(args.model, "cpu")
@@ -785,7 +785,7 @@ def _grow(argv: list[str]) -> int:
 
     from hf_deep_nmt.fingerprints import record_tokenizer_fingerprint
     from hf_deep_nmt.folders import check_export_folder, write_marked_folder
-    from hf_deep_nmt.growing import grow_encoder
+    from hf_deep_nmt.training.growing import grow_encoder
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
     check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
@@ -812,7 +812,7 @@ def _grow(argv: list[str]) -> int:
 
 
 def _upgrade_code(argv: list[str]) -> int:
-    from hf_deep_nmt.upgrade_code import DEFAULT_NUM_CHECKS
+    from hf_deep_nmt.tools.upgrade_code import DEFAULT_NUM_CHECKS
 
     parser = _Parser(
         prog="hf-deep-nmt upgrade-code",
@@ -844,7 +844,7 @@ def _upgrade_code(argv: list[str]) -> int:
     args = parser.parse(argv, (("--model", "SOURCE"),), ("--model",))
 
     from hf_deep_nmt.model_folders import check_local_path
-    from hf_deep_nmt.upgrade_code import upgrade_folder, upgrade_repo
+    from hf_deep_nmt.tools.upgrade_code import upgrade_folder, upgrade_repo
 
     check_local_path(args.model, "Model folder")
     path = Path(args.model).expanduser()
@@ -882,8 +882,8 @@ def _convert_marian(argv: list[str]) -> int:
     )
     args = parser.parse(argv, (("--model", "SOURCE"), ("--output", "OUT")), ("--model", "--output"))
 
-    from hf_deep_nmt.marian import convert_marian
     from hf_deep_nmt.model_folders import check_local_path
+    from hf_deep_nmt.tools.marian import convert_marian
 
     check_local_path(args.model, "Model folder")
     print(convert_marian(args.model, args.output, overwrite=args.overwrite))

@@ -208,7 +208,9 @@ def _settings(cls, own_only: bool = False) -> tuple[tuple, ...]:
 
 def live_values() -> dict:
     """The values this file copies, read from their modules (imports torch and transformers)."""
-    from hf_deep_nmt import arguments, ctranslate2_export, doctor, growing
+    from hf_deep_nmt.serving import ctranslate2 as ctranslate2_export
+    from hf_deep_nmt.tools import doctor
+    from hf_deep_nmt.training import arguments, growing
 
     return {
         "RECIPE_SETTINGS": {

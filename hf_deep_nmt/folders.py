@@ -3,8 +3,8 @@
 An export, an average, a conversion or a CTranslate2 folder is written beside its final place and swapped in
 (`write_marked_folder`), with a marker listing every file written (`WRITTEN_MARKER`); an existing folder is replaced
 only when asked and only when the marker lists everything in it (`check_export_folder`). Run folders of `train` /
-`train-staged` keep the same kind of list in their run record (`hf_deep_nmt.run_folder`), and `overwrite_output_dir`
-removes only what it lists.
+`train-staged` keep the same kind of list in their run record (`hf_deep_nmt.training.run_folder`), and
+`overwrite_output_dir` removes only what it lists.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def check_model_folder(
       code a Hub folder carries (`ValueError`): what `upgrade-code` mends.
 
     Marian folders are checked with neither `tokenizer` nor `own_code` (their config's model type is read by
-    `hf_deep_nmt.marian`, for Hub ids too)."""
+    `hf_deep_nmt.tools.marian`, for Hub ids too)."""
     text = str(value)
     folder = Path(text).expanduser()
     if not folder.exists():

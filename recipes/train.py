@@ -5,9 +5,9 @@ Hub-ready folder.
     accelerate launch recipes/train.py recipes/configs/sample.json
     hf-deep-nmt train recipes/configs/sample.json --num-train-epochs 1   # flags override the file
 
-Every step is a library call (hf_deep_nmt.training.run, through the command line's error reporting: an expected
-failure is one line per process naming the way out, not a traceback); the config file holds the model preset, its
-overrides, the data, `Seq2SeqTrainingArguments` and the export settings.
+Every step is a library call (hf_deep_nmt.training.pipeline.run, through the command line's error reporting: an
+expected failure is one line per process naming the way out, not a traceback); the config file holds the model preset,
+its overrides, the data, `Seq2SeqTrainingArguments` and the export settings.
 """
 
 import sys

@@ -196,8 +196,8 @@ def sample_slice(tmp_path_factory):
     """`sample_slice(pairs, vocab_size)`: a folder holding the bundled sample's first `pairs` pairs (`train.tsv`), the
     first two again as `valid.tsv`, and a joint tokenizer trained on them (`tokenizer/`), for the tests that run
     whole training commands; built once per size in a session. Read it, never write into it (copy it first)."""
-    from hf_deep_nmt.data import sample_corpus_dir
-    from hf_deep_nmt.tokenizer import train_joint_tokenizer
+    from hf_deep_nmt.data.corpus import sample_corpus_dir
+    from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 
     built = {}
 
@@ -399,8 +399,8 @@ EXPORT_PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the se
 def tiny_export(tmp_path_factory, tiny_config):
     """`(folder, model, tokenizer)`: a tiny DLCL model with noisy weights and 2 beams, exported with its tokenizer."""
     from hf_deep_nmt import DlclForConditionalGeneration
+    from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
     from hf_deep_nmt.hub import export_hub_folder
-    from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
     tokenizer = train_joint_tokenizer(EXPORT_PAIRS * 20, vocab_size=120, min_frequency=1)
     torch.manual_seed(0)

@@ -20,7 +20,8 @@ import torch
 import transformers.trainer
 from transformers import Trainer, TrainerCallback
 
-from hf_deep_nmt import cli, training
+from hf_deep_nmt import cli
+from hf_deep_nmt.training import pipeline as training
 
 STEP_DELAY = float(os.environ.get("FAULT_STEP_DELAY", "0"))
 HANG_AT_STEP = int(os.environ.get("FAULT_HANG_AT_STEP", "0"))

@@ -9,9 +9,6 @@ import pytest
 import torch
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
-from hf_deep_nmt.diagnostics import combination_weights
-from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNormConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTAttentionResidualHistory,
@@ -20,6 +17,9 @@ from hf_deep_nmt.modeling.modeling_deep_nmt import (
     count_parameters,
     padding_mask_to_additive,
 )
+from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
+from hf_deep_nmt.tools.diagnostics import combination_weights
+from hf_deep_nmt.training.growing import grow_encoder
 
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
 MASK = (SOURCE != 1).long()

@@ -8,8 +8,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.averaging import average_checkpoints, average_state_dicts, last_checkpoints, list_checkpoints
 from hf_deep_nmt.cli import main
+from hf_deep_nmt.training.averaging import average_checkpoints, average_state_dicts, last_checkpoints, list_checkpoints
 
 
 @pytest.fixture

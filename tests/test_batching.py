@@ -7,9 +7,9 @@ from datasets import Dataset
 from transformers import DataCollatorForSeq2Seq
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.arguments import DeepNMTTrainingArguments
-from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths, token_batches
-from hf_deep_nmt.trainer import DeepNMTTrainer
+from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths, token_batches
+from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 
 def random_lengths(count: int, seed: int = 0) -> list[int]:

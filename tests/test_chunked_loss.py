@@ -15,7 +15,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 from hf_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.modeling import kernels_deep_nmt
 from hf_deep_nmt.modeling.kernels_deep_nmt import chunked_linear_cross_entropy
-from hf_deep_nmt.training import DeepNMTTrainer, DeepNMTTrainingArguments
+from hf_deep_nmt.training.pipeline import DeepNMTTrainer, DeepNMTTrainingArguments
 
 VOCABULARY = 37
 

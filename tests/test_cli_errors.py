@@ -14,10 +14,10 @@ import torch
 from huggingface_hub import constants
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.callbacks import NonFiniteTrainingError
 from hf_deep_nmt.cli import COMMANDS, main
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import export_hub_folder, push_to_hub, upload_operations
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.training.callbacks import NonFiniteTrainingError
 
 PAIRS = [("el sol sale", "the sun rises"), ("la mar no se llena", "the sea is not full"), ("hola mundo", "hi")]
 

@@ -68,7 +68,7 @@ def test_the_help_copy_equals_the_argument_classes():
 def test_the_trainer_settings_shown_are_trainer_fields():
     import dataclasses
 
-    from hf_deep_nmt.arguments import DeepNMTTrainingArguments
+    from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments
 
     fields = {item.name for item in dataclasses.fields(DeepNMTTrainingArguments)}
     assert {name for name, _, _ in cli.COMMON_TRAINER_SETTINGS} <= fields
@@ -94,7 +94,7 @@ def test_snake_case_recipe_flags_still_work_with_one_line_each(tmp_path, capsys)
 
 def test_kebab_case_flags_name_the_recipe_settings():
     """`--output-dir` counts as the recipe's `output_dir` for the check that a run names one (it did not)."""
-    from hf_deep_nmt.arguments import check_explicit_run, parse_arguments
+    from hf_deep_nmt.training.arguments import check_explicit_run, parse_arguments
 
     check_explicit_run(["--model-type", "deep_nmt", "--output-dir", "runs/x"])
     model_args, data_args, _, training_args = parse_arguments(

@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from hf_deep_nmt import doctor
 from hf_deep_nmt.modeling.kernels_deep_nmt import (
     DeepNMTCompiledCpuDropout,
     DeepNMTCompiledCpuReLU,
@@ -15,6 +14,7 @@ from hf_deep_nmt.modeling.kernels_deep_nmt import (
     activation_function,
     dropout,
 )
+from hf_deep_nmt.tools import doctor
 
 
 def test_the_compiled_relu_has_relu_values_and_gradients():
@@ -105,8 +105,8 @@ def trainer_run(tmp_path, compile_model: bool, poison: bool = False, **arguments
     from datasets import Dataset
     from transformers import default_data_collator
 
-    from hf_deep_nmt.arguments import DeepNMTTrainingArguments
-    from hf_deep_nmt.trainer import DeepNMTTrainer
+    from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments
+    from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
     model = doctor.family_model("dlcl-prenorm", "cpu").train()
     if poison:  # a NaN training loss from the first step on
@@ -157,7 +157,7 @@ def test_the_trainer_compiles_the_model_without_a_graph_break_and_trains_as_eage
 
 
 def test_a_compiled_trainer_still_stops_on_a_non_finite_loss(tmp_path):
-    from hf_deep_nmt.callbacks import NonFiniteTrainingError
+    from hf_deep_nmt.training.callbacks import NonFiniteTrainingError
 
     torch._dynamo.reset()
     with pytest.raises(NonFiniteTrainingError, match="The training loss is nan at optimizer step 1"):

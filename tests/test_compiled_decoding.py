@@ -9,8 +9,8 @@ from conftest import method_families
 from transformers import CompileConfig
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
-from hf_deep_nmt import doctor
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTDynamicCacheLayer, DeepNMTStaticCacheLayer
+from hf_deep_nmt.tools import doctor
 
 # One variant per registered method (its first check; `doctor.FAMILIES` holds every check), each costing several CPU
 # seconds of tracing: the post-norm and AAN variants are left to the eager `ARCHITECTURES` matrix, `doctor` and
@@ -283,7 +283,7 @@ def test_the_onnx_export_computes_what_torch_computes_on_a_padded_batch(family, 
 
 def test_translate_with_compiled_decoding_gives_the_same_translations(tiny_export, tmp_path):
     from hf_deep_nmt.cli import main
-    from hf_deep_nmt.translate import translate
+    from hf_deep_nmt.serving.translate import translate
 
     folder, model, tokenizer = tiny_export
     lines = ["el sol sale", "", "la mar no se llena hola", "hola mundo", "el sol"]
@@ -303,7 +303,7 @@ def test_translate_with_compiled_decoding_gives_the_same_translations(tiny_expor
 
 
 def test_translate_refuses_a_compile_setting_that_is_not_a_bool(tiny_export):
-    from hf_deep_nmt.translate import translate
+    from hf_deep_nmt.serving.translate import translate
 
     _, model, tokenizer = tiny_export
     with pytest.raises(ValueError, match=r"`compile` must be True or False, got 'yes'"):
@@ -317,7 +317,7 @@ def test_models_of_several_families_compile_in_one_process_each_its_own_graphs()
     model's two graphs, two families in a row still compile, each into two new graphs, and decode as eager."""
     from torch._dynamo.utils import counters
 
-    from hf_deep_nmt.translate import compiled_decoding
+    from hf_deep_nmt.serving.translate import compiled_decoding
 
     torch._dynamo.reset()
     with torch._dynamo.config.patch(recompile_limit=2):

@@ -13,9 +13,9 @@ from transformers import AutoTokenizer
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import WRITTEN_MARKER
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
 
 needs_ctranslate2 = pytest.mark.skipif(
     importlib.util.find_spec("ctranslate2") is None, reason='ctranslate2 is in the optional "bench" extra'
@@ -140,7 +140,7 @@ def test_without_ctranslate2_the_command_says_how_to_install_it(tmp_path, monkey
 def test_ctranslate2_decodes_and_scores_as_this_package(name, tokenizer, tmp_path):
     import ctranslate2
 
-    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+    from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
     config_class, overrides = SERVABLE[name]
     model = trained(config_class, overrides, tokenizer)
@@ -174,7 +174,7 @@ def deepnorm_export(tokenizer, tmp_path_factory):
     residual stream by their ratio) and its CTranslate2 translator."""
     import ctranslate2
 
-    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+    from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
     model = trained(DeepNormConfig, {}, tokenizer)
     folder = tmp_path_factory.mktemp("deepnorm") / "ct2"
@@ -212,7 +212,7 @@ def test_deepnorm_exports_as_a_plain_post_norm_model_decoding_the_same_tokens(de
 def test_a_source_beyond_the_position_table_is_refused_by_ctranslate2(tokenizer, tmp_path):
     import ctranslate2
 
-    from hf_deep_nmt.ctranslate2_export import export_ctranslate2
+    from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
     model = MODEL_CLASSES[DeepNMTConfig](DeepNMTConfig(**SIZES, vocab_size=len(tokenizer))).eval()
     export_ctranslate2(model, tokenizer, tmp_path / "ct2", max_positions=8)

@@ -4,7 +4,7 @@ machine with `python -m pytest tests -m cuda`; `hf-deep-nmt doctor` runs the sam
 import pytest
 import torch
 
-from hf_deep_nmt import doctor
+from hf_deep_nmt.tools import doctor
 
 pytestmark = [
     pytest.mark.cuda,

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from hf_deep_nmt.curves import curve_points, plot_training_curves
+from hf_deep_nmt.training.curves import curve_points, plot_training_curves
 
 HISTORY = [
     {"loss": 9.5, "step": 1},

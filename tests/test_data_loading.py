@@ -2,7 +2,7 @@
 
 import pytest
 
-from hf_deep_nmt.data import load_parallel_dataset, read_jsonl, read_tsv
+from hf_deep_nmt.data.corpus import load_parallel_dataset, read_jsonl, read_tsv
 
 
 def test_a_blank_line_inside_a_tsv_is_named_not_dropped(tmp_path):

@@ -17,13 +17,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hf_deep_nmt.arguments import EvalExportArguments
 from hf_deep_nmt.cli import _add_decoding_flags, main
-from hf_deep_nmt.decoding import MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions
-from hf_deep_nmt.marian import convert_marian
 from hf_deep_nmt.model_folders import check_model_folder, check_saved_model_folder
-from hf_deep_nmt.translate import translate
-from hf_deep_nmt.upgrade_code import upgrade_folder
+from hf_deep_nmt.serving.options import MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions
+from hf_deep_nmt.serving.translate import translate
+from hf_deep_nmt.tools.marian import convert_marian
+from hf_deep_nmt.tools.upgrade_code import upgrade_folder
+from hf_deep_nmt.training.arguments import EvalExportArguments
 
 LINES = ["el sol sale", "", "la mar no se llena", "hola mundo", "el sol sale hola"]
 

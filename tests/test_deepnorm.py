@@ -11,9 +11,9 @@ import torch
 from torch.nn import functional as F
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DeepNormForConditionalGeneration
-from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
-from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTLinear
+from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
+from hf_deep_nmt.training.growing import grow_encoder
 
 # (N, M) -> encoder (alpha, beta), decoder (alpha, beta), worked out by hand from the paper's formulas:
 #   N^4 M = 7776 (6, 6), 1889568 (18, 18), 10^10 (100, 100); encoder alpha = 0.81 (N^4 M)^(1/16),

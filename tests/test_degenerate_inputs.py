@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from hf_deep_nmt import doctor
 from hf_deep_nmt.modeling import modeling_deep_nmt
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.serving.translate import translate
+from hf_deep_nmt.tools import doctor
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,5 @@
-"""Diagnostics (hf_deep_nmt.diagnostics and `hf-deep-nmt inspect`) checked against hand computations on tiny models."""
+"""Diagnostics (hf_deep_nmt.tools.diagnostics and `hf-deep-nmt inspect`) checked against hand computations on tiny
+models."""
 
 import json
 import math
@@ -10,8 +11,9 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_deep_nmt import DeepNMTForConditionalGeneration, DlclConfig
 from hf_deep_nmt.cli import main as cli_main
-from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir
-from hf_deep_nmt.diagnostics import (
+from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.tools.diagnostics import (
     GradientNormCallback,
     combination_weights,
     layer_gradient_norms,
@@ -21,7 +23,6 @@ from hf_deep_nmt.diagnostics import (
     parameter_gradient_norms,
     similarity_from_states,
 )
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -333,7 +334,7 @@ def test_inspect_cli_writes_pngs_and_json(tmp_path, tiny_config):
 def test_inspect_refuses_a_model_of_another_package_naming_it(tmp_path):
     from transformers import MarianConfig, MarianMTModel
 
-    from hf_deep_nmt.inspection import inspect_model
+    from hf_deep_nmt.tools.inspection import inspect_model
 
     sizes = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8, decoder_ffn_dim=8)
     marian = MarianMTModel(MarianConfig(vocab_size=37, pad_token_id=1, decoder_start_token_id=0, **sizes))

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 
 SCRIPT = """
 import json
@@ -24,8 +24,8 @@ from datasets import load_from_disk
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.arguments import DeepNMTTrainingArguments, multi_process_launch_without_gpu
-from hf_deep_nmt.trainer import DeepNMTTrainer
+from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments, multi_process_launch_without_gpu
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 torch.set_num_threads(1)
 work = sys.argv[1]

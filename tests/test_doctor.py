@@ -6,9 +6,9 @@ import torch
 import transformers
 from torch.nn import functional as F
 
-from hf_deep_nmt import doctor
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.modeling import kernels_deep_nmt, modeling_deep_nmt
+from hf_deep_nmt.tools import doctor
 
 
 def test_on_the_cpu_it_checks_one_family_and_says_what_it_skipped(capsys):

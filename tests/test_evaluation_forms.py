@@ -9,12 +9,12 @@ import torch
 from transformers import LogitsProcessorList, SuppressTokensLogitsProcessor
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.arguments import DeepNMTTrainingArguments
-from hf_deep_nmt.evaluation import corpus_scores, length_penalty, split_compounds, tokenized_bleu
-from hf_deep_nmt.schedules import noam_lr
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.trainer import DeepNMTTrainer
-from hf_deep_nmt.translate import SourceRelativeMaxLength, translate
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.serving.translate import SourceRelativeMaxLength, translate
+from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments
+from hf_deep_nmt.training.evaluation import corpus_scores, length_penalty, split_compounds, tokenized_bleu
+from hf_deep_nmt.training.schedules import noam_lr
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 # ---- tokenized BLEU -------------------------------------------------------------------------------------------------
 

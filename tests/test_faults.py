@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, default_data_collator
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.callbacks import (
+from hf_deep_nmt.training.callbacks import (
     NonFiniteGuard,
     NonFiniteTrainingError,
     checkpoint_problem,

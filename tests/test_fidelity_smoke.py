@@ -109,8 +109,8 @@ def test_depth_family_writes_recipes_the_package_reads_and_reports_unknown_metho
     into the method's settings at the run's depth; a method whose settings this checkout lacks is reported, not run."""
     import argparse
 
-    from hf_deep_nmt.arguments import parse_arguments
-    from hf_deep_nmt.training import build_config
+    from hf_deep_nmt.training.arguments import parse_arguments
+    from hf_deep_nmt.training.pipeline import build_config
 
     script = load_script("depth_family")
     size = script.SIZES["smoke"]

@@ -10,11 +10,11 @@ from conftest import method_families
 from transformers import AutoModelForSeq2SeqLM, GenerationConfig, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import export_hub_folder, settle_output_cap
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import DataArguments, EvalExportArguments, configure_generation
-from hf_deep_nmt.translate import MAX_OUTPUT_TOKENS
+from hf_deep_nmt.serving.translate import MAX_OUTPUT_TOKENS
+from hf_deep_nmt.training.pipeline import DataArguments, EvalExportArguments, configure_generation
 
 EOS = 2
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 6, 2, 1]])

@@ -21,7 +21,7 @@ from hf_deep_nmt import (
     SdtConfig,
     SdtForConditionalGeneration,
 )
-from hf_deep_nmt.growing import deepnorm_output_scale, grow_encoder, source_layers, with_layer_aggregation
+from hf_deep_nmt.training.growing import deepnorm_output_scale, grow_encoder, source_layers, with_layer_aggregation
 
 SIZES = dict(
     vocab_size=37,

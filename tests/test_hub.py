@@ -9,8 +9,8 @@ from huggingface_hub import ModelCard
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import export_hub_folder, files_not_written_by_us
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
 PAIRS = [

@@ -12,14 +12,14 @@ from torch import nn
 from torch.nn import functional as F
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
-from hf_deep_nmt.diagnostics import layer_outputs
-from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     _shape_findings,
     count_parameters,
     sinkhorn_knopp,
 )
+from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
+from hf_deep_nmt.tools.diagnostics import layer_outputs
+from hf_deep_nmt.training.growing import grow_encoder
 
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
 TARGET = torch.tensor([[0, 6, 8, 12], [0, 13, 4, 4]])

@@ -21,8 +21,15 @@ from transformers import (
 )
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.averaging import average_checkpoints
-from hf_deep_nmt.checkpoints import (
+from hf_deep_nmt.cli import main
+from hf_deep_nmt.fingerprints import (
+    check_tokenizer_matches,
+    folder_tokenizer_fingerprint,
+    record_tokenizer_fingerprint,
+    tokenizer_fingerprint,
+)
+from hf_deep_nmt.training.averaging import average_checkpoints
+from hf_deep_nmt.training.checkpoints import (
     CHECKSUMS_FILE,
     CheckpointChecksumError,
     checkpoint_problem,
@@ -32,15 +39,8 @@ from hf_deep_nmt.checkpoints import (
     resolve_resume_checkpoint,
     verify_checkpoint,
 )
-from hf_deep_nmt.cli import main
-from hf_deep_nmt.fingerprints import (
-    check_tokenizer_matches,
-    folder_tokenizer_fingerprint,
-    record_tokenizer_fingerprint,
-    tokenizer_fingerprint,
-)
-from hf_deep_nmt.run_folder import RUN_RECORD, RunFolder, RunFolderError, claim_outputs
-from hf_deep_nmt.trainer import DeepNMTTrainer
+from hf_deep_nmt.training.run_folder import RUN_RECORD, RunFolder, RunFolderError, claim_outputs
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 
 def tiny_dataset(rows: int = 8) -> Dataset:

@@ -20,9 +20,10 @@ import transformers.trainer
 from safetensors.torch import load_file
 from transformers import TrainerCallback
 
-from hf_deep_nmt import staged, training
-from hf_deep_nmt.preemption import TrainingPreempted
-from hf_deep_nmt.run_folder import RUN_RECORD
+from hf_deep_nmt.training import pipeline as training
+from hf_deep_nmt.training import staged
+from hf_deep_nmt.training.preemption import TrainingPreempted
+from hf_deep_nmt.training.run_folder import RUN_RECORD
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {

@@ -25,8 +25,8 @@ from transformers import (
 
 from hf_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.marian import convert_marian, convert_marian_model
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.serving.translate import translate
+from hf_deep_nmt.tools.marian import convert_marian, convert_marian_model
 
 WORDS = ["</s>", "<unk>"] + [f"w{index}" for index in range(2, 59)] + ["<pad>"]  # Marian's layout: pad is the last id
 PAD = len(WORDS) - 1
@@ -360,7 +360,7 @@ def test_the_new_settings_are_validated_and_written_only_when_set(tmp_path):
 
 
 def test_a_converted_model_grows_deeper_and_still_loads(converted, tmp_path):
-    from hf_deep_nmt.growing import grow_encoder
+    from hf_deep_nmt.training.growing import grow_encoder
 
     (_, share, *_), _, _, out, model = converted
     grown = grow_encoder(out, num_new_layers=2, strategy="top").eval()
@@ -401,7 +401,7 @@ def word_corpus(folder, pairs: int, seed: int):
 def grown_folder(tmp_path_factory):
     """A converted tiny Marian model (shared vocabulary, tied, swish) grown from 2 to 4 encoder layers, saved with its
     tokenizer: what a user hands `hf-deep-nmt train` as `model_name_or_path`."""
-    from hf_deep_nmt.growing import grow_encoder
+    from hf_deep_nmt.training.growing import grow_encoder
 
     folder = tmp_path_factory.mktemp("warm-start")
     noisy_marian(marian_config(True, True, "swish")).save_pretrained(folder / "marian")
@@ -481,7 +481,7 @@ def warm_start_arguments(folder, output: str, *extra: str) -> list[str]:
 
 
 def test_a_converted_grown_model_trains_from_its_folder_and_exports(grown_folder):
-    from hf_deep_nmt.training import run
+    from hf_deep_nmt.training.pipeline import run
 
     saved_tokenizer = json.loads((grown_folder / "grown" / "tokenizer.json").read_text())
     summary = run(warm_start_arguments(grown_folder, "run", "--export_dir", str(grown_folder / "export")))
@@ -529,7 +529,7 @@ def test_a_converted_grown_model_trains_from_its_folder_and_exports(grown_folder
 def test_a_recipe_that_contradicts_the_saved_model_is_refused_before_work(
     grown_folder, extra, error, message, monkeypatch
 ):
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     monkeypatch.setattr(training, "prepare", lambda *args, **kwargs: pytest.fail("data read"))
     with pytest.raises(error, match=message):
@@ -537,7 +537,7 @@ def test_a_recipe_that_contradicts_the_saved_model_is_refused_before_work(
 
 
 def test_model_overrides_must_be_the_saved_models_values(grown_folder, tmp_path, monkeypatch):
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     monkeypatch.setattr(training, "prepare", lambda *args, **kwargs: pytest.fail("data read"))
     recipe = tmp_path / "recipe.json"
@@ -555,7 +555,7 @@ def test_model_overrides_must_be_the_saved_models_values(grown_folder, tmp_path,
 
 
 def test_a_folder_that_cannot_be_started_from_is_named_before_work(grown_folder, tmp_path, monkeypatch):
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     monkeypatch.setattr(training, "prepare", lambda *args, **kwargs: pytest.fail("data read"))
     run = training.run
@@ -579,7 +579,7 @@ def test_a_folder_that_cannot_be_started_from_is_named_before_work(grown_folder,
 
 
 def test_train_staged_refuses_a_saved_model_by_name(grown_folder):
-    from hf_deep_nmt.staged import run_staged
+    from hf_deep_nmt.training.staged import run_staged
 
     arguments = warm_start_arguments(grown_folder, "refused-staged", "--stage_depths", "4", "--stage_max_steps", "1")
     with pytest.raises(ValueError, match=r"cannot start from the saved model `model_name_or_path` '.*grown'"):
@@ -629,7 +629,7 @@ def test_the_card_of_a_hub_source_links_it_and_says_when_its_licence_is_unknown(
 def test_a_converted_model_rewired_with_layer_connections_still_computes_what_marian_does(
     converted, aggregation, tmp_path
 ):
-    from hf_deep_nmt.growing import with_layer_aggregation
+    from hf_deep_nmt.training.growing import with_layer_aggregation
 
     (_, share, *_), marian, _, _, model = converted
     rewired = with_layer_aggregation(model, aggregation).eval()
@@ -650,8 +650,8 @@ def test_a_converted_model_rewired_with_layer_connections_still_computes_what_ma
 
 
 def test_the_grow_command_rewires_a_converted_model_before_growing(grown_folder, capsys):
-    from hf_deep_nmt.growing import grow_encoder
     from hf_deep_nmt.hub import render_model_card
+    from hf_deep_nmt.training.growing import grow_encoder
 
     converted, out = grown_folder / "converted", grown_folder / "grown-dlcl"
     assert (

@@ -16,9 +16,9 @@ import torch
 from safetensors.torch import save_file
 
 from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
-from hf_deep_nmt.ctranslate2_export import check_max_positions, export_ctranslate2
 from hf_deep_nmt.memory import InsufficientMemoryError, check_saved_model_size, estimate_parameters
-from hf_deep_nmt.translate import decoding_memory, translate
+from hf_deep_nmt.serving.ctranslate2 import check_max_positions, export_ctranslate2
+from hf_deep_nmt.serving.translate import decoding_memory, translate
 from hf_deep_nmt.weights import saved_parameters
 
 LIMIT = 3 << 30  # address space of the subprocesses: torch and a tiny model take under 1 GiB of it
@@ -167,7 +167,7 @@ def test_a_recipe_of_a_million_layers_is_refused_before_anything_is_built(tmp_pa
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"model_type": "deep_nmt", "model_overrides": overrides}))
     output = tmp_path / "out"
-    result = run_limited("train", str(recipe), "--output_dir", str(output), "--use_cpu", "true", "--report_to", "none")
+    result = run_limited("train", str(recipe), "--output-dir", str(output), "--use-cpu", "true", "--report-to", "none")
     assert result.returncode == 2, result.stderr
     assert "d_model=16, encoder_layers=1000000, decoder_layers=1" in result.stderr
     assert "needs about" in result.stderr and "`model_overrides`" in result.stderr

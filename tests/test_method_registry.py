@@ -18,12 +18,12 @@ from hf_deep_nmt import (
     DeepNMTForConditionalGeneration,
     DeepNMTMethod,
     DeepNMTModel,
-    doctor,
     register_method,
 )
-from hf_deep_nmt.ctranslate2_export import ctranslate2_blockers
-from hf_deep_nmt.growing import grow_encoder
 from hf_deep_nmt.hub import architecture_of, method_card, render_model_card
+from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
+from hf_deep_nmt.tools import doctor
+from hf_deep_nmt.training.growing import grow_encoder
 
 
 class ThrowawayConfig(DeepNMTConfig):

@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.data import sample_corpus_dir
+from hf_deep_nmt.data.corpus import sample_corpus_dir
 from hf_deep_nmt.modeling.modeling_deep_nmt import METHODS
 
 TINY = dict(

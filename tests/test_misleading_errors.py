@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from hf_deep_nmt.arguments import parse_arguments
-from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir
-from hf_deep_nmt.evaluation import check_source_lengths
+from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.folders import check_export_folder
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import prepare
-from hf_deep_nmt.translate import decode_lines, read_lines
+from hf_deep_nmt.serving.translate import decode_lines, read_lines
+from hf_deep_nmt.training.arguments import parse_arguments
+from hf_deep_nmt.training.evaluation import check_source_lengths
+from hf_deep_nmt.training.pipeline import prepare
 
 TEXT = "niño\tchild\nsí\tyes\n"
 
@@ -293,7 +293,7 @@ BAD_RECORDS = [
 
 @pytest.mark.parametrize(("record", "pattern"), BAD_RECORDS, ids=["cut", "list", "steps", "depth"])
 def test_a_damaged_stage_record_names_the_stage_folder_and_the_way_out(saved_model, tmp_path, record, pattern):
-    from hf_deep_nmt.staged import finished_stage
+    from hf_deep_nmt.training.staged import finished_stage
 
     stage = stage_folder(tmp_path, saved_model, record)
     with pytest.raises(ValueError, match=rf"^Stage 2: '{stage / 'stage.json'}' {pattern}") as caught:
@@ -302,7 +302,7 @@ def test_a_damaged_stage_record_names_the_stage_folder_and_the_way_out(saved_mod
 
 
 def test_a_finished_stage_without_a_whole_model_is_named_before_training(saved_model, tmp_path):
-    from hf_deep_nmt.staged import finished_stage
+    from hf_deep_nmt.training.staged import finished_stage
 
     stage = stage_folder(tmp_path, saved_model, json.dumps(GOOD_RECORD).encode())
     assert finished_stage(stage, 2, 4) == GOOD_RECORD
@@ -328,7 +328,7 @@ def test_a_finished_stage_without_a_whole_model_is_named_before_training(saved_m
 def test_averaging_more_checkpoints_than_the_run_writes_is_refused_before_step_1(
     tmp_path, max_steps, save_steps, count, written
 ):
-    from hf_deep_nmt.training import check_before_work
+    from hf_deep_nmt.training.pipeline import check_before_work
 
     recipe = tmp_path / "recipe.json"
     settings = {"model_type": "deep_nmt", "max_steps": max_steps, "save_strategy": "steps", "save_steps": save_steps}
@@ -341,7 +341,7 @@ def test_averaging_more_checkpoints_than_the_run_writes_is_refused_before_step_1
 
 
 def test_averaging_as_many_checkpoints_as_the_run_writes_is_allowed(tmp_path):
-    from hf_deep_nmt.training import check_checkpoints_to_average
+    from hf_deep_nmt.training.pipeline import check_checkpoints_to_average
 
     recipe = tmp_path / "recipe.json"
     settings = {"max_steps": 7, "save_strategy": "steps", "save_steps": 3, "average_checkpoints": 3}
@@ -417,7 +417,7 @@ def recipe_arguments(tmp_path: Path, **settings):
 
 
 def test_a_fifo_or_a_missing_half_of_a_two_file_corpus_is_refused_with_the_settings(tmp_path):
-    from hf_deep_nmt.training import check_before_work
+    from hf_deep_nmt.training.pipeline import check_before_work
 
     os.mkfifo(tmp_path / "stream.tsv")
     with pytest.raises(ValueError, match=rf"{tmp_path / 'stream.tsv'} is not a regular file \(a FIFO"):
@@ -431,7 +431,7 @@ def test_a_fifo_or_a_missing_half_of_a_two_file_corpus_is_refused_with_the_setti
 
 @pytest.mark.parametrize("repo_id", ["my model", "a/b/c"])
 def test_a_repo_id_that_is_not_one_is_refused_before_training(tmp_path, repo_id):
-    from hf_deep_nmt.training import check_before_work
+    from hf_deep_nmt.training.pipeline import check_before_work
 
     with pytest.raises(
         ValueError, match=rf"`repo_id` '{repo_id}' is not a Hub repository id .* 'your-name/model-name'"
@@ -472,7 +472,7 @@ def test_translate_input_in_utf16_without_a_byte_order_mark_is_refused_not_trans
 
 
 def test_export_dir_dot_is_refused_with_the_settings_not_after_training(tmp_path, monkeypatch):
-    from hf_deep_nmt.training import check_before_work
+    from hf_deep_nmt.training.pipeline import check_before_work
 
     here = tmp_path / "project"
     here.mkdir()
@@ -543,7 +543,7 @@ def test_a_saved_model_with_nan_weights_is_refused_before_training_naming_the_te
 
     from safetensors.torch import load_file, save_file
 
-    from hf_deep_nmt.training import check_before_work
+    from hf_deep_nmt.training.pipeline import check_before_work
 
     folder = tmp_path / "nan-model"
     shutil.copytree(saved_model, folder)
@@ -562,7 +562,7 @@ def test_a_saved_model_with_nan_weights_is_refused_before_training_naming_the_te
 
 
 def test_a_run_of_another_recipe_also_names_a_changed_process_count(tmp_path):
-    from hf_deep_nmt.run_folder import RUN_RECORD, RunFolder, RunFolderError
+    from hf_deep_nmt.training.run_folder import RUN_RECORD, RunFolder, RunFolderError
 
     folder = tmp_path / "run"
     (folder / "checkpoint-2").mkdir(parents=True)

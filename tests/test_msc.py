@@ -11,7 +11,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_outputs import BaseModelOutput
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration, MscConfig, MscForConditionalGeneration
-from hf_deep_nmt.growing import grow_encoder
+from hf_deep_nmt.training.growing import grow_encoder
 
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
 MASK = SOURCE.ne(1).long()

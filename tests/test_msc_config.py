@@ -249,7 +249,7 @@ def test_a_0_1_0_msc_ablation_config_loads_to_the_new_keys_without_a_warning(
 
 def test_a_recipe_may_still_override_the_old_keys():
     # a recipe's `model_overrides` only refuses keys that the config would ignore; the old keys are read
-    from hf_deep_nmt.arguments import check_config_overrides
+    from hf_deep_nmt.training.arguments import check_config_overrides
 
     check_config_overrides(MscConfig, {"msc_share_gru": False, "msc_decoder_context": False})
     with pytest.raises(ValueError, match="not MscConfig fields: 'msc_share_gr'") as error:

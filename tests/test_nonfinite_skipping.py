@@ -19,9 +19,9 @@ from torch.utils.data import SequentialSampler
 from transformers import TrainerCallback, default_data_collator
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.arguments import DeepNMTTrainingArguments
-from hf_deep_nmt.callbacks import NonFiniteTrainingError, nonfinite_steps_skipped
-from hf_deep_nmt.trainer import DeepNMTTrainer
+from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments
+from hf_deep_nmt.training.callbacks import NonFiniteTrainingError, nonfinite_steps_skipped
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 BATCH = 2
 
@@ -204,7 +204,7 @@ def test_the_count_is_saved_with_the_checkpoint_and_continues_after_a_resume(tin
 
 
 def test_the_main_job_reports_the_count_in_results_json(tmp_path, monkeypatch):
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     original = training.make_trainer
 
@@ -259,9 +259,9 @@ from datasets import Dataset
 from transformers import default_data_collator
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.callbacks import NonFiniteTrainingError, nonfinite_steps_skipped
-from hf_deep_nmt.arguments import DeepNMTTrainingArguments, multi_process_launch_without_gpu
-from hf_deep_nmt.trainer import DeepNMTTrainer
+from hf_deep_nmt.training.callbacks import NonFiniteTrainingError, nonfinite_steps_skipped
+from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments, multi_process_launch_without_gpu
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 torch.set_num_threads(1)
 work, poisoned_calls, limit = sys.argv[1], {int(c) for c in sys.argv[2].split(",")}, int(sys.argv[3])

@@ -1,4 +1,4 @@
-"""The ONNX Runtime decoding path (`hf_deep_nmt.onnx_decoding`): the start and one-step graphs compute what torch
+"""The ONNX Runtime decoding path (`hf_deep_nmt.serving.onnx`): the start and one-step graphs compute what torch
 computes, step by step through the exported cache, for the families whose decoding state differs (DLCL/SDT with
 relative keys and self-attention keys/values, MAtt's running sum, MSC's block outputs and context keys) and for the
 layer stacks (pre-norm: SDT, MSC; post-norm: MAtt, the trained plain model of the int8 test; DLCL under DeepNorm);
@@ -34,8 +34,8 @@ FAMILIES = {
 def test_the_export_decodes_as_torch(family, tmp_path):
     """One test per family, so that its export (8-16 CPU s) runs once: under pytest-xdist a module-scoped fixture runs
     again in every worker that gets one of its tests."""
-    from hf_deep_nmt import doctor
-    from hf_deep_nmt.onnx_decoding import export_onnx
+    from hf_deep_nmt.serving.onnx import export_onnx
+    from hf_deep_nmt.tools import doctor
 
     model = doctor.family_model(family, "cpu", **FAMILIES[family])
     exported = model, export_onnx(model, tmp_path / family)
@@ -45,7 +45,7 @@ def test_the_export_decodes_as_torch(family, tmp_path):
 
 
 def check_each_cached_step_gives_the_uncached_logits(exported):
-    from hf_deep_nmt.onnx_decoding import OnnxDecoder
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
 
     model, folder = exported
     _, logits = OnnxDecoder(folder).greedy(SOURCE.numpy(), MASK.numpy(), PATH.shape[1], forced=PATH.numpy())
@@ -58,7 +58,7 @@ def check_each_cached_step_gives_the_uncached_logits(exported):
 
 def check_greedy_and_beam_tokens_equal_generate(exported, beams):
     """Against `generate()` with its cache and, at the longer length, without it."""
-    from hf_deep_nmt.onnx_decoding import OnnxDecoder
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
 
     model, folder = exported
     decoder = OnnxDecoder(folder)
@@ -77,8 +77,8 @@ def check_greedy_and_beam_tokens_equal_generate(exported, beams):
 
 
 def test_an_existing_folder_is_refused(tmp_path):
-    from hf_deep_nmt import doctor
-    from hf_deep_nmt.onnx_decoding import export_onnx
+    from hf_deep_nmt.serving.onnx import export_onnx
+    from hf_deep_nmt.tools import doctor
 
     model = doctor.family_model("dsinit-matt", "cpu")
     (tmp_path / "kept.txt").write_text("mine")
@@ -96,9 +96,9 @@ def test_int8_keeps_a_trained_models_chrf(sample_slice, tmp_path):
     from transformers import AutoTokenizer
 
     from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig
-    from hf_deep_nmt.data import sample_corpus_dir
-    from hf_deep_nmt.evaluation import corpus_scores
-    from hf_deep_nmt.onnx_decoding import export_onnx, translate_lines
+    from hf_deep_nmt.data.corpus import sample_corpus_dir
+    from hf_deep_nmt.serving.onnx import export_onnx, translate_lines
+    from hf_deep_nmt.training.evaluation import corpus_scores
 
     lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()
     pairs = [line.split("\t")[:2] for line in lines[:200]]

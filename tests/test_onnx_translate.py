@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.serving.translate import translate
 
 ONNX_MISSING = [name for name in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(name) is None]
 pytestmark = pytest.mark.skipif(bool(ONNX_MISSING), reason=f"the onnx extra is not installed ({ONNX_MISSING})")
@@ -24,8 +24,8 @@ def small_export(tmp_path_factory, tiny_config):
     from conftest import EXPORT_PAIRS
 
     from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+    from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
     from hf_deep_nmt.hub import export_hub_folder
-    from hf_deep_nmt.tokenizer import train_joint_tokenizer
 
     tokenizer = train_joint_tokenizer(EXPORT_PAIRS * 20, vocab_size=120, min_frequency=1)
     torch.manual_seed(0)
@@ -44,7 +44,7 @@ LINES = ["el sol sale", "", "la mar no se llena", "hola mundo", "el sol sale hol
 
 def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_export, tmp_path, capsys, caplog):
     from hf_deep_nmt.hub import upload_operations
-    from hf_deep_nmt.onnx_decoding import load_onnx_model
+    from hf_deep_nmt.serving.onnx import load_onnx_model
 
     folder, model, tokenizer = small_export
     with caplog.at_level(logging.WARNING):
@@ -115,7 +115,7 @@ def test_onnx_backend_refusals_before_any_graph_is_read(tmp_path, capsys, monkey
 
 
 def test_only_the_quantizers_preprocessing_advice_is_silenced(caplog):
-    from hf_deep_nmt.onnx_decoding import PREPROCESSING_HINT, quiet_preprocessing_hint
+    from hf_deep_nmt.serving.onnx import PREPROCESSING_HINT, quiet_preprocessing_hint
 
     with caplog.at_level(logging.WARNING), quiet_preprocessing_hint():
         logging.warning(PREPROCESSING_HINT + ". Refer to example: ...")

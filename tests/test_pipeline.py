@@ -16,8 +16,7 @@ from transformers import (
 )
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.arguments import parse_arguments
-from hf_deep_nmt.data import (
+from hf_deep_nmt.data.corpus import (
     load_parallel_dataset,
     read_jsonl,
     read_parallel_file,
@@ -26,10 +25,11 @@ from hf_deep_nmt.data import (
     sample_corpus_dir,
     tokenize_parallel,
 )
-from hf_deep_nmt.evaluation import corpus_scores, decode_predictions, make_compute_metrics
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import build_model
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.serving.translate import translate
+from hf_deep_nmt.training.arguments import parse_arguments
+from hf_deep_nmt.training.evaluation import corpus_scores, decode_predictions, make_compute_metrics
+from hf_deep_nmt.training.pipeline import build_model
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +335,7 @@ def test_the_bundled_sample_recipe_parses(tmp_path):
 
 
 def test_build_model_sizes_the_vocabulary_from_the_tokenizer_and_checks_overrides(tokenizer):
-    from hf_deep_nmt.arguments import ModelArguments
+    from hf_deep_nmt.training.arguments import ModelArguments
 
     model = build_model(
         ModelArguments(
@@ -359,7 +359,7 @@ def test_build_model_sizes_the_vocabulary_from_the_tokenizer_and_checks_override
 
 
 def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypatch):
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     (tmp_path / "export").mkdir()
     (tmp_path / "export" / "keep.txt").write_text("user data")
@@ -375,9 +375,10 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypa
 
 
 def test_overrides_of_a_saved_model_must_be_its_own_values(tokenizer, tmp_path):
-    from hf_deep_nmt.arguments import ModelArguments
+    from hf_deep_nmt.training.arguments import ModelArguments
 
     tiny_model(tokenizer).save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")  # a saved model is used with the tokenizer saved there
     saved = str(tmp_path / "saved")
     with pytest.raises(ValueError, match=r"`model_overrides.d_model` is 8 but the saved model has 32"):
         build_model(ModelArguments(model_name_or_path=saved, model_overrides={"d_model": 8}), tokenizer)
@@ -404,7 +405,7 @@ def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys
 
 
 def test_multi_process_launch_without_gpu_defaults_to_use_cpu(monkeypatch):
-    from hf_deep_nmt import arguments
+    from hf_deep_nmt.training import arguments
 
     monkeypatch.setattr(arguments.torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -417,8 +418,8 @@ def test_multi_process_launch_without_gpu_defaults_to_use_cpu(monkeypatch):
 
 
 def test_checks_and_preparation_leave_the_arguments_as_given(tmp_path):
-    from hf_deep_nmt.run_folder import run_recipe
-    from hf_deep_nmt.training import check_before_work, prepare
+    from hf_deep_nmt.training.pipeline import check_before_work, prepare
+    from hf_deep_nmt.training.run_folder import run_recipe
 
     recipe = tmp_path / "recipe.json"
     settings = {"model_type": "deep_nmt", "tokenizer_vocab_size": 300, "max_eval_samples": 3}
@@ -432,7 +433,7 @@ def test_checks_and_preparation_leave_the_arguments_as_given(tmp_path):
 
 
 def test_a_misspelt_override_is_refused_before_the_corpus_is_read(tmp_path, monkeypatch):
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     recipe = tmp_path / "recipe.json"
     settings = {"model_type": "deep_nmt", "model_overrides": {"dropuot": 0.2}, "output_dir": str(tmp_path / "run")}

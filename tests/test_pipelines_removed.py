@@ -5,7 +5,7 @@ import pytest
 from transformers import pipeline
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 
 
 @pytest.mark.parametrize("task", ["translation", "translation_es_to_en", "text2text-generation", "summarization"])

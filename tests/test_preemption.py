@@ -18,18 +18,18 @@ import pytest
 import transformers.trainer
 from transformers import TrainerCallback
 
-from hf_deep_nmt import run_folder
-from hf_deep_nmt.arguments import parse_arguments
-from hf_deep_nmt.callbacks import checkpoint_problem, numbered_checkpoints
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.preemption import (
+from hf_deep_nmt.training import lock
+from hf_deep_nmt.training.arguments import parse_arguments
+from hf_deep_nmt.training.callbacks import checkpoint_problem, numbered_checkpoints
+from hf_deep_nmt.training.preemption import (
     OutputFolderTakenOver,
     PreemptionCallback,
     PreemptionSignals,
     TrainingPreempted,
     raise_if_preempted,
 )
-from hf_deep_nmt.run_folder import (
+from hf_deep_nmt.training.run_folder import (
     LOCK_FILE,
     RUN_RECORD,
     RunFolder,
@@ -38,7 +38,7 @@ from hf_deep_nmt.run_folder import (
     recipe_differences,
     run_recipe,
 )
-from hf_deep_nmt.staged import run_staged
+from hf_deep_nmt.training.staged import run_staged
 
 WORKER = Path(__file__).with_name("fault_worker.py")
 OVERRIDES = {
@@ -253,14 +253,14 @@ def test_a_live_lease_on_another_host_is_never_taken_over_and_a_run_out_one_is(t
 
 
 def test_the_heartbeat_keeps_a_running_lease_alive_for_other_hosts(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_folder, "LEASE_SECONDS", 1.0)
+    monkeypatch.setattr(lock, "LEASE_SECONDS", 1.0)
     folder = tmp_path / "run"
     with RunFolder(folder, "train", {}):
         first = json.loads((folder / LOCK_FILE).read_text())
         time.sleep(2.5)  # more than two leases: without renewal it would have run out
         renewed = json.loads((folder / LOCK_FILE).read_text())
         assert renewed["heartbeat"] > first["heartbeat"] + 1.0 and renewed["pid"] == os.getpid()
-        assert (folder / LOCK_FILE).stat().st_size == run_folder.LOCK_SIZE
+        assert (folder / LOCK_FILE).stat().st_size == lock.LOCK_SIZE
         monkeypatch.setattr(socket, "gethostname", lambda: "node-17")  # a requeued copy, seen from another node
         with pytest.raises(RunFolderError, match="in use by another hf-deep-nmt run"):
             with RunFolder(folder, "train", {}):
@@ -269,7 +269,7 @@ def test_the_heartbeat_keeps_a_running_lease_alive_for_other_hosts(tmp_path, mon
 
 
 def test_a_lock_taken_over_is_neither_renewed_nor_removed_by_its_former_holder(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_folder, "LEASE_SECONDS", 0.4)
+    monkeypatch.setattr(lock, "LEASE_SECONDS", 0.4)
     folder = tmp_path / "run"
     with RunFolder(folder, "train", {}) as held:
         (folder / LOCK_FILE).unlink()  # what a takeover does: the lock renamed away, a new one created
@@ -282,7 +282,7 @@ def test_a_takeover_puts_back_a_lock_that_changed_since_it_was_read(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     renewed = another_hosts_lock(folder, heartbeat_age=0)
-    assert RunFolder(folder, "train", {})._take_over(folder / LOCK_FILE, seen="the text read before") is False
+    assert lock.FolderLock(folder, "train")._take_over(folder / LOCK_FILE, seen="the text read before") is False
     assert (folder / LOCK_FILE).read_text() == renewed
     assert [path.name for path in folder.iterdir()] == [LOCK_FILE]
 

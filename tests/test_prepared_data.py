@@ -1,4 +1,4 @@
-"""Prepared data (`hf_deep_nmt.prepared_data`): built once into a fingerprinted folder, reused by later runs and by
+"""Prepared data (`hf_deep_nmt.data.prepared`): built once into a fingerprinted folder, reused by later runs and by
 every rank, rebuilt on any change, refused when it does not match its record; corpora read in bounded memory."""
 
 import json
@@ -15,16 +15,16 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from hf_deep_nmt import prepared_data
-from hf_deep_nmt.arguments import DataArguments, ModelArguments
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.prepared_data import (
+from hf_deep_nmt.data import prepared as prepared_data
+from hf_deep_nmt.data.prepared import (
     RECORD,
     PreparedDataError,
     id_dtype,
     prepare_data,
     tokenize_split,
 )
+from hf_deep_nmt.training.arguments import DataArguments, ModelArguments
 
 WORDS = [f"w{index}" for index in range(60)]
 
@@ -224,8 +224,8 @@ def test_prepare_prints_its_counts_and_ends_with_one_json_line(tmp_path, capsys)
 
 def test_a_staged_run_reuses_the_prepared_data_with_the_tokenizer_it_saved(tmp_path, spy):
     """`train-staged` saves the tokenizer in its output folder; its resume finds it there and must not re-tokenize."""
-    from hf_deep_nmt.arguments import DeepNMTTrainingArguments
-    from hf_deep_nmt.training import prepare
+    from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments
+    from hf_deep_nmt.training.pipeline import prepare
 
     corpus = write_corpus(tmp_path / "train.tsv")
     model_args, data_args = settings(tmp_path, corpus)
@@ -240,7 +240,7 @@ def test_a_staged_run_reuses_the_prepared_data_with_the_tokenizer_it_saved(tmp_p
 
 LIMITED_READ = """
 import json, resource, sys
-from hf_deep_nmt.data import read_parallel_file, write_parallel_arrow
+from hf_deep_nmt.data.corpus import read_parallel_file, write_parallel_arrow
 
 def mapped():
     with open("/proc/self/status") as status:
@@ -277,8 +277,8 @@ def test_a_corpus_whose_python_lists_would_not_fit_is_read_to_arrow_under_an_add
 
 CONCURRENT = """
 import json, sys
-from hf_deep_nmt.arguments import DataArguments, ModelArguments
-from hf_deep_nmt.prepared_data import prepare_data
+from hf_deep_nmt.training.arguments import DataArguments, ModelArguments
+from hf_deep_nmt.data.prepared import prepare_data
 
 corpus, folder = sys.argv[1], sys.argv[2]
 model_args = ModelArguments(model_type="deep_nmt", tokenizer_vocab_size=300)
@@ -327,10 +327,10 @@ def test_two_concurrent_preparers_build_once(tmp_path):
 RANKS = """
 import json, os, sys
 import torch.distributed as dist
-from hf_deep_nmt.arguments import DataArguments, DeepNMTTrainingArguments, ModelArguments
-from hf_deep_nmt.arguments import multi_process_launch_without_gpu
-from hf_deep_nmt import prepared_data
-from hf_deep_nmt.training import prepare
+from hf_deep_nmt.training.arguments import DataArguments, DeepNMTTrainingArguments, ModelArguments
+from hf_deep_nmt.training.arguments import multi_process_launch_without_gpu
+from hf_deep_nmt.data import prepared as prepared_data
+from hf_deep_nmt.training.pipeline import prepare
 
 work = sys.argv[1]
 model_args = ModelArguments(model_type="deep_nmt", tokenizer_vocab_size=300)

@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
-from hf_deep_nmt.training import run as train_run
+from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
+from hf_deep_nmt.training.pipeline import run as train_run
 
 
 def recipe(tmp_path, text: str, suffix: str = ".json"):
@@ -68,7 +68,7 @@ def test_sensible_values_still_parse(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="fp16 is refused only without a GPU")
 def test_fp16_without_a_gpu_is_refused_before_anything_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr("hf_deep_nmt.arguments._fp16_device_available", lambda: False)
+    monkeypatch.setattr("hf_deep_nmt.training.arguments._fp16_device_available", lambda: False)
     path = recipe(tmp_path, json.dumps({**BASE, "fp16": True, "use_cpu": False}))
     with pytest.raises(ValueError, match=r"`fp16: true` needs a GPU and this machine has no CUDA"):
         parse_arguments([str(path)])
@@ -124,7 +124,7 @@ def test_the_train_command_refuses_a_duplicated_key_before_reading_data(tmp_path
 
 def check(tmp_path, **values):
     """Parse a recipe of `BASE` and `values` and run every check of the run plan; the output folder is never made."""
-    from hf_deep_nmt.training import check_before_work
+    from hf_deep_nmt.training.pipeline import check_before_work
 
     path = recipe(tmp_path, json.dumps({**BASE, "output_dir": str(tmp_path / "run"), **values}))
     try:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from hf_deep_nmt import MODEL_CLASSES
-from hf_deep_nmt.arguments import ARGUMENT_CLASSES, PRESETS, StageArguments, parse_arguments
-from hf_deep_nmt.training import build_config
+from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, PRESETS, StageArguments, parse_arguments
+from hf_deep_nmt.training.pipeline import build_config
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPERS = ROOT / "recipes" / "configs" / "papers"

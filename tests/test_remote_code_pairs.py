@@ -22,8 +22,8 @@ from datasets import Dataset
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, cache_utils
 from transformers.dynamic_module_utils import get_class_from_dynamic_module
 
-from hf_deep_nmt.doctor import FAMILIES, family_model, padded_batch
 from hf_deep_nmt.modeling.configuration_deep_nmt import CACHE_LAYER_TYPE
+from hf_deep_nmt.tools.doctor import FAMILIES, family_model, padded_batch
 
 # One family per layout of the decoding state (keys and values; MAtt's running sums; the AAN's average with its FFN;
 # relative keys; MSC's context states; Hyper-Connections' own module code), not every registered check: the clean

@@ -16,16 +16,16 @@ import torch
 from safetensors.torch import load_file
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
-from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
-from hf_deep_nmt.averaging import average_checkpoints, list_checkpoints
-from hf_deep_nmt.callbacks import checkpoint_problem, last_complete_checkpoint
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.data import load_parallel_dataset
+from hf_deep_nmt.data.corpus import load_parallel_dataset
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import WRITTEN_MARKER, export_hub_folder
-from hf_deep_nmt.run_folder import LOCK_FILE, RUN_RECORD, RunFolder, RunFolderError
-from hf_deep_nmt.staged import run_staged
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.training import run
+from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
+from hf_deep_nmt.training.averaging import average_checkpoints, list_checkpoints
+from hf_deep_nmt.training.callbacks import checkpoint_problem, last_complete_checkpoint
+from hf_deep_nmt.training.pipeline import run
+from hf_deep_nmt.training.run_folder import LOCK_FILE, RUN_RECORD, RunFolder, RunFolderError
+from hf_deep_nmt.training.staged import run_staged
 
 OVERRIDES = {
     "d_model": 16,
@@ -85,7 +85,7 @@ def old_run(finished_run, tmp_path):
 
 
 def fail_on_training(monkeypatch):
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("work started"))
 
@@ -323,8 +323,8 @@ def test_overwrite_refuses_a_folder_no_record_lists_and_removes_nothing(corpus, 
 
 
 def test_train_staged_never_saves_its_tokenizer_into_a_folder_of_other_files(tmp_path):
-    from hf_deep_nmt.arguments import ModelArguments
-    from hf_deep_nmt.training import load_tokenizer
+    from hf_deep_nmt.training.arguments import ModelArguments
+    from hf_deep_nmt.training.pipeline import load_tokenizer
 
     (tmp_path / "tokenizer").mkdir()
     (tmp_path / "tokenizer" / "notes.txt").write_text("mine")
@@ -356,7 +356,7 @@ def test_train_staged_refuses_a_folder_of_another_recipe(corpus, tmp_path, monke
     output_dir = tmp_path / "staged"
     arguments = [*recipe_arguments(corpus, output_dir), "--stage-depths", "1", "2", "--stage-max-steps", "2"]
     classes = (*ARGUMENT_CLASSES, StageArguments)
-    from hf_deep_nmt.run_folder import run_recipe
+    from hf_deep_nmt.training.run_folder import run_recipe
 
     old = run_recipe(*parse_arguments([*arguments[:-1], "3"], classes))
     (output_dir / "stage-1-1-layers").mkdir(parents=True)
@@ -576,7 +576,7 @@ def test_a_saved_model_with_a_smaller_tokenizer_is_refused(corpus, finished_run,
     smaller.save_pretrained(small)
     model_vocab = json.loads((finished_run / "checkpoint-4" / "config.json").read_text())["vocab_size"]
     assert len(smaller) < model_vocab
-    from hf_deep_nmt import training
+    from hf_deep_nmt.training import pipeline as training
 
     arguments = recipe_arguments(corpus, tmp_path / "run", "--model-name-or-path", str(finished_run / "checkpoint-4"))
     arguments[arguments.index("--tokenizer-name-or-path") + 1] = str(small)
@@ -588,8 +588,8 @@ def test_a_saved_model_with_a_smaller_tokenizer_is_refused(corpus, finished_run,
 
 
 def test_a_record_written_before_a_setting_existed_resumes_only_at_the_value_it_trained_with():
-    from hf_deep_nmt.run_folder import ADDED_SETTINGS, recipe_differences
-    from hf_deep_nmt.streaming import DEFAULT_STREAM_BUFFER_PAIRS
+    from hf_deep_nmt.data.streaming import DEFAULT_STREAM_BUFFER_PAIRS
+    from hf_deep_nmt.training.run_folder import ADDED_SETTINGS, recipe_differences
 
     assert ADDED_SETTINGS["stream_buffer_pairs"] == DEFAULT_STREAM_BUFFER_PAIRS
     old_record = {"learning_rate": 0.001, "max_steps": 10}

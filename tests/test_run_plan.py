@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from hf_deep_nmt import plan as plan_module
-from hf_deep_nmt import staged, training  # noqa: F401  (imported so that their bindings of the checks are spied on)
-from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
-from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.decoding import MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
-from hf_deep_nmt.plan import RunPlan, plan_run
+from hf_deep_nmt.data.corpus import sample_corpus_dir
+from hf_deep_nmt.serving.options import MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
+from hf_deep_nmt.training import pipeline as training
+from hf_deep_nmt.training import plan as plan_module
+from hf_deep_nmt.training import staged  # noqa: F401  (imported so that their bindings of the checks are spied on)
+from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments, parse_arguments
+from hf_deep_nmt.training.plan import RunPlan, plan_run
 
 TINY_OVERRIDES = {
     "d_model": 16,
@@ -137,23 +138,23 @@ def test_prepare_plans_no_folders(tmp_path):
 
 # The checks of a run and the functions that build what the plan holds; each must run once per run.
 CHECKS = [
-    ("hf_deep_nmt.recipes", "read_recipe"),
-    ("hf_deep_nmt.arguments", "check_recipe_values"),
-    ("hf_deep_nmt.arguments", "check_explicit_run"),
-    ("hf_deep_nmt.arguments", "check_model_arguments"),
-    ("hf_deep_nmt.arguments", "check_config_overrides"),
-    ("hf_deep_nmt.arguments", "check_arguments"),
-    ("hf_deep_nmt.arguments", "evaluation_options"),
-    ("hf_deep_nmt.plan", "plan_run"),
-    ("hf_deep_nmt.plan", "check_staged"),
-    ("hf_deep_nmt.plan", "check_saved_model"),
-    ("hf_deep_nmt.plan", "check_recipe_agrees_with_saved_model"),
-    ("hf_deep_nmt.plan", "check_checkpoints_to_average"),
-    ("hf_deep_nmt.plan", "check_repo_id"),
-    ("hf_deep_nmt.plan", "_sizes_of_preset"),
-    ("hf_deep_nmt.plan", "recipe_inputs"),
-    ("hf_deep_nmt.data", "parallel_files"),
-    ("hf_deep_nmt.data", "check_corpus_file"),
+    ("hf_deep_nmt.training.recipes", "read_recipe"),
+    ("hf_deep_nmt.training.arguments", "check_recipe_values"),
+    ("hf_deep_nmt.training.arguments", "check_explicit_run"),
+    ("hf_deep_nmt.training.arguments", "check_model_arguments"),
+    ("hf_deep_nmt.training.arguments", "check_config_overrides"),
+    ("hf_deep_nmt.training.arguments", "check_arguments"),
+    ("hf_deep_nmt.training.arguments", "evaluation_options"),
+    ("hf_deep_nmt.training.plan", "plan_run"),
+    ("hf_deep_nmt.training.plan", "check_staged"),
+    ("hf_deep_nmt.training.plan", "check_saved_model"),
+    ("hf_deep_nmt.training.plan", "check_recipe_agrees_with_saved_model"),
+    ("hf_deep_nmt.training.plan", "check_checkpoints_to_average"),
+    ("hf_deep_nmt.training.plan", "check_repo_id"),
+    ("hf_deep_nmt.training.plan", "_sizes_of_preset"),
+    ("hf_deep_nmt.training.plan", "recipe_inputs"),
+    ("hf_deep_nmt.data.corpus", "parallel_files"),
+    ("hf_deep_nmt.data.corpus", "check_corpus_file"),
     ("hf_deep_nmt.folders", "check_run_folders"),
     ("hf_deep_nmt.memory", "check_training_size"),
     ("hf_deep_nmt.model_folders", "check_saved_model_folder"),
@@ -268,3 +269,38 @@ def test_the_plan_module_reads_nothing_of_the_later_steps():
     for later in ("training", "staged", "prepared_data", "streaming", "trainer", "translate", "hub", "evaluation"):
         assert f"hf_deep_nmt.{later} import" not in source and f"hf_deep_nmt import {later}" not in source
     assert RunPlan.__dataclass_params__.frozen
+
+
+def test_a_step_given_the_recipes_arguments_instead_of_a_plan_checks_them_into_one(monkeypatch):
+    """No step has an unchecked way in: the Python API's `build_config(model_args)` / `configure_generation(model,
+    tokenizer, data_args, export_args)` build the plan first, by the checks `train` runs (none of a run folder's), and
+    refuse what `train` refuses with its message; a step given its plan checks nothing again."""
+    from hf_deep_nmt.training.arguments import DataArguments, EvalExportArguments, ModelArguments
+
+    calls = spy_on_checks(monkeypatch)
+    config = training.build_config(ModelArguments(model_type="deep_nmt", model_overrides=TINY_OVERRIDES))
+    assert config.d_model == 16 and config.vocab_size == 8000
+    assert len(calls["plan_run"]) == len(calls["check_model_arguments"]) == len(calls["check_arguments"]) == 1
+    assert not {"check_run_folders", "check_training_size", "check_checkpoints_to_average"} & set(calls)
+    with pytest.raises(ValueError, match=r"`model_type` must be one of .*got 'dlcl'"):
+        training.build_config(ModelArguments(model_type="dlcl"))
+    model = training.MODEL_CLASSES[type(config)](config)
+
+    class Tokenizer:  # what `check_tokenizer_matches` reads
+        pad_token_id, bos_token_id, eos_token_id = 1, 0, 2
+
+        def __len__(self):
+            return 8000
+
+    recipe = EvalExportArguments(num_beams=2, max_length_a=1.0, max_length_b=3)
+    training.configure_generation(model, Tokenizer(), DataArguments(max_source_length=8), recipe)
+    assert (model.generation_config.num_beams, model.generation_config.max_length) == (2, 13)
+    with pytest.raises(ValueError, match=r"`num_beams` must be >= 1, got 0"):
+        training.configure_generation(model, Tokenizer(), EvalExportArguments(num_beams=0))
+    with pytest.raises(TypeError, match=r"takes the run's `RunPlan`.*got str"):
+        training.build_model("deep_nmt", Tokenizer())
+
+    plan = plan_module.as_plan(ModelArguments(model_type="deep_nmt", model_overrides=TINY_OVERRIDES))
+    calls.clear()
+    assert plan_module.as_plan(plan) is plan and training.build_config(plan).d_model == 16
+    assert not calls  # given its plan, the step checks nothing again

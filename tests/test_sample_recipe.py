@@ -14,8 +14,8 @@ from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from hf_deep_nmt import training
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.serving.translate import translate
+from hf_deep_nmt.training import pipeline as training
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "configs" / "sample.json"
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from hf_deep_nmt.schedules import inverse_sqrt_lr, inverse_sqrt_scheduler, stage_start_step
+from hf_deep_nmt.training.schedules import inverse_sqrt_lr, inverse_sqrt_scheduler, stage_start_step
 
 PEAK, WARMUP, INIT = 2e-3, 8, 1e-7
 

@@ -8,10 +8,10 @@ import shutil
 import torch
 from safetensors.torch import load_file
 
-from hf_deep_nmt.averaging import average_state_dicts
-from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.run_folder import RUN_RECORD
-from hf_deep_nmt.staged import run_staged
+from hf_deep_nmt.data.corpus import sample_corpus_dir
+from hf_deep_nmt.training.averaging import average_state_dicts
+from hf_deep_nmt.training.run_folder import RUN_RECORD
+from hf_deep_nmt.training.staged import run_staged
 
 
 def arguments(tmp_path, depths=("2", "4", "6")) -> list[str]:

@@ -5,7 +5,6 @@ package's names are handed on, and its models registered, at their first use."""
 import json
 import subprocess
 import sys
-import warnings
 
 import pytest
 
@@ -101,13 +100,8 @@ def test_an_unknown_name_of_the_package_is_an_attribute_error():
     assert "DlclConfig" in dir(hf_deep_nmt)
 
 
-def test_the_0_1_0_path_of_inspect_model_warns_and_still_works():
-    from hf_deep_nmt import diagnostics
-    from hf_deep_nmt.inspection import inspect_model
+def test_the_0_1_0_path_of_inspect_model_is_retired():
+    from hf_deep_nmt.tools import diagnostics
 
-    with pytest.warns(FutureWarning, match="import it from `hf_deep_nmt.inspection`"):
-        assert diagnostics.inspect_model is inspect_model
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        from hf_deep_nmt.inspection import inspect_model as again  # the new path says nothing
-    assert again is inspect_model
+    with pytest.raises(AttributeError, match="has no attribute 'inspect_model'"):
+        diagnostics.inspect_model  # noqa: B018  (it lives in `hf_deep_nmt.tools.inspection`, with its command)

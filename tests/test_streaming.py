@@ -19,20 +19,21 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast
 
-from hf_deep_nmt import streaming, training
-from hf_deep_nmt.arguments import parse_arguments
-from hf_deep_nmt.data import read_parallel_file, sample_corpus_dir, tokenize_parallel
-from hf_deep_nmt.preemption import TrainingPreempted
-from hf_deep_nmt.staged import run_staged
-from hf_deep_nmt.streaming import (
+from hf_deep_nmt.data import streaming
+from hf_deep_nmt.data.corpus import read_parallel_file, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.data.streaming import (
     STREAM_STATE_FILE,
     FileSource,
     HubSource,
     StreamedPairs,
     recorded_position,
 )
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.trainer import DeepNMTTrainer
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.training import pipeline as training
+from hf_deep_nmt.training.arguments import parse_arguments
+from hf_deep_nmt.training.preemption import TrainingPreempted
+from hf_deep_nmt.training.staged import run_staged
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 WORDS = [f"w{index}" for index in range(40)]
 

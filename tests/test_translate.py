@@ -6,7 +6,7 @@ import io
 import sys
 
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.translate import translate
+from hf_deep_nmt.serving.translate import translate
 
 LINES = ["el sol sale", "", "la mar no se llena", "hola mundo", "el sol sale hola"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from hf_deep_nmt import DlclForConditionalGeneration
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.translate import (
+from hf_deep_nmt.serving.translate import (
     MAX_OUTPUT_TOKENS,
     check_translation_options,
     split_lines,

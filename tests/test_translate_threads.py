@@ -4,8 +4,8 @@ work holds (issue 39: two threads on a loaded two-core machine burned six times 
 import pytest
 import torch
 
-from hf_deep_nmt import translate
 from hf_deep_nmt.cli import main
+from hf_deep_nmt.serving import translate
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from huggingface_hub import constants
 
 from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig, __version__
 from hf_deep_nmt.cli import main
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import WRITTEN_MARKER, export_hub_folder, files_not_written_by_us
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.upgrade_code import (
+from hf_deep_nmt.tools.upgrade_code import (
     BACKUP_FOLDER,
     CODE_FILES,
     RemoteCodeNotTrusted,
@@ -196,7 +196,7 @@ def test_a_failing_check_writes_nothing(published, tmp_path, monkeypatch):
             "    self.register_forward_hook(_force_token)\n\n\n"
             "DeepNMTForConditionalGeneration.__init__ = _init_forcing\n"
         )
-    monkeypatch.setattr("hf_deep_nmt.upgrade_code.installed_code_folder", lambda: broken)
+    monkeypatch.setattr("hf_deep_nmt.tools.upgrade_code.installed_code_folder", lambda: broken)
     before = contents(published)
     with pytest.raises(
         UpgradeCheckFailed, match="decodes 2 inputs differently from the old code.*nothing was written"

@@ -13,9 +13,9 @@ from pathlib import Path
 import torch
 from transformers import DataCollatorForSeq2Seq
 
-from hf_deep_nmt.data import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
-from hf_deep_nmt.schedules import inverse_sqrt_scheduler
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -10,7 +10,7 @@ same batches of the sample corpus (Adam (0.9, 0.98), inverse-sqrt schedule, peak
 warm-up, so that the first steps move the model, as the paper's instability needs). F(x, theta) is the decoder's final
 hidden state (what the output layer reads) on a fixed validation batch in eval mode; the update is its root mean
 square difference per position from step 0, at each recorded step. Also recorded: the per-layer gradient norms at
-step 0 (`hf_deep_nmt.diagnostics.layer_gradient_norms`) and the training loss.
+step 0 (`hf_deep_nmt.tools.diagnostics.layer_gradient_norms`) and the training loss.
 
     python benchmarks/fidelity/deepnorm_update.py            # 12 minutes on one busy CPU thread
     python benchmarks/fidelity/deepnorm_update.py --smoke    # tiny, seconds
@@ -28,9 +28,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import Corpus, add_script_arguments, script_settings, setup_threads, train, write_results  # noqa: E402
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
-from hf_deep_nmt.diagnostics import layer_gradient_norms  # noqa: E402
 from hf_deep_nmt.modeling.modeling_deep_nmt import shift_tokens_right  # noqa: E402
 from hf_deep_nmt.plots import load_pyplot, save_figure  # noqa: E402
+from hf_deep_nmt.tools.diagnostics import layer_gradient_norms  # noqa: E402
 
 SYSTEMS = {
     "post-norm": dict(pre_norm=False),

@@ -9,7 +9,7 @@ settings are `METHODS` below), `--seeds` seeds each. Per run: validation loss (n
 validation split, computed from the exported model), sacreBLEU and chrF on the held-out verses (the package's final
 evaluation in `results.json`, `max_eval_samples` of them), training seconds per optimizer step (the package's
 `train_seconds / train_steps`) and its ratio to the residual model of the same depth and seed, and greedy decoding
-speed (target tokens per second of `hf_deep_nmt.translate.translate` on held-out sources). Written to
+speed (target tokens per second of `hf_deep_nmt.serving.translate.translate` on held-out sources). Written to
 `results/depth_family[_SIZE].json`; a markdown table (mean ± half the range over seeds) is printed.
 
 Methods whose settings this checkout's config does not know are reported as "not available in this checkout".
@@ -199,8 +199,8 @@ def evaluate_export(args: argparse.Namespace, size: dict, export: Path) -> dict:
     exported model, in this process (one at a time)."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from hf_deep_nmt.data import load_parallel_dataset
-    from hf_deep_nmt.translate import translate
+    from hf_deep_nmt.data.corpus import load_parallel_dataset
+    from hf_deep_nmt.serving.translate import translate
 
     with EVALUATION_LOCK:
         device = torch.device(args.device)

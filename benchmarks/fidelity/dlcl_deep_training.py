@@ -37,7 +37,7 @@ from common import (  # noqa: E402
 )
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
-from hf_deep_nmt.diagnostics import combination_weights, plot_combination_weights  # noqa: E402
+from hf_deep_nmt.tools.diagnostics import combination_weights, plot_combination_weights  # noqa: E402
 
 SYSTEMS = {
     "post-norm": dict(pre_norm=False, layer_aggregation="residual"),
@@ -47,7 +47,7 @@ SYSTEMS = {
 
 
 def plot(curves: dict, path: Path, title: str) -> Path:
-    from hf_deep_nmt.diagnostics import load_pyplot, save_figure
+    from hf_deep_nmt.tools.diagnostics import load_pyplot, save_figure
 
     plt = load_pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 3.6))

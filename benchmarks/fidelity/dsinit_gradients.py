@@ -7,8 +7,9 @@ stays near 1.
 Measured: post-norm base-width models (d 512, FFN 2048, 8 heads, encoder = decoder depth 6 / 12 / 18), default
 Glorot initialisation against DS-Init (alpha = 1, the paper's formula), one forward/backward pass in training mode
 (dropout 0.1) on a batch of ~3k target tokens of the sample corpus, as in the paper; the gradient norm of a layer is
-the L2 norm of the loss gradient over all the layer's parameters (`hf_deep_nmt.diagnostics.layer_gradient_norms`),
-averaged over 2 initialisation seeds. The figure of merit is the ratio layer 1 / layer L per stack.
+the L2 norm of the loss gradient over all the layer's parameters
+(`hf_deep_nmt.tools.diagnostics.layer_gradient_norms`), averaged over 2 initialisation seeds. The figure of merit is
+the ratio layer 1 / layer L per stack.
 
     python benchmarks/fidelity/dsinit_gradients.py            # ~15 minutes on 2 busy CPU cores
     python benchmarks/fidelity/dsinit_gradients.py --smoke    # tiny, seconds
@@ -26,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import Corpus, add_script_arguments, mean, setup_threads, write_results  # noqa: E402
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
-from hf_deep_nmt.diagnostics import layer_gradient_norms, plot_gradient_norms  # noqa: E402
+from hf_deep_nmt.tools.diagnostics import layer_gradient_norms, plot_gradient_norms  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

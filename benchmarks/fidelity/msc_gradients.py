@@ -7,7 +7,7 @@ top layers -- where a plain deep stack is not.
 Measured, scaled down to the sample corpus and 2 CPU cores: a pre-norm 36-layer encoder (MSC: 6 blocks x 6 layers,
 the paper's defaults otherwise) against a plain pre-norm 36-layer encoder, both with a 6-layer decoder, width 64
 (FFN 256, 4 heads), trained from the same seed on the same batches (Adam, inverse-sqrt schedule, peak 1e-3). The
-gradient norm of each encoder layer (L2 norm over its parameters, `hf_deep_nmt.diagnostics`) is recorded at every
+gradient norm of each encoder layer (L2 norm over its parameters, `hf_deep_nmt.tools.diagnostics`) is recorded at every
 step and averaged over windows of steps, as in the paper's figure; step 0 is the initialisation. Reported per
 window: layer 1 / layer 36 and the largest / smallest layer norm.
 
@@ -28,7 +28,7 @@ from common import Corpus, add_script_arguments, script_settings, setup_threads,
 
 import hf_deep_nmt  # noqa: E402
 from hf_deep_nmt import DeepNMTConfig  # noqa: E402
-from hf_deep_nmt.diagnostics import layer_gradient_norms, load_pyplot, parameter_gradient_norms, save_figure  # noqa: E402
+from hf_deep_nmt.tools.diagnostics import layer_gradient_norms, load_pyplot, parameter_gradient_norms, save_figure  # noqa: E402
 
 
 def summarise(norms: list[float]) -> dict:

@@ -13,7 +13,7 @@ steps on the same batches:
   * restart: each stage restarts the inverse-sqrt schedule by the SDT rule (`stage_start_step`: back to the peak once
     the warm-up is over); continued: the schedule goes on from the step reached. A fresh Adam in every stage.
 Reported: validation loss at the end (lower is better), and sim(i, 0), sim(i, i-1), inter-similarity of the final
-encoders on the validation set (`hf_deep_nmt.diagnostics.layer_similarity`).
+encoders on the validation set (`hf_deep_nmt.tools.diagnostics.layer_similarity`).
 
     python benchmarks/fidelity/sdt_growth_ablation.py          # ~12 minutes on 2 CPU cores
     python benchmarks/fidelity/sdt_growth_ablation.py --smoke  # tiny, seconds
@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import Corpus, add_script_arguments, script_settings, setup_threads, train, validation_loss, write_results  # noqa: E402
 
 from hf_deep_nmt import SdtConfig, SdtForConditionalGeneration  # noqa: E402
-from hf_deep_nmt.diagnostics import layer_similarity, load_pyplot, plot_layer_similarity, save_figure  # noqa: E402
-from hf_deep_nmt.growing import grow_encoder  # noqa: E402
-from hf_deep_nmt.schedules import stage_start_step  # noqa: E402
+from hf_deep_nmt.tools.diagnostics import layer_similarity, load_pyplot, plot_layer_similarity, save_figure  # noqa: E402
+from hf_deep_nmt.training.growing import grow_encoder  # noqa: E402
+from hf_deep_nmt.training.schedules import stage_start_step  # noqa: E402
 
 VARIANTS = {
     "copy + restart": (True, True),

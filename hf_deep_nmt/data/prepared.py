@@ -39,8 +39,8 @@ import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, parallel_files, write_parallel_arrow
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.data.corpus import SOURCE, TARGET, load_parallel_dataset, parallel_files, write_parallel_arrow
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 
 logger = logging.get_logger(__name__)
 
@@ -126,7 +126,8 @@ def preparation_inputs(
     """What a prepared folder's contents depend on (its fingerprint is the sha256 of this, as sorted JSON): the
     corpus (file contents, or `raw`'s `datasets` fingerprints for a `dataset_name`), the languages, the tokenizer
     (`tokenizer`'s files when one is given, else the training settings), the length limits, `max_eval_samples`.
-    `corpus`: the files each corpus path resolves to, as the run's plan found them (`hf_deep_nmt.plan.RunPlan`)."""
+    `corpus`: the files each corpus path resolves to, as the run's plan found them
+    (`hf_deep_nmt.training.plan.RunPlan`)."""
     if data_args.dataset_name:
         corpus: dict[str, Any] = {
             "dataset_name": data_args.dataset_name,

@@ -2,15 +2,17 @@
 while training, with token-budget batches and a resume that continues exactly where the stream stopped.
 
 Where the pairs come from: a local TSV / JSONL / two-file corpus (`train_file`), read line by line with the checks and
-error messages of `hf_deep_nmt.data` (encoding, NUL bytes, fields, empty sides, blank lines, aligned files), or a
-`datasets` name (`dataset_name`) read through `datasets.load_dataset(..., streaming=True)` (rows with an empty side
-dropped and counted, as `hf_deep_nmt.data` does). Nothing is written to disk and nothing beyond one buffer is held.
+error messages of `hf_deep_nmt.data.corpus` (encoding, NUL bytes, fields, empty sides, blank lines, aligned files), or
+a `datasets` name (`dataset_name`) read through `datasets.load_dataset(..., streaming=True)` (rows with an empty side
+dropped and counted, as `hf_deep_nmt.data.corpus` does). Nothing is written to disk and nothing beyond one buffer is
+held.
 
 How batches are made (the OpenNMT `bucket_size` / Marian maxi-batch idea), per process:
 
 * a buffer takes the next `stream_buffer_pairs` pairs of this process's share of the stream, tokenized as
-  `hf_deep_nmt.data.tokenize_parallel` does (pairs over `max_source_length` / `max_target_length` dropped and counted);
-* the buffer is cut into batches by `hf_deep_nmt.batching.token_batches`, the budget of the non-streamed path:
+  `hf_deep_nmt.data.corpus.tokenize_parallel` does (pairs over `max_source_length` / `max_target_length` dropped and
+  counted);
+* the buffer is cut into batches by `hf_deep_nmt.data.batching.token_batches`, the budget of the non-streamed path:
   `sentences x longest side <= max_tokens` (the padded size), similar lengths together, ties broken by a seeded
   shuffle (without `max_tokens`: `per_device_train_batch_size` pairs per batch);
 * the batches of the buffer are handed out in a seeded random order, every one of them, then the next buffer is read.
@@ -70,10 +72,8 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 from transformers.utils import logging
 
-from hf_deep_nmt.arguments import DEFAULT_STREAM_BUFFER_PAIRS
-from hf_deep_nmt.batching import token_batches
-from hf_deep_nmt.checkpoints import ChecksumRecorder, _write_json_atomically
-from hf_deep_nmt.data import (
+from hf_deep_nmt.data.batching import token_batches
+from hf_deep_nmt.data.corpus import (
     SOURCE,
     TARGET,
     _translation_pairs,
@@ -84,6 +84,8 @@ from hf_deep_nmt.data import (
     read_parallel_file,
     tsv_pair,
 )
+from hf_deep_nmt.training.arguments import DEFAULT_STREAM_BUFFER_PAIRS
+from hf_deep_nmt.training.checkpoints import ChecksumRecorder, _write_json_atomically
 
 logger = logging.get_logger(__name__)
 
@@ -103,7 +105,7 @@ def _open_corpus(path: Path):
 
 class _Lines:
     """The lines of one UTF-8 corpus file from byte `offset` (line `number` there), each checked and decoded by
-    `hf_deep_nmt.data.decode_line`. `offset` and `number` are those of the next line to read."""
+    `hf_deep_nmt.data.corpus.decode_line`. `offset` and `number` are those of the next line to read."""
 
     def __init__(self, path: Path, offset: int = 0, number: int = 1):
         self.path, self.offset, self.number = path, offset, number
@@ -151,7 +153,7 @@ class _FileReader:
         if self.kind == "two":
             return self._next_aligned()
         lines, blank = self.lines[0], None
-        while True:  # as `hf_deep_nmt.data._content_lines`: blank lines only at the end of the file
+        while True:  # as `hf_deep_nmt.data.corpus._content_lines`: blank lines only at the end of the file
             number = lines.number
             line = lines.next()
             if line is None:
@@ -168,7 +170,7 @@ class _FileReader:
             return jsonl_pair(lines.path, number, line, *self.languages)
 
     def _next_aligned(self) -> tuple[str, str]:
-        """As `hf_deep_nmt.data.read_two_files`: the same line of both files, none of them empty."""
+        """As `hf_deep_nmt.data.corpus.read_two_files`: the same line of both files, none of them empty."""
         sources, targets = self.lines
         number = sources.number
         source, target = sources.next(), targets.next()
@@ -238,7 +240,7 @@ class FileSource:
 
 def _stream_split(name: str, config: str | None, split: str) -> datasets.IterableDataset:
     """`datasets.load_dataset(name, config, split=split, streaming=True)`, with the one-line error of
-    `hf_deep_nmt.data` when the Hub cannot be reached and the dataset is not in the local cache."""
+    `hf_deep_nmt.data.corpus` when the Hub cannot be reached and the dataset is not in the local cache."""
     offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
     try:
         return datasets.load_dataset(name, config, split=split, streaming=True)
@@ -265,7 +267,7 @@ def _split_names(name: str, config: str | None) -> list[str]:
 
 class _HubReader:
     """Pairs of a streamed `datasets` split from a recorded `state_dict()`; rows with an empty side are dropped and
-    counted (as `hf_deep_nmt.data` drops them)."""
+    counted (as `hf_deep_nmt.data.corpus` drops them)."""
 
     def __init__(self, source: HubSource, position, rank: int, world_size: int):
         dataset = _stream_split(source.name, source.config, source.split)
@@ -671,7 +673,7 @@ def streaming_dataloader(trainer) -> StreamLoader:
 
 def stream_source(data_args, corpus: dict | None = None):
     """The corpus a streamed run reads: `dataset_name`'s train split, else `train_file` (the precedence of
-    `hf_deep_nmt.data.load_parallel_dataset`; `corpus`: its files as the run's plan checked them)."""
+    `hf_deep_nmt.data.corpus.load_parallel_dataset`; `corpus`: its files as the run's plan checked them)."""
     languages = (data_args.source_lang, data_args.target_lang)
     if data_args.dataset_name:
         return HubSource(data_args.dataset_name, data_args.dataset_config, *languages)

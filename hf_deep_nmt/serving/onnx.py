@@ -586,10 +586,10 @@ def onnx_folder(model: str | Path, int8: bool = False) -> Path:
 def load_onnx_model(model: str | Path, int8: bool = False, threads: int | None = None):
     """(`OnnxDecoder`, tokenizer) of `onnx_folder(model, int8)`, on `threads` ONNX Runtime threads (intra- and
     inter-op; None: `translate.default_threads()`). The decoder takes the place of the model in
-    `hf_deep_nmt.translate`'s `translate`, `write_translations` and `translate_file`."""
+    `hf_deep_nmt.serving.translate`'s `translate`, `write_translations` and `translate_file`."""
     from transformers import AutoTokenizer
 
-    from hf_deep_nmt.translate import default_threads
+    from hf_deep_nmt.serving.translate import default_threads
 
     require_onnxruntime()
     if threads is None:

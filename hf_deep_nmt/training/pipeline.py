@@ -1,13 +1,14 @@
 """`hf-deep-nmt train`: check everything first, then train, evaluate, translate a few sentences and export.
 
-`run` reads top to bottom: the recipe is parsed (`hf_deep_nmt.arguments`), the run folder locked, the recipe checked
-once into a `RunPlan` (`hf_deep_nmt.plan.plan_run`: settings, saved model, corpus files, folders, memory; nothing
-loaded), then `_run(plan, folder)` does the work with the plan's resolved values, checking nothing again: the run
-folder recorded (`hf_deep_nmt.run_folder`) -> `prepare` (corpus, tokenizer, tokenized splits) -> `build_model` ->
-`configure_generation` -> `make_trainer` -> train, resuming where a killed run stopped (one stopped after its last
+`run` reads top to bottom: the recipe is parsed (`hf_deep_nmt.training.arguments`), the run folder locked, the recipe
+checked once into a `RunPlan` (`hf_deep_nmt.training.plan.plan_run`: settings, saved model, corpus files, folders,
+memory; nothing loaded), then `_run(plan, folder)` does the work with the plan's resolved values, checking nothing
+again: the run folder recorded (`hf_deep_nmt.training.run_folder`) -> `prepare` (corpus, tokenizer, tokenized splits)
+-> `build_model`
+-> `configure_generation` -> `make_trainer` -> train, resuming where a killed run stopped (one stopped after its last
 step is not trained again: `continue_finished_training`) -> `average_last_checkpoints` -> `evaluate_and_export`
 (sacreBLEU/chrF, examples, curves, the Hub-ready folder, `results.json`, the run marked finished). `hf-deep-nmt
-train-staged` (`hf_deep_nmt.staged`) runs the same steps around its stages.
+train-staged` (`hf_deep_nmt.training.staged`) runs the same steps around its stages.
 
 What the libraries do is left to them: argument parsing (`HfArgumentParser`), the training loop, mixed precision and
 multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollatorForSeq2Seq`), label smoothing
@@ -38,41 +39,9 @@ from transformers import (
 from transformers.utils import logging
 
 from hf_deep_nmt import MODEL_CLASSES
-from hf_deep_nmt.arguments import (
-    PRESETS,
-    DataArguments,
-    DeepNMTTrainingArguments,
-    EvalExportArguments,
-    ModelArguments,
-    check_explicit_run,
-    check_model_arguments,
-    parse_arguments,
-)
-from hf_deep_nmt.averaging import average_checkpoints, last_checkpoints
-from hf_deep_nmt.callbacks import NonFiniteGuard, nonfinite_steps_skipped
-from hf_deep_nmt.checkpoints import TRAINER_STATE_FILE, resolve_resume_checkpoint, training_finished
-from hf_deep_nmt.curves import CURVES_FILE, plot_training_curves
-from hf_deep_nmt.data import SOURCE, TARGET, sample_corpus_dir
-from hf_deep_nmt.decoding import DecodingOptions
-from hf_deep_nmt.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
-from hf_deep_nmt.fingerprints import check_tokenizer_matches
-from hf_deep_nmt.folders import atomic_file, write_marked_folder
-from hf_deep_nmt.hub import export_hub_folder
-from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files
-from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
-from hf_deep_nmt.plan import (  # noqa: F401  (check_saved_model, check_repo_id, ...: their old home)
-    RunPlan,
-    check_checkpoints_to_average,
-    check_recipe_agrees_with_saved_model,
-    check_repo_id,
-    check_saved_model,
-    plan_run,
-    recipe_inputs,
-)
-from hf_deep_nmt.preemption import raise_if_preempted, signals_held
-from hf_deep_nmt.prepared_data import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
-from hf_deep_nmt.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
-from hf_deep_nmt.streaming import (
+from hf_deep_nmt.data.corpus import SOURCE, TARGET, sample_corpus_dir
+from hf_deep_nmt.data.prepared import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
+from hf_deep_nmt.data.streaming import (
     FileSource,
     StreamedCorpus,
     StreamedPairs,
@@ -80,9 +49,42 @@ from hf_deep_nmt.streaming import (
     read_validation,
     stream_source,
 )
-from hf_deep_nmt.tokenizer import train_joint_tokenizer
-from hf_deep_nmt.trainer import DeepNMTTrainer
-from hf_deep_nmt.translate import MAX_SOURCE_TOKENS, translate
+from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+from hf_deep_nmt.fingerprints import check_tokenizer_matches
+from hf_deep_nmt.folders import atomic_file, write_marked_folder
+from hf_deep_nmt.hub import export_hub_folder
+from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files
+from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
+from hf_deep_nmt.serving.options import DecodingOptions
+from hf_deep_nmt.serving.translate import MAX_SOURCE_TOKENS, translate
+from hf_deep_nmt.training.arguments import (
+    PRESETS,
+    DataArguments,
+    DeepNMTTrainingArguments,
+    EvalExportArguments,
+    ModelArguments,
+    check_explicit_run,
+    parse_arguments,
+)
+from hf_deep_nmt.training.averaging import average_checkpoints, last_checkpoints
+from hf_deep_nmt.training.callbacks import NonFiniteGuard, nonfinite_steps_skipped
+from hf_deep_nmt.training.checkpoints import TRAINER_STATE_FILE, resolve_resume_checkpoint, training_finished
+from hf_deep_nmt.training.curves import CURVES_FILE, plot_training_curves
+from hf_deep_nmt.training.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
+from hf_deep_nmt.training.plan import (  # noqa: F401  (check_saved_model, check_repo_id, ...: their old home)
+    RunPlan,
+    as_plan,
+    check_checkpoints_to_average,
+    check_recipe_agrees_with_saved_model,
+    check_repo_id,
+    check_saved_model,
+    plan_run,
+    recipe_inputs,
+)
+from hf_deep_nmt.training.preemption import raise_if_preempted, signals_held
+from hf_deep_nmt.training.run_folder import RunFolder
+from hf_deep_nmt.training.run_record import claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 logger = logging.get_logger(__name__)
 
@@ -101,8 +103,8 @@ def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
     training_args = plan.training_args
     resume = folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir, list(plan.inputs))
     prepared = prepare(plan)
-    model = build_model(plan.model_args, prepared.tokenizer, plan)
-    configure_generation(model, prepared.tokenizer, plan.data_args, plan.export_args, plan)
+    model = build_model(plan, prepared.tokenizer)
+    configure_generation(model, prepared.tokenizer, plan)
     trainer = make_trainer(model, training_args, prepared)
     started, cpu_started = time.perf_counter(), time.process_time()
     checkpoint = resolve_resume_checkpoint(resume, training_args.output_dir)
@@ -193,7 +195,8 @@ def check_before_work(
     export_args: EvalExportArguments,
     training_args: DeepNMTTrainingArguments,
 ) -> RunPlan:
-    """`hf_deep_nmt.plan.plan_run` of a `train` recipe: every check, once, before any work; returns the plan."""
+    """`hf_deep_nmt.training.plan.plan_run` of a `train` recipe: every check, once, before any work; returns the
+    plan."""
     return plan_run(model_args, data_args, export_args, training_args)
 
 
@@ -221,7 +224,7 @@ def prepare(
     training_args: DeepNMTTrainingArguments | None = None,
     tokenizer_dir: Path | None = None,
 ) -> Prepared:
-    """The prepared data of this recipe (`hf_deep_nmt.prepared_data.prepare_data`: built once, then reused by every
+    """The prepared data of this recipe (`hf_deep_nmt.data.prepared.prepare_data`: built once, then reused by every
     run and rank): tokenizer, tokenized splits, validation text. Under `torchrun` / `accelerate launch` the main
     process prepares while the others wait, then every rank memory-maps the same folder. Callers check the settings
     first (`check_before_work`), or pass their `RunPlan` alone (`prepare(plan)`), whose corpus files, tokenizer checks
@@ -229,7 +232,7 @@ def prepare(
     plan = model_args if isinstance(model_args, RunPlan) else None
     if plan is not None:
         model_args, data_args, _, training_args = plan.arguments
-    if data_args.streaming:  # read while training (`hf_deep_nmt.streaming`)
+    if data_args.streaming:  # read while training (`hf_deep_nmt.data.streaming`)
         return prepare_streaming(model_args, data_args, training_args, tokenizer_dir, plan)
     set_seed(training_args.seed)
     given = given_tokenizer(model_args, tokenizer_dir, plan)
@@ -264,14 +267,14 @@ def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path 
     """`prepare` for `streaming: true`: the tokenizer (the recipe's, the one saved in
     `tokenizer_dir` by an earlier run, or one trained on the first `tokenizer_train_pairs` pairs of the stream and
     saved there; default `output_dir/tokenizer`), the validation split tokenized as without streaming, and the
-    training data as a `StreamedPairs` (read while training). `plan`: the run's `hf_deep_nmt.plan.RunPlan`, whose
-    checked corpus files and saved model are used as they are."""
+    training data as a `StreamedPairs` (read while training). `plan`: the run's `hf_deep_nmt.training.plan.RunPlan`,
+    whose checked corpus files and saved model are used as they are."""
     from transformers import set_seed
 
-    from hf_deep_nmt.data import tokenize_parallel
-    from hf_deep_nmt.evaluation import check_source_lengths
-    from hf_deep_nmt.prepared_data import tokenizer_train_pairs
-    from hf_deep_nmt.translate import MAX_SOURCE_TOKENS
+    from hf_deep_nmt.data.corpus import tokenize_parallel
+    from hf_deep_nmt.data.prepared import tokenizer_train_pairs
+    from hf_deep_nmt.serving.translate import MAX_SOURCE_TOKENS
+    from hf_deep_nmt.training.evaluation import check_source_lengths
 
     set_seed(training_args.seed)
     corpus = plan.corpus if plan is not None else None
@@ -327,7 +330,7 @@ def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
     e.g. on a CPU node before the GPUs are booked; `train` / `train-staged` of the same data and settings then reuse
     it. The recipe is read as `train` (or `train-staged`) reads it; only its data and tokenizer settings are used and
     no output folder is touched. Returns `PreparedData.summary()`."""
-    from hf_deep_nmt.arguments import ARGUMENT_CLASSES, StageArguments
+    from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments
 
     model_args, data_args, export_args, training_args, _ = parse_arguments(argv, (*ARGUMENT_CLASSES, StageArguments))
     if data_args.streaming:
@@ -405,29 +408,22 @@ def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrained
         )
 
 
-def build_model(
-    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, plan: RunPlan | None = None
-) -> DeepNMTForConditionalGeneration:
-    """A fresh model from a named preset plus overrides, sized to the tokenizer; or the saved model of
-    `model_name_or_path` as saved (`check_saved_model`). With the run's `plan`, `model_args` were checked there."""
-    if model_args.model_name_or_path and plan is not None:
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-    if model_args.model_name_or_path:
-        check_local_path(model_args.model_name_or_path, "`model_name_or_path`")
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-        if type(config) in MODEL_CLASSES:  # anything else: AutoModelForSeq2SeqLM names what it cannot load
-            check_recipe_agrees_with_saved_model(model_args, config)
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-    config = build_config(model_args, tokenizer, checked=plan is not None)
+def build_model(plan: RunPlan | ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
+    """A fresh model from the plan's preset plus overrides, sized to the tokenizer (`build_config`); or the saved
+    model of `model_name_or_path` as saved (checked by the plan: `check_saved_model`). The recipe's `ModelArguments`
+    in place of the plan are checked into one first (`as_plan`)."""
+    plan = as_plan(plan)
+    if plan.model_args.model_name_or_path:
+        return AutoModelForSeq2SeqLM.from_pretrained(plan.model_args.model_name_or_path)
+    config = build_config(plan, tokenizer)
     return MODEL_CLASSES[type(config)](config)
 
 
-def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None, checked: bool = False):
-    """The preset's config with the overrides, sized to `tokenizer`; without one, to a joint tokenizer of
-    `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0, `<pad>`=1, `</s>`=2). `checked`: the
-    arguments were checked by the run's plan (`check_model_arguments`)."""
-    if not checked:
-        check_model_arguments(model_args)
+def build_config(plan: RunPlan | ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None):
+    """The plan's preset config with the overrides (checked there: `check_model_arguments`), sized to `tokenizer`;
+    without one, to a joint tokenizer of `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0,
+    `<pad>`=1, `</s>`=2). The recipe's `ModelArguments` in place of the plan are checked into one first (`as_plan`)."""
+    model_args = as_plan(plan).model_args
     config_class = PRESETS[model_args.model_type]
     if tokenizer is None:
         settings = {"vocab_size": model_args.tokenizer_vocab_size, "pad_token_id": 1, "bos_token_id": 0}
@@ -446,20 +442,16 @@ def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase 
     return config_class(**{**model_args.model_overrides, **settings})
 
 
-def configure_generation(
-    model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments, plan: RunPlan | None = None
-) -> None:
-    """Beam size, length penalty and the recipe's output cap at the longest allowed source; the tokenizer must fit the
-    model (`check_tokenizer_matches`).
+def configure_generation(model, tokenizer, *plan: RunPlan | DataArguments | EvalExportArguments) -> None:
+    """The plan's generation settings: beam size, length penalty and the recipe's output cap at the longest allowed
+    source; the tokenizer must fit the model (`check_tokenizer_matches`). The recipe's `DataArguments` and
+    `EvalExportArguments` in place of the plan are checked into one first (`as_plan`).
 
     The cap is `max_length`, the start token + `max_length_a * max_source_length + max_length_b` tokens + `</s>` (what
     `translate` allows the longest source): not `max_new_tokens`, beside which `Seq2SeqTrainer` evaluation would fill
     in transformers' default `max_length` of 20, and which would override a caller's `generate(max_length=...)`."""
+    settings = as_plan(*plan).generation
     check_tokenizer_matches(model, tokenizer)
-    if plan is not None:  # built when the plan checked the recipe
-        settings = plan.generation
-    else:
-        settings = DecodingOptions.from_recipe(export_args).generation_settings(data_args.max_source_length)
     for name, value in settings.items():  # a GNMT-form alpha is kept as the recipe's value (the card says which)
         setattr(model.generation_config, name, value)
     logger.warning(

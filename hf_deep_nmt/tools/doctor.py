@@ -234,9 +234,9 @@ def check_trainer_bf16(device: str, steps: int = 40) -> str:
     from datasets import Dataset
     from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-    from hf_deep_nmt.callbacks import NonFiniteGuard, nonfinite_steps_skipped
-    from hf_deep_nmt.data import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
-    from hf_deep_nmt.tokenizer import train_joint_tokenizer
+    from hf_deep_nmt.data.corpus import SOURCE, TARGET, load_parallel_dataset, sample_corpus_dir, tokenize_parallel
+    from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
+    from hf_deep_nmt.training.callbacks import NonFiniteGuard, nonfinite_steps_skipped
 
     raw = load_parallel_dataset(train_file=sample_corpus_dir() / "train.tsv")["train"].select(range(1024))
     tokenizer = train_joint_tokenizer(zip(raw[SOURCE], raw[TARGET]), vocab_size=1000)
@@ -273,7 +273,7 @@ def check_trainer_bf16(device: str, steps: int = 40) -> str:
 def train_sample(device: str, steps: int, output_dir: Path) -> str:
     """`hf-deep-nmt train` of the DLCL preset (pre-norm 30+6, d 512) on the bundled sample in bf16, max source
     length 64, 8k-token batches, dropout 0.1 everywhere."""
-    from hf_deep_nmt.training import run
+    from hf_deep_nmt.training.pipeline import run
 
     recipe = {
         "model_type": "deep_nmt_dlcl",

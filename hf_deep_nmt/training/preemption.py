@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.utils import logging
 
-from hf_deep_nmt.checkpoints import numbered_checkpoints, unscheduled_checkpoint
+from hf_deep_nmt.training.checkpoints import numbered_checkpoints, unscheduled_checkpoint
 
 logger = logging.get_logger(__name__)
 

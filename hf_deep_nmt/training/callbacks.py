@@ -2,7 +2,7 @@
 (before they reach the weights).
 
 Checkpoint integrity and listing (complete checkpoints, checksums, what to resume from) live in
-`hf_deep_nmt.checkpoints`; their names are re-exported here for the code that imports them from this module.
+`hf_deep_nmt.training.checkpoints`; their names are re-exported here for the code that imports them from this module.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from hf_deep_nmt.checkpoints import (  # noqa: F401  (re-exported: imported from here before they moved)
+from hf_deep_nmt.training.checkpoints import (  # noqa: F401  (re-exported: imported from here before they moved)
     RNG_STATE_PATTERN,
     TRAINER_STATE_FILE,
     TRAINING_STATE_FILES,
@@ -190,7 +190,7 @@ class NonFiniteGuard(TrainerCallback, ExportableState):
             if not self._warned_schedule:
                 logger.warning(
                     "This Trainer does not give its learning-rate scheduler to callbacks: the schedule advances on "
-                    "skipped steps too. `hf_deep_nmt.trainer.DeepNMTTrainer` holds it."
+                    "skipped steps too. `hf_deep_nmt.training.trainer.DeepNMTTrainer` holds it."
                 )
                 self._warned_schedule = True
             return

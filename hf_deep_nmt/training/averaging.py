@@ -2,8 +2,8 @@
 (or of a given list) written as an ordinary, loadable model folder.
 
 No library offers this for Trainer checkpoints (fairseq's `average_checkpoints.py` does it for fairseq files); the
-file handling is `safetensors`, checkpoint discovery and checksums those of `hf_deep_nmt.checkpoints`, the rest is
-written here.
+file handling is `safetensors`, checkpoint discovery and checksums those of `hf_deep_nmt.training.checkpoints`, the
+rest is written here.
 """
 
 from __future__ import annotations
@@ -18,7 +18,16 @@ from transformers import AutoModelForSeq2SeqLM, PreTrainedModel
 from transformers.utils import logging
 
 from hf_deep_nmt import registration  # noqa: F401  (checkpoints load through the Auto classes)
-from hf_deep_nmt.checkpoints import (
+from hf_deep_nmt.fingerprints import (
+    first_tokenizer_difference,
+    folder_tokenizer_fingerprint,
+    record_tokenizer_fingerprint,
+)
+from hf_deep_nmt.folders import check_export_folder, write_marked_folder
+from hf_deep_nmt.hub import settle_output_cap
+from hf_deep_nmt.memory import check_memory
+from hf_deep_nmt.model_folders import check_saved_json_files
+from hf_deep_nmt.training.checkpoints import (
     RNG_STATE_PATTERN,
     TRAINER_STATE_FILE,
     TRAINING_STATE_FILES,
@@ -27,14 +36,6 @@ from hf_deep_nmt.checkpoints import (
     safetensors_problem,
     verify_checkpoint,
 )
-from hf_deep_nmt.fingerprints import (
-    first_tokenizer_difference,
-    folder_tokenizer_fingerprint,
-    record_tokenizer_fingerprint,
-)
-from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
-from hf_deep_nmt.memory import check_memory
-from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.weights import saved_parameters
 
 logger = logging.get_logger(__name__)
@@ -47,8 +48,8 @@ AVERAGE_FLAG = "`--overwrite` on the command line, `overwrite=True` in Python"
 
 def list_checkpoints(output_dir: str | Path) -> list[Path]:
     """Complete `checkpoint-<step>` folders of a Trainer output folder, oldest step first; incomplete or damaged ones
-    are left out with a warning (the rule of `hf_deep_nmt.checkpoints.checkpoint_problem`, where a checkpoint saved
-    with `save_only_model` counts as complete)."""
+    are left out with a warning (the rule of `hf_deep_nmt.training.checkpoints.checkpoint_problem`, where a checkpoint
+    saved with `save_only_model` counts as complete)."""
     if not Path(output_dir).is_dir():
         raise FileNotFoundError(f"Training output folder not found: {output_dir}")
     complete = []

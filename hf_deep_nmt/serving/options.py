@@ -23,7 +23,7 @@ MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is tr
 # holds the two equal)
 MAX_OUTPUT_TOKENS = 1024
 MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
-LENGTH_PENALTY_FORMS = ("fairseq", "gnmt")  # see `hf_deep_nmt.evaluation.length_penalty`
+LENGTH_PENALTY_FORMS = ("fairseq", "gnmt")  # see `hf_deep_nmt.training.evaluation.length_penalty`
 # A recipe's final evaluation: an output cap above this many tokens per sentence (max_length_a * max_source_length +
 # max_length_b) is refused, no sentence of a translation corpus needs it, and decoding up to it would run for hours.
 MAX_EVALUATION_OUTPUT_TOKENS = 4096
@@ -42,7 +42,7 @@ def _is_int(value) -> bool:
 
 @dataclass(frozen=True)
 class DecodingOptions:
-    """How sentences are batched and decoded; see `hf_deep_nmt.translate.translate` for what each option does.
+    """How sentences are batched and decoded; see `hf_deep_nmt.serving.translate.translate` for what each option does.
 
     Building one checks every value (`ValueError` naming the first option out of its range and the value); nothing
     is replaced by a default. The field order is the positional order of `check_translation_options`.

@@ -24,13 +24,13 @@ from sacrebleu.metrics.bleu import BLEU
 from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_deep_nmt import MODEL_CLASSES
-from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
-from hf_deep_nmt.data import sample_corpus_dir
-from hf_deep_nmt.decoding import LENGTH_PENALTY_FORMS, MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
-from hf_deep_nmt.growing import GROWTH_STRATEGIES
+from hf_deep_nmt.data.corpus import sample_corpus_dir
+from hf_deep_nmt.data.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, SUBWORD_MODELS
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
-from hf_deep_nmt.recipes import CONFIG_SUFFIXES, read_recipe, recipe_path
-from hf_deep_nmt.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, SUBWORD_MODELS
+from hf_deep_nmt.serving.options import LENGTH_PENALTY_FORMS, MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
+from hf_deep_nmt.training.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
+from hf_deep_nmt.training.growing import GROWTH_STRATEGIES
+from hf_deep_nmt.training.recipes import CONFIG_SUFFIXES, read_recipe, recipe_path
 
 PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASSES}
 
@@ -38,7 +38,7 @@ PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASS
 DEFAULT_PRESET = "deep_nmt_dlcl"
 # What a newly trained joint tokenizer is when the recipe does not say.
 DEFAULT_TOKENIZER_SETTINGS = {"tokenizer_vocab_size": 8000, "tokenizer_model": "bpe"}
-# pairs each process holds in its streaming buffer (`stream_buffer_pairs`, hf_deep_nmt.streaming)
+# pairs each process holds in its streaming buffer (`stream_buffer_pairs`, hf_deep_nmt.data.streaming)
 DEFAULT_STREAM_BUFFER_PAIRS = 100_000
 
 
@@ -486,7 +486,7 @@ def check_model_arguments(model_args: ModelArguments) -> None:
     """`ValueError` for settings of a new tokenizer beside a saved one (they would be ignored); for a fresh preset (no
     `model_name_or_path`), for a preset that does not exist, an override that is not a field of its config, or one
     whose value the config refuses (its own message, naming the value). A saved model's folder and the recipe's
-    agreement with it are checked by `hf_deep_nmt.plan.check_saved_model`."""
+    agreement with it are checked by `hf_deep_nmt.training.plan.check_saved_model`."""
     blank = empty_settings((model_args, ("model_name_or_path", "tokenizer_name_or_path", "model_type")))
     if blank:
         raise ValueError("; ".join(blank) + ".")

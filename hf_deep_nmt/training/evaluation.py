@@ -6,7 +6,7 @@
   `a ##AT##-##AT## b`, the `get_ende_bleu.sh` / `compound_split_bleu.sh` rule), lowercases when asked, and scores
   the tokens with `tokenize="none"` and no smoothing (multi-bleu.perl does not smooth).
 * Length penalties of beam search, in the two forms the papers use: fairseq/transformers (`score / |Y|^alpha`,
-  DLCL, SDT) and GNMT (`score / ((5 + |Y|) / 6)^alpha`, DS-Init, MSC); see `hf_deep_nmt.translate`.
+  DLCL, SDT) and GNMT (`score / ((5 + |Y|) / 6)^alpha`, DS-Init, MSC); see `hf_deep_nmt.serving.translate`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 import sacrebleu
 from transformers import EvalPrediction, PreTrainedTokenizerBase
 
-from hf_deep_nmt.decoding import LENGTH_PENALTY_FORMS
+from hf_deep_nmt.serving.options import LENGTH_PENALTY_FORMS
 
 
 def corpus_scores(

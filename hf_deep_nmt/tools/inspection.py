@@ -1,4 +1,4 @@
-"""`hf-deep-nmt inspect` in one call: every analysis of `hf_deep_nmt.diagnostics` on a saved model and a batch of
+"""`hf-deep-nmt inspect` in one call: every analysis of `hf_deep_nmt.tools.diagnostics` on a saved model and a batch of
 parallel text, written as `inspect.json` and PNG plots."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_deep_nmt import MODEL_CLASSES  # its first use registers the model classes
-from hf_deep_nmt.data import read_parallel_file, sample_corpus_dir
-from hf_deep_nmt.diagnostics import STACKS, combination_weights, layer_gradient_norms, layer_similarity
+from hf_deep_nmt.data.corpus import read_parallel_file, sample_corpus_dir
 from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.plots import plot_combination_weights, plot_gradient_norms, plot_layer_similarity
+from hf_deep_nmt.tools.diagnostics import STACKS, combination_weights, layer_gradient_norms, layer_similarity
 from hf_deep_nmt.weights import safetensors_header, saved_weight_files
 
 INSPECT_JSON = "inspect.json"

@@ -11,13 +11,13 @@ from torch.utils.data import DataLoader
 from transformers import Seq2SeqTrainer
 from transformers.trainer_utils import seed_worker
 
-from hf_deep_nmt.batching import TokenBudgetBatchSampler, pair_lengths
-from hf_deep_nmt.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
-from hf_deep_nmt.checkpoints import ChecksumRecorder
-from hf_deep_nmt.preemption import PreemptionCallback
-from hf_deep_nmt.run_folder import RunOutputsCallback
-from hf_deep_nmt.schedules import inverse_sqrt_scheduler, noam_scheduler
-from hf_deep_nmt.streaming import StreamedPairs, streaming_dataloader
+from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths
+from hf_deep_nmt.data.streaming import StreamedPairs, streaming_dataloader
+from hf_deep_nmt.training.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
+from hf_deep_nmt.training.checkpoints import ChecksumRecorder
+from hf_deep_nmt.training.preemption import PreemptionCallback
+from hf_deep_nmt.training.run_folder import RunOutputsCallback
+from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler, noam_scheduler
 
 
 class DeepNMTTrainer(Seq2SeqTrainer):
@@ -63,7 +63,7 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        # a streamed corpus continues from the position recorded in this checkpoint (`hf_deep_nmt.streaming`)
+        # a streamed corpus continues from the position recorded in this checkpoint (`hf_deep_nmt.data.streaming`)
         self.resuming_from = resume_from_checkpoint
         return super().train(resume_from_checkpoint, *args, **kwargs)
 

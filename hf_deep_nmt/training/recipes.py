@@ -1,6 +1,7 @@
 """Recipe files: the JSON or YAML file `hf-deep-nmt train` / `train-staged` read their values from, named first on the
 command line. Reading one needs neither torch nor transformers, so the command line refuses a missing or invalid file
-before importing them (`hf_deep_nmt.cli`); `hf_deep_nmt.arguments` turns the values into the run's arguments."""
+before importing them (`hf_deep_nmt.cli`); `hf_deep_nmt.training.arguments` turns the values into the run's
+arguments."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""One run per output folder: a lock against two runs writing into one `output_dir` at once, and a record of the recipe
-that decides, before any work, whether a folder holding earlier checkpoints is resumed, cleared or refused.
+"""The record of a run folder: the recipe of the run that writes there, which decides, before any work, whether a
+folder holding earlier checkpoints is resumed, cleared or refused.
 
-The rule (`RunFolder.start`):
+The rule (`RunRecord.start`, which `RunFolder.start` applies):
 
 * a folder with nothing of ours in it is used as it is (files we do not know are never touched);
 * a folder holding the checkpoints or results of an interrupted run with the same recipe continues it from its last
@@ -24,13 +24,8 @@ or edited checkpoint would be resumed unchecked.
 The record also holds the run's shape (`run_shape`: the process count and the batch per optimizer update); a run
 continued with another shape is refused, naming both, since it would not continue the same training.
 
-The lock (`LOCK_FILE`) names its holder and carries a lease that a heartbeat thread renews (`heartbeat` time,
-`lease_seconds`). A lock whose process has ended (on this host: a missing pid, a zombie) or, from another host, whose
-lease has run out, is taken over atomically (renamed away, and put back if it changed meanwhile); a live lease never
-is. So a job that a cluster preempted and requeued on another node takes over the folder of its dead predecessor.
-A lock's numbers never decide how long a command waits (at most the lease this process writes), and a lock holding
-values no run writes (`lock_problem`: a process id out of range, a lease that is not a number of seconds up to a day,
-a heartbeat in the future beyond a clock skew) is refused, naming the file and the field, and never taken over.
+The lock that keeps a second run out while one writes is `hf_deep_nmt.training.lock`;
+`hf_deep_nmt.training.run_folder.RunFolder` holds both for a run.
 """
 
 from __future__ import annotations
@@ -38,12 +33,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import math
 import os
 import shutil
-import socket
-import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -52,13 +43,11 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from hf_deep_nmt.callbacks import numbered_checkpoints
-from hf_deep_nmt.checkpoints import CHECKSUMS_FILE, checkpoint_problem
-from hf_deep_nmt.preemption import PreemptionSignals
+from hf_deep_nmt.training.checkpoints import CHECKSUMS_FILE, checkpoint_problem, numbered_checkpoints
+from hf_deep_nmt.training.lock import RunFolderError
 
 logger = logging.get_logger(__name__)
 
-LOCK_FILE = ".hf-deep-nmt.lock"
 RUN_RECORD = "hf-deep-nmt-run.json"
 # the run record's list of checksum records inside written folders (`stage-N-L-layers/checkpoint_checksums.json`)
 CHECKSUM_RECORDS = "checksum_records"
@@ -69,16 +58,6 @@ STAGE_PREFIX = "stage-"
 # a folder a run only reads when it is there (the recipe may point `tokenizer_name_or_path` at it): an earlier output
 # only when a record lists it
 READ_ONLY_OUTPUTS = ("tokenizer",)
-# seconds a lock stays valid without a heartbeat (`HF_DEEP_NMT_LOCK_LEASE`, read when a folder is locked); the holder
-# renews it every quarter of that
-LEASE_VARIABLE = "HF_DEEP_NMT_LOCK_LEASE"
-DEFAULT_LEASE_SECONDS = 120.0
-LEASE_LIMITS = (1.0, 86400.0)  # what the variable admits, and so the longest lease a lock of this version carries
-LEASE_SECONDS: float | None = None  # None: from `LEASE_VARIABLE` (tests set a number)
-# how far in the future another host's heartbeat may lie (its clock ahead of ours) and still be believed
-CLOCK_SKEW_SECONDS = 60.0
-MAX_PID = 1 << 22  # no system's process ids go beyond this (Linux's largest pid_max)
-LOCK_SIZE = 1024  # the lock is rewritten in place at this fixed size, so that a reader never sees a shorter file
 # settings that say where results go or how progress is shown, not what is trained: they may change between the
 # runs of one recipe
 NOT_RECIPE = {
@@ -107,10 +86,6 @@ NOT_RECIPE = {
     "hub_token",
     "local_rank",  # set by the launcher for each process (-1 without one): the run's shape is recorded instead
 }
-
-
-class RunFolderError(FileExistsError):
-    """The output folder is in use or holds a run this command must not write over."""
 
 
 def _plain(value: Any) -> Any:
@@ -154,75 +129,6 @@ def recipe_differences(recorded: dict[str, Any], current: dict[str, Any]) -> lis
         for key in keys
         if recorded.get(key) != current.get(key) and key not in predates
     ]
-
-
-def _process_alive(pid: int) -> bool:
-    """Whether process `pid` of this host runs: never for 0 or a negative number (`kill` would signal a process
-    group), nor for a zombie (ended, not yet reaped by its parent)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        pass
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no /proc (macOS): kill() is all there is
-        return True
-    return status.rpartition(")")[2].split()[:1] != ["Z"]
-
-
-def lease_seconds() -> float:
-    """The lease this process writes into its locks: `HF_DEEP_NMT_LOCK_LEASE` seconds (120 when unset), `ValueError`
-    naming the variable and what it admits for anything but a number from 1 to 86400."""
-    if LEASE_SECONDS is not None:
-        return LEASE_SECONDS
-    text = os.environ.get(LEASE_VARIABLE, "")
-    if not text.strip():
-        return DEFAULT_LEASE_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    low, high = LEASE_LIMITS
-    if not (math.isfinite(value) and low <= value <= high):
-        raise ValueError(
-            f"{LEASE_VARIABLE}={text!r} is not a lock lease: give a number of seconds from {low:g} to {high:g} "
-            f"(default {DEFAULT_LEASE_SECONDS:g}), or unset it."
-        )
-    return value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def lock_problem(holder: dict[str, Any], now: float) -> str | None:
-    """Why the parsed lock `holder` is not one a run of hf-deep-nmt wrote (None when it may be): the field that holds
-    a value no run writes (a process id out of range, a lease that is not a number of seconds up to the longest one
-    this version writes, a heartbeat in the future beyond `CLOCK_SKEW_SECONDS` or not finite). Such a lock is never
-    trusted for a wait nor taken over."""
-    pid, host = holder.get("pid"), holder.get("host")
-    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= MAX_PID:
-        return f"its `pid` is {pid!r}, not a process id (an integer from 1 to {MAX_PID})"
-    if not isinstance(host, str) or not host:
-        return f"its `host` is {host!r}, not a host name"
-    heartbeat, lease = holder.get("heartbeat"), holder.get("lease_seconds")
-    if heartbeat is None and lease is None:
-        return None  # a lock of a version without leases
-    high = LEASE_LIMITS[1]
-    if not _is_number(lease) or not 0 < lease <= high:
-        return f"its `lease_seconds` is {lease!r}, not a number of seconds above 0 and at most {high:g}"
-    if not _is_number(heartbeat) or heartbeat <= 0:
-        return f"its `heartbeat` is {heartbeat!r}, not a time"
-    if heartbeat > now + CLOCK_SKEW_SECONDS:
-        return (
-            f"its `heartbeat` lies {heartbeat - now:.0f} s in the future (clocks of two hosts may differ by "
-            f"{CLOCK_SKEW_SECONDS:g} s at most)"
-        )
-    return None
 
 
 def run_shape(training_args) -> dict[str, Any]:
@@ -348,214 +254,24 @@ class RunOutputsCallback(TrainerCallback):
         self._claim(args, state)  # a save no step end announced (e.g. asked for by another callback later)
 
 
-class RunFolder:
-    """`with RunFolder(output_dir, command, recipe, shape):` holds the folder's lock for the block (released on error
-    and on a preemption signal too; see the module for taking over a lock left behind), with SIGTERM / SIGUSR1
-    handled as requests to save and stop (`hf_deep_nmt.preemption`). Only the main process of a multi-process launch
-    (`RANK` 0) locks and writes; the others only read the same decision."""
+class RunRecord:
+    """The record (`RUN_RECORD`) of the run `command` of `recipe` with `shape` in `folder`: `start` applies the
+    module's rule and writes it, `finish` marks the run finished. Only the main process (`main_process`) writes or
+    removes; the others read the same decision."""
 
     def __init__(
-        self, output_dir: str | Path, command: str, recipe: dict[str, Any], shape: dict[str, Any] | None = None
+        self,
+        folder: str | Path,
+        command: str,
+        recipe: dict[str, Any],
+        shape: dict[str, Any] | None = None,
+        main_process: bool = True,
     ):
-        self.folder = Path(output_dir)
+        self.folder = Path(folder)
         self.command = command
         self.recipe = recipe
         self.shape = shape
-        self.main_process = _main_process()
-        self.lock_lost = threading.Event()
-        self._locked = False
-        self._created = False
-        self._descriptor: int | None = None
-        self._owner: dict[str, Any] = {}
-        self._lease = DEFAULT_LEASE_SECONDS
-        self._stop_heartbeat = threading.Event()
-        self._heartbeat: threading.Thread | None = None
-        self._signals = PreemptionSignals()
-
-    # ---- the lock -----------------------------------------------------------------------------------------------
-
-    def __enter__(self) -> RunFolder:
-        self._signals.__enter__()
-        try:
-            if self.main_process:
-                self._lock()
-        except BaseException:
-            self._signals.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, *exc) -> None:
-        try:
-            if self._locked:
-                self._release()
-                if self._created and self.folder.is_dir() and not any(self.folder.iterdir()):
-                    self.folder.rmdir()  # a refused run leaves no empty folder behind
-        finally:
-            self._signals.__exit__(*exc)
-
-    def _lock_text(self) -> bytes:
-        self._owner["heartbeat"] = time.time()
-        text = json.dumps(self._owner).encode()
-        return text + b" " * (LOCK_SIZE - 1 - len(text)) + b"\n"
-
-    def _lock(self) -> None:
-        self._lease = lease_seconds()  # a bad HF_DEEP_NMT_LOCK_LEASE is refused before the folder is touched
-        self._created = not self.folder.exists()
-        if self.folder.exists() and not self.folder.is_dir():
-            raise RunFolderError(f"output_dir {str(self.folder)!r} is a file; choose a folder.")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        lock = self.folder / LOCK_FILE
-        self._owner = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": self.command,
-            "since": time.ctime(),
-            "lease_seconds": self._lease,
-        }
-        for _ in range(3):
-            try:
-                descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o644)
-            except FileExistsError:
-                holder = self._lock_holder(lock)
-                if holder is None:
-                    continue  # a stale lock was removed: try again
-                raise RunFolderError(
-                    f"output_dir {str(self.folder)!r} is in use by another hf-deep-nmt run ({holder}); wait for it "
-                    f"to finish or choose another output_dir. If that run is gone, delete {str(lock)!r}."
-                ) from None
-            try:
-                os.pwrite(descriptor, self._lock_text(), 0)
-            except BaseException:  # e.g. a full disk: leave no empty lock behind
-                os.close(descriptor)
-                lock.unlink(missing_ok=True)
-                raise
-            self._descriptor, self._locked = descriptor, True
-            self._stop_heartbeat.clear()
-            self._heartbeat = threading.Thread(target=self._renew, name="hf-deep-nmt-lock-lease", daemon=True)
-            self._heartbeat.start()
-            return
-        raise RunFolderError(f"Could not lock output_dir {str(self.folder)!r}; delete {str(lock)!r} if no run is on.")
-
-    def _holds_lock(self) -> bool:
-        """Whether the lock file in the folder is still the one this run created (not taken over meanwhile)."""
-        try:
-            mine, there = os.fstat(self._descriptor), os.stat(self.folder / LOCK_FILE)
-        except (OSError, TypeError):
-            return False
-        return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino)
-
-    def _renew(self) -> None:
-        """The heartbeat: renew the lease in place (through the open descriptor, so that a lock taken over meanwhile
-        is never written) every quarter lease, until released."""
-        while not self._stop_heartbeat.wait(self._lease / 4):
-            if not self._holds_lock():
-                message = (
-                    f"The lock of output_dir {str(self.folder)!r} was taken over by another run (this process renewed "
-                    f"no lease for {self._lease:g} s); this run stops at the end of its step without saving, the "
-                    "other one owns the folder now."
-                )
-                self._signals.taken_over = message
-                self.lock_lost.set()
-                logger.error(message)
-                return
-            try:
-                os.pwrite(self._descriptor, self._lock_text(), 0)
-            except OSError as error:
-                logger.warning(f"Could not renew the lease of {str(self.folder / LOCK_FILE)!r}: {error}.")
-
-    def _release(self) -> None:
-        self._stop_heartbeat.set()
-        if self._heartbeat is not None:
-            self._heartbeat.join()
-            self._heartbeat = None
-        try:
-            if self._holds_lock():
-                (self.folder / LOCK_FILE).unlink()
-        finally:
-            os.close(self._descriptor)
-            self._descriptor, self._locked = None, False
-
-    def _read_lock(self, lock: Path) -> tuple[str, dict[str, Any]] | None:
-        """The lock's text and contents; None when it is gone; `ValueError` when it cannot be read (after a few
-        tries: a holder may be writing it)."""
-        for attempt in range(5):
-            try:
-                text = lock.read_text(encoding="utf-8")
-                holder = json.loads(text)
-                if isinstance(holder, dict) and "pid" in holder and "host" in holder:
-                    return text, holder
-            except FileNotFoundError:
-                return None
-            except (OSError, ValueError):
-                pass
-            time.sleep(0.05 * (attempt + 1))
-        raise ValueError("unreadable lock")
-
-    def _lock_holder(self, lock: Path, waited: bool = False) -> str | None:
-        """Who holds `lock`, or None after taking it away from a holder that is gone: a process of this host that
-        has ended, or a holder on another host whose lease has run out. A lease that its holder failed to renew for
-        half of it (a job killed after its grace period, requeued at once) is waited for, once, then taken over if
-        still not renewed."""
-        try:
-            found = self._read_lock(lock)
-        except ValueError:
-            return "its lock file cannot be read; it may be starting"
-        if found is None:
-            return None
-        text, holder = found
-        problem = lock_problem(holder, time.time())
-        if problem is not None:
-            raise RunFolderError(
-                f"output_dir {str(self.folder)!r} is locked by {str(lock)!r}, which no run of hf-deep-nmt wrote: "
-                f"{problem}. It is neither waited for nor taken over; if no run is using the folder, delete it."
-            )
-        pid, host = holder["pid"], holder["host"]
-        command, since = str(holder.get("command", "a run"))[:40], str(holder.get("since", "?"))[:40]
-        who = f"process {pid} on {host[:80]}, {command} started {since}"
-        if host == socket.gethostname():
-            if _process_alive(pid):
-                return who
-            reason = f"left by process {pid}, which has ended"
-        else:
-            heartbeat, lease = holder.get("heartbeat"), holder.get("lease_seconds")
-            if not isinstance(heartbeat, (int, float)) or not isinstance(lease, (int, float)):
-                return f"{who}; its lock has no lease (an older hf-deep-nmt wrote it), so it is never taken over"
-            left = heartbeat + lease - time.time()
-            if left > 0 and (waited or lease - left <= lease / 2):
-                return f"{who}; its lease was renewed {max(0.0, lease - left):.0f} s ago and runs {left:.0f} s more"
-            if left > 0:
-                # never longer than the lease this process writes: a lock's own numbers do not decide how long
-                wait = min(left, self._lease)
-                logger.warning(
-                    f"The lock of {str(self.folder)!r} ({who}) was last renewed {lease - left:.0f} s ago, though a "
-                    f"running holder renews it every {lease / 4:g} s: waiting {wait:.0f} s for its lease to run out."
-                )
-                time.sleep(wait + 0.05)
-                return self._lock_holder(lock, waited=True)
-            reason = f"of {who}, whose lease ran out {-left:.0f} s ago (renewed every {lease / 4:g} s while it runs)"
-        if not self._take_over(lock, text):
-            return f"{who}; its lock changed while it was being taken over"
-        logger.warning(f"Taking over the lock of {str(self.folder)!r} {reason}.")
-        return None
-
-    def _take_over(self, lock: Path, seen: str) -> bool:
-        """Move the stale lock whose text was `seen` out of the way, atomically: renamed to a name of this process, and
-        put back when its text changed meanwhile (its holder renewed it: it lives). True when it is gone."""
-        stale = lock.with_name(f"{LOCK_FILE}.stale-{socket.gethostname()}-{os.getpid()}")
-        try:
-            os.rename(lock, stale)
-        except FileNotFoundError:
-            return True  # another run took it first; the exclusive create decides who gets it
-        try:
-            if stale.read_text(encoding="utf-8") != seen:
-                try:
-                    os.link(stale, lock)
-                except FileExistsError:
-                    pass
-                return False
-            return True
-        finally:
-            stale.unlink(missing_ok=True)
+        self.main_process = main_process
 
     # ---- what the folder holds ----------------------------------------------------------------------------------
 
@@ -701,27 +417,13 @@ class RunFolder:
                 "start afresh, or continue the run in it; give only one."
             )
         record = self.record()
-        earlier = self.earlier_outputs(record)
-        only_record = [path.name for path in earlier] == [RUN_RECORD]
-        if only_record and record and record.get("command") == self.command and not record.get("finished"):
-            # a run that stopped before it saved anything (a refused setting, a failure while preparing): nothing
-            # here to keep, so any recipe may start afresh
-            logger.warning(f"{self.folder} holds only the record of a run that saved nothing: starting afresh.")
-            earlier = []
+        earlier = self._earlier_worth_keeping(record)
         if overwrite_output_dir:
-            kept: list[str] = []
-            if earlier and self.main_process:
-                read = [Path(item).resolve() for item in inputs if item]
-                kept = self._overwrite(earlier, record, read)
-            self._write_record(finished=False, written=kept)
+            self._start_afresh(earlier, record, inputs)
             return None
         if not earlier:
             self._write_record(finished=False, written=[])
             return resume_from_checkpoint
-        ways_out = (
-            "continue it with `--resume_from_checkpoint last`, remove what runs of hf-deep-nmt wrote there with "
-            "`--overwrite_output_dir true` (other files are kept), or choose another output_dir"
-        )
         if record is not None and record.get("command") not in (None, self.command):
             raise RunFolderError(
                 f"output_dir {str(self.folder)!r} holds a `{record.get('command')}` run, not a `{self.command}` one; "
@@ -729,26 +431,64 @@ class RunFolder:
             )
         differences = recipe_differences(record["recipe"], self.recipe) if record is not None else None
         if resume_asked:
-            if differences:
-                logger.warning(f"Resuming in {self.folder} with a changed recipe: {'; '.join(differences)}.")
-            if record is not None:
-                self._check_shape(record, resume_asked=True)
-                self._check_checksum_records(record)
-            self._write_record(finished=False)
+            self._resume_as_asked(record, differences)
             return resume_from_checkpoint
-        if differences == [] and record.get("finished"):
+        if differences == []:
+            self._continue_interrupted(record)
+            return "last"
+        raise RunFolderError(self._another_run(record, differences, earlier))
+
+    def _earlier_worth_keeping(self, record: dict[str, Any] | None) -> list[Path]:
+        """`earlier_outputs`, but none when the folder holds only the record of an unfinished run of this command:
+        a run that stopped before it saved anything (a refused setting, a failure while preparing) left nothing to
+        keep, so any recipe may start afresh."""
+        earlier = self.earlier_outputs(record)
+        only_record = [path.name for path in earlier] == [RUN_RECORD]
+        if only_record and record and record.get("command") == self.command and not record.get("finished"):
+            logger.warning(f"{self.folder} holds only the record of a run that saved nothing: starting afresh.")
+            return []
+        return earlier
+
+    def _start_afresh(
+        self, earlier: list[Path], record: dict[str, Any] | None, inputs: Iterable[str | Path | None]
+    ) -> None:
+        """`overwrite_output_dir`: remove what runs of ours wrote (`_overwrite`), then record a new run."""
+        kept: list[str] = []
+        if earlier and self.main_process:
+            read = [Path(item).resolve() for item in inputs if item]
+            kept = self._overwrite(earlier, record, read)
+        self._write_record(finished=False, written=kept)
+
+    def _resume_as_asked(self, record: dict[str, Any] | None, differences: list[str] | None) -> None:
+        """`resume_from_checkpoint` given: continue whatever run the folder holds (a changed recipe is named), with
+        the same shape and checksum records."""
+        if differences:
+            logger.warning(f"Resuming in {self.folder} with a changed recipe: {'; '.join(differences)}.")
+        if record is not None:
+            self._check_shape(record, resume_asked=True)
+            self._check_checksum_records(record)
+        self._write_record(finished=False)
+
+    def _continue_interrupted(self, record: dict[str, Any]) -> None:
+        """A run of this same recipe: continued when interrupted, refused when finished (nothing to train)."""
+        if record.get("finished"):
             raise RunFolderError(
                 f"output_dir {str(self.folder)!r} holds a finished run of this same recipe (results in "
                 f"{str(self.folder / 'results.json')!r}); there is nothing to train. To train it again from scratch "
                 "add `--overwrite_output_dir true` (and `--overwrite_export true` for its export), or choose another "
                 "output_dir."
             )
-        if differences == []:
-            self._check_shape(record, resume_asked=False)
-            self._check_checksum_records(record)
-            logger.warning(f"{self.folder} holds an interrupted run of this recipe: continuing it.")
-            self._write_record(finished=False)
-            return "last"
+        self._check_shape(record, resume_asked=False)
+        self._check_checksum_records(record)
+        logger.warning(f"{self.folder} holds an interrupted run of this recipe: continuing it.")
+        self._write_record(finished=False)
+
+    def _another_run(self, record: dict[str, Any] | None, differences: list[str] | None, earlier: list[Path]) -> str:
+        """Why a folder holding another run (another recipe, or no record) is refused, with the ways out."""
+        ways_out = (
+            "continue it with `--resume_from_checkpoint last`, remove what runs of hf-deep-nmt wrote there with "
+            "`--overwrite_output_dir true` (other files are kept), or choose another output_dir"
+        )
         what = (
             f"a run of another recipe ({'; '.join(differences[:6])}{' ...' if len(differences) > 6 else ''})"
             if record is not None
@@ -758,7 +498,7 @@ class RunFolder:
         if isinstance(recorded, dict) and self.shape is not None and recorded != self.shape:
             # the launch changed too (e.g. torchrun with another process count): say so, or it goes unnoticed
             what += f", trained with {_describe_shape(recorded)} where this one has {_describe_shape(self.shape)}"
-        raise RunFolderError(f"output_dir {str(self.folder)!r} holds {what}; {ways_out}.")
+        return f"output_dir {str(self.folder)!r} holds {what}; {ways_out}."
 
     def finish(self) -> None:
         """Mark the run finished (re-running the same command is then refused as having nothing to train)."""

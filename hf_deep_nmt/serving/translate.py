@@ -1,7 +1,7 @@
 r"""Batch translation through `generate()` (the transformers translation pipeline no longer exists).
 
-Written here, over `generate()`: batches formed by a token budget (`hf_deep_nmt.batching`), an output cap relative to
-each sentence's own source length (fairseq's `--max-len-a/b`, as a logits processor, so a sentence's translation
+Written here, over `generate()`: batches formed by a token budget (`hf_deep_nmt.data.batching`), an output cap relative
+to each sentence's own source length (fairseq's `--max-len-a/b`, as a logits processor, so a sentence's translation
 does not depend on the batch it lands in) under an absolute cap, the GNMT length penalty (by rescoring the final
 beam), input order kept, empty lines passed through, a progress bar; and the file side: input split on `\n` alone,
 translations streamed in input order as they are produced to a temporary file renamed into place when complete, no
@@ -31,17 +31,17 @@ from transformers import (
 )
 
 from hf_deep_nmt import registration  # noqa: F401  (models load through the Auto classes)
-from hf_deep_nmt.batching import token_batches
-from hf_deep_nmt.data import path_kind
-from hf_deep_nmt.decoding import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
-from hf_deep_nmt.evaluation import length_penalty as penalty_divisor
+from hf_deep_nmt.data.batching import token_batches
+from hf_deep_nmt.data.corpus import path_kind
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
 from hf_deep_nmt.folders import atomic_file
 from hf_deep_nmt.memory import check_memory, check_saved_model_size
 from hf_deep_nmt.model_folders import check_saved_json_files
+from hf_deep_nmt.serving.options import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
+from hf_deep_nmt.training.evaluation import length_penalty as penalty_divisor
 from hf_deep_nmt.weights import check_finite_weights, check_missing_weights
 
-# The caps (MAX_*) are `DecodingOptions`' (`hf_deep_nmt.decoding`) and stay importable from here.
+# The caps (MAX_*) are `DecodingOptions`' (`hf_deep_nmt.serving.options`) and stay importable from here.
 
 # Compiled decoding: static-cache lengths are rounded up to a multiple of this, so that batches with similar output
 # caps share one compiled decoding step (`generate()` keeps the longest cache length it has seen).
@@ -274,7 +274,7 @@ def iter_translations(
 
 
 def _is_onnx(model) -> bool:
-    from hf_deep_nmt.onnx_decoding import OnnxDecoder
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
 
     return isinstance(model, OnnxDecoder)
 
@@ -355,7 +355,7 @@ def _translated_pieces(model, tokenizer, count, batches, encoded, progress, opti
 
 def _translate_batch(model, tokenizer, sources, device, options: DecodingOptions, compile: bool) -> list[str]:
     if device is None:  # an `OnnxDecoder`
-        from hf_deep_nmt.onnx_decoding import translate_batch
+        from hf_deep_nmt.serving.onnx import translate_batch
 
         return translate_batch(model, tokenizer, sources, options)
     eos = model.generation_config.eos_token_id
@@ -408,7 +408,7 @@ def translate(
     `DecodingOptions`), as is a tokenizer whose vocabulary or padding / end ids do not match the model
     (`ValueError`). `compile=True` decodes with the static cache and a compiled decoding step (`compiled_decoding`):
     the same translations, faster once compiled where launches dominate (small batches on a GPU), at the price of a
-    compilation per new shape. `model` may be an `OnnxDecoder` (`hf_deep_nmt.onnx_decoding.load_onnx_model`): the
+    compilation per new shape. `model` may be an `OnnxDecoder` (`hf_deep_nmt.serving.onnx.load_onnx_model`): the
     same decoding on ONNX Runtime, greedy or beam search with the fairseq penalty (not `compile`, not the GNMT form).
     """
     pieces = iter_translations(model, tokenizer, sentences, options, progress=progress, compile=compile, **settings)
