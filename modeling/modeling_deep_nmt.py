@@ -1488,33 +1488,16 @@ class DeepNMTEncoder(DeepNMTStack):
         position_ids: torch.Tensor | None = None,
     ) -> DeepNMTEncoderOutput:
         """No `**kwargs`: `generate()` hands the encoder only the arguments its signature names (not a Trainer
-        batch's `labels`), and any other argument is a `TypeError`."""
-        check_extra_arguments(
-            self,
-            dict(
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                head_mask=head_mask,
-                inputs_embeds=inputs_embeds,
-                position_ids=position_ids,
-            ),
+        batch's `labels`), and any other argument is a `TypeError`. The named options transformers passes are
+        refused or ignored (`check_source`)."""
+        options = dict(
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            head_mask=head_mask,
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
         )
-        if input_ids is None:
-            raise ValueError("The encoder needs `input_ids` (batch, source_length).")
-        if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-            raise ValueError(
-                f"`input_ids` must have shape (batch >= 1, source_length >= 1), got {tuple(input_ids.shape)}: "
-                "there is no sentence to encode."
-            )
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
-                f"{tuple(attention_mask.shape)}."
-            )
-        if not is_tracing():
-            self.check_input_ids(input_ids)
-            if attention_mask is not None:
-                check_padding_rows(attention_mask)
+        self.check_source(input_ids, attention_mask, options)
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
         state = self.history.start(hidden_states, **self.history_modules())  # layer outputs of this call only
@@ -1522,6 +1505,34 @@ class DeepNMTEncoder(DeepNMTStack):
             output = layer(self.history.layer_input(state, index), mask, self.history.layer_context(state, index))
             self.history.push(state, output, index)
         return DeepNMTEncoderOutput(last_hidden_state=self.finish(state), **self.history.memory_outputs(state))
+
+    def check_source(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, options: dict) -> None:
+        """What the encoder refuses before it computes: `options` it cannot take (`check_extra_arguments`), a batch
+        without a sentence or a mask of another shape (`check_source_shapes`), and on eager calls ids outside the
+        vocabulary (`check_input_ids`) and a batch of padding only (`check_padding_rows`)."""
+        check_extra_arguments(self, options)
+        check_source_shapes(input_ids, attention_mask)
+        if not is_tracing():
+            self.check_input_ids(input_ids)
+            if attention_mask is not None:
+                check_padding_rows(attention_mask)
+
+
+def check_source_shapes(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> None:
+    """A source batch holds at least one sentence of at least one token, `(batch, source_length)`, and its padding
+    mask, when given, has the same shape. Reads shapes only, so it runs while tracing too."""
+    if input_ids is None:
+        raise ValueError("The encoder needs `input_ids` (batch, source_length).")
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"`input_ids` must have shape (batch >= 1, source_length >= 1), got {tuple(input_ids.shape)}: "
+            "there is no sentence to encode."
+        )
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
+            f"{tuple(attention_mask.shape)}."
+        )
 
 
 def check_padding_rows(attention_mask: torch.Tensor) -> None:
@@ -1567,26 +1578,9 @@ class DeepNMTDecoder(DeepNMTStack):
         """Decoder layer n attends `encoder_outputs.layer_memory(n)`: the encoder output, or under MSC encoder block n
         (and context n). The decoding state comes as `cache` (or `past_key_values`, its name before transformers
         5.24) and is returned under the name the installed transformers uses."""
-        cache = take_decoding_state(cache, past_key_values)
-        if use_cache and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        if not use_cache:
-            cache = None
-        if cache is not None and not isinstance(cache, EncoderDecoderCache):
-            raise TypeError(
-                f"The decoding state (`cache`) must be an EncoderDecoderCache (self- and cross-attention), got "
-                f"{type(cache).__name__}."
-            )
-        num_layers = len(self.layers)
-        if cache is None:
-            self_caches = cross_caches = [None] * num_layers
-            past_length, static = 0, False
-        else:
-            self_caches = cache_layers_of(cache.self_attention_cache, num_layers)
-            cross_caches = cache_layers_of(cache.cross_attention_cache, num_layers)
-            past_length = self_caches[0].get_seq_length()  # an int, or a tensor with the static cache
-            static = bool(getattr(self_caches[0], "is_compileable", False))
-        if not is_tracing() and isinstance(past_length, int) and past_length == 0:
+        cache = self.decoding_cache(take_decoding_state(cache, past_key_values), use_cache)
+        self_caches, cross_caches, past_length, static = self.cache_layers(cache)
+        if not is_tracing() and isinstance(past_length, int) and past_length == 0:  # a sequence starts: eager checks
             self.check_input_ids(input_ids, "decoder_input_ids")
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
         self_mask = None
@@ -1613,6 +1607,31 @@ class DeepNMTDecoder(DeepNMTStack):
             )
             self.history.push(state, output, index)
         return with_decoding_state(BaseModelOutputWithPast, cache, last_hidden_state=self.finish(state))
+
+    def decoding_cache(self, cache: Cache | None, use_cache: bool) -> EncoderDecoderCache | None:
+        """The decoding state of a call: none without `use_cache`, else the one given (refused unless it is an
+        EncoderDecoderCache) or a new, empty one."""
+        if not use_cache:
+            return None
+        if cache is None:
+            return EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if not isinstance(cache, EncoderDecoderCache):
+            raise TypeError(
+                f"The decoding state (`cache`) must be an EncoderDecoderCache (self- and cross-attention), got "
+                f"{type(cache).__name__}."
+            )
+        return cache
+
+    def cache_layers(self, cache: EncoderDecoderCache | None) -> tuple[list, list, int | torch.Tensor, bool]:
+        """Each layer's self- and cross-attention cache layers (None without a cache), the positions decoded before
+        this call (an int, or a 0-d tensor with the static cache), and whether the cache is static."""
+        num_layers = len(self.layers)
+        if cache is None:
+            return [None] * num_layers, [None] * num_layers, 0, False
+        self_caches = cache_layers_of(cache.self_attention_cache, num_layers)
+        cross_caches = cache_layers_of(cache.cross_attention_cache, num_layers)
+        static = bool(getattr(self_caches[0], "is_compileable", False))
+        return self_caches, cross_caches, self_caches[0].get_seq_length(), static
 
     @staticmethod
     def _self_attention_mask(
@@ -2181,7 +2200,7 @@ for _method in (
     DeepNMTMethod(
         DeepNormConfig, DeepNormForConditionalGeneration, DeepNormModel, card="deepnorm", checks={"deepnorm": {}}
     ),
-    # the depth family of 2024 on: presets of the same backbone (issue 41), one cheap check each
+    # the depth family of 2024 on: presets of the same backbone (settings it already has), so one cheap check each
     DeepNMTMethod(
         DenseFormerConfig,
         DenseFormerForConditionalGeneration,
