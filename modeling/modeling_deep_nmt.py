@@ -72,7 +72,6 @@ from .kernels_deep_nmt import (
     start_history,
 )
 from .sizes_deep_nmt import check_before_building, decoding_memory
-from .sizes_deep_nmt import count_parameters as count_parameters  # re-exported: the package reads it from this file
 
 logger = logging.get_logger(__name__)
 

@@ -215,7 +215,6 @@ def test_modeling_files_import_only_stdlib_torch_and_transformers(name):
             (1, "contract_deep_nmt"),
             (1, "kernels_deep_nmt"),
             (1, "sizes_deep_nmt"),
-            (1, "sizes_deep_nmt"),
         ],
         "contract_deep_nmt.py": [(1, "kernels_deep_nmt")],
         "sizes_deep_nmt.py": [(1, "configuration_deep_nmt"), (1, "contract_deep_nmt")],
