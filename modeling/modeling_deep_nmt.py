@@ -2033,9 +2033,17 @@ class DeepNormForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DeepNormConfig
 
 
+class DeepNormModel(DeepNMTModel):
+    config_class = DeepNormConfig
+
+
 class DlclForConditionalGeneration(DeepNMTForConditionalGeneration):
     """DLCL (Wang et al., 2019). Same network as [`DeepNMTForConditionalGeneration`] with [`DlclConfig`] defaults."""
 
+    config_class = DlclConfig
+
+
+class DlclModel(DeepNMTModel):
     config_class = DlclConfig
 
 
@@ -2046,6 +2054,10 @@ class DsInitForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DsInitConfig
 
 
+class DsInitModel(DeepNMTModel):
+    config_class = DsInitConfig
+
+
 class SdtForConditionalGeneration(DeepNMTForConditionalGeneration):
     """SDT (Li et al., 2020). Same network as [`DeepNMTForConditionalGeneration`] with [`SdtConfig`] defaults.
     Growing a trained model and the staged schedule are training procedures, kept outside the model code."""
@@ -2053,9 +2065,17 @@ class SdtForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = SdtConfig
 
 
+class SdtModel(DeepNMTModel):
+    config_class = SdtConfig
+
+
 class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
     """MSC (Wei et al., 2020). Same network as [`DeepNMTForConditionalGeneration`] with [`MscConfig`] defaults."""
 
+    config_class = MscConfig
+
+
+class MscModel(DeepNMTModel):
     config_class = MscConfig
 
 
@@ -2066,9 +2086,17 @@ class DenseFormerForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DenseFormerConfig
 
 
+class DenseFormerModel(DeepNMTModel):
+    config_class = DenseFormerConfig
+
+
 class MixLnForConditionalGeneration(DeepNMTForConditionalGeneration):
     """Mix-LN (Li et al., 2024). Same network as [`DeepNMTForConditionalGeneration`] with [`MixLnConfig`] defaults."""
 
+    config_class = MixLnConfig
+
+
+class MixLnModel(DeepNMTModel):
     config_class = MixLnConfig
 
 
@@ -2079,46 +2107,15 @@ class AttnResForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = AttnResConfig
 
 
+class AttnResModel(DeepNMTModel):
+    config_class = AttnResConfig
+
+
 class HyperConnectionsForConditionalGeneration(DeepNMTForConditionalGeneration):
     """Hyper-Connections (Zhu et al., 2025). Same network as [`DeepNMTForConditionalGeneration`] with
     [`HyperConnectionsConfig`] defaults."""
 
     config_class = HyperConnectionsConfig
-
-
-# The encoder-decoders without the output layer that `AutoModel` loads for each named config.
-
-
-class DeepNormModel(DeepNMTModel):
-    config_class = DeepNormConfig
-
-
-class DlclModel(DeepNMTModel):
-    config_class = DlclConfig
-
-
-class DsInitModel(DeepNMTModel):
-    config_class = DsInitConfig
-
-
-class SdtModel(DeepNMTModel):
-    config_class = SdtConfig
-
-
-class MscModel(DeepNMTModel):
-    config_class = MscConfig
-
-
-class DenseFormerModel(DeepNMTModel):
-    config_class = DenseFormerConfig
-
-
-class MixLnModel(DeepNMTModel):
-    config_class = MixLnConfig
-
-
-class AttnResModel(DeepNMTModel):
-    config_class = AttnResConfig
 
 
 class HyperConnectionsModel(DeepNMTModel):
@@ -2233,6 +2230,7 @@ for _method in (
 
 check_transformers_window()
 
+# every method's two model classes, by their names in `METHODS` (a new method adds no line here)
 __all__ = [
     "METHODS",
     "TESTED_TRANSFORMERS",
@@ -2240,25 +2238,6 @@ __all__ = [
     "register_method",
     "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
-    "DeepNMTModel",
-    "DeepNMTForConditionalGeneration",
-    "DeepNormForConditionalGeneration",
-    "DeepNormModel",
-    "DenseFormerForConditionalGeneration",
-    "DenseFormerModel",
-    "MixLnForConditionalGeneration",
-    "MixLnModel",
-    "AttnResForConditionalGeneration",
-    "AttnResModel",
-    "HyperConnectionsForConditionalGeneration",
-    "HyperConnectionsModel",
-    "DlclForConditionalGeneration",
-    "DsInitForConditionalGeneration",
-    "MscForConditionalGeneration",
-    "SdtForConditionalGeneration",
-    "DlclModel",
-    "DsInitModel",
-    "MscModel",
-    "SdtModel",
     "LAYER_AGGREGATION_CLASSES",
+    *(cls.__name__ for method in METHODS.values() for cls in (method.model_class, method.base_model_class)),
 ]
