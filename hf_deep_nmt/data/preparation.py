@@ -25,14 +25,7 @@ from transformers.utils import logging
 
 from hf_deep_nmt.data.corpus import SOURCE, TARGET, tokenize_parallel
 from hf_deep_nmt.data.prepared import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest, tokenizer_train_pairs
-from hf_deep_nmt.data.streaming import (
-    FileSource,
-    StreamedCorpus,
-    StreamedPairs,
-    _check_head,
-    read_validation,
-    stream_source,
-)
+from hf_deep_nmt.data.streaming import StreamedCorpus, StreamedPairs, read_validation, stream_source
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.folders import write_marked_folder
 from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files
@@ -151,8 +144,7 @@ def _streamed(recipe: CheckedRecipe, tokenizer_dir: Path | None, claim) -> tuple
     pairs of the stream and saved there), and the validation split, read whole."""
     model_args, data_args, training_args = recipe.model_args, recipe.data_args, recipe.training_args
     source = stream_source(data_args, recipe.corpus)
-    if isinstance(source, FileSource):
-        _check_head(source, data_args)
+    source.check_head()
     validation = read_validation(data_args, recipe.corpus)
     if validation is not None and data_args.max_eval_samples:
         validation = validation.select(range(min(data_args.max_eval_samples, len(validation))))

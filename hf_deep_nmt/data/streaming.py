@@ -227,6 +227,14 @@ class FileSource:
                         "changed since the checkpoint. Restore the corpus it was written with, or start afresh."
                     )
 
+    def check_head(self) -> None:
+        """Before any work, what `load_parallel_dataset` refuses at once: an empty corpus or one holding only a
+        header; a first pair that looks like a header is warned about."""
+        head = self.first_pairs(2)
+        if not head[SOURCE]:
+            raise ValueError(f"`train_file` {self.name!r} holds no sentence pairs; give a corpus with at least one.")
+        check_read_pairs(self.name, "train_file", head, *self.languages)
+
     def first_pairs(self, count: int) -> dict[str, list[str]]:
         """The first `count` pairs of the corpus (every rank's), read from its start."""
         reader = self.reader()
@@ -310,6 +318,9 @@ class HubSource:
 
     def check_position(self, position: dict[str, Any], where: str) -> None:
         pass  # `datasets` refuses a state that does not fit the stream
+
+    def check_head(self) -> None:
+        pass  # nothing read ahead from the Hub: an empty stream is refused where it is first read
 
     def first_pairs(self, count: int) -> dict[str, list[str]]:
         pairs = list(islice(self.reader(), count))
@@ -674,26 +685,16 @@ def streaming_dataloader(trainer, stream: StreamedPairs) -> StreamLoader:
 # ---- preparing a streamed run ---------------------------------------------------------------------------------------
 
 
-def stream_source(data_args, corpus: dict | None = None):
+def stream_source(data_args, corpus: dict):
     """The corpus a streamed run reads: `dataset_name`'s train split, else `train_file` (the precedence of
     `hf_deep_nmt.data.corpus.load_parallel_dataset`; `corpus`: its files as the run's plan checked them)."""
     languages = (data_args.source_lang, data_args.target_lang)
     if data_args.dataset_name:
         return HubSource(data_args.dataset_name, data_args.dataset_config, *languages)
-    return FileSource(data_args.train_file, *languages, (corpus or {}).get(data_args.train_file))
+    return FileSource(data_args.train_file, *languages, corpus.get(data_args.train_file))
 
 
-def _check_head(source, data_args) -> None:
-    """Before any work, what `load_parallel_dataset` refuses at once: an empty corpus or one holding only a header;
-    a first pair that looks like a header is warned about."""
-    head = source.first_pairs(2)
-    if not head[SOURCE]:
-        raise ValueError(f"`train_file` {source.name!r} holds no sentence pairs; give a corpus with at least one.")
-    if isinstance(source, FileSource):  # its first pair is its line 1: a blank line before text is an error
-        check_read_pairs(source.name, "train_file", head, data_args.source_lang, data_args.target_lang)
-
-
-def read_validation(data_args, corpus: dict | None = None) -> datasets.Dataset | None:
+def read_validation(data_args, corpus: dict) -> datasets.Dataset | None:
     """The validation pairs (`source`/`target` columns), read whole as without streaming: `validation_file`, or
     `dataset_name`'s `dataset_validation_split` (streamed and kept, at most `max_eval_samples` rows)."""
     if data_args.dataset_name:
@@ -718,7 +719,7 @@ def read_validation(data_args, corpus: dict | None = None) -> datasets.Dataset |
     if path is None:
         return None
     warn_if_validation_is_training(train_file, path)
-    files = (corpus or {}).get(path)
+    files = corpus.get(path)
     pairs = read_parallel_file(path, data_args.source_lang, data_args.target_lang, files)
     check_read_pairs(path, "validation_file", pairs, data_args.source_lang, data_args.target_lang)
     return datasets.Dataset.from_dict(pairs)
