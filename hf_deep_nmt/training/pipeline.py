@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from transformers import (
-    AutoConfig,
     AutoModelForSeq2SeqLM,
     DataCollatorForSeq2Seq,
     PreTrainedTokenizerBase,
@@ -45,7 +44,6 @@ from hf_deep_nmt.data.preparation import (  # noqa: F401  (given_tokenizer, load
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
 from hf_deep_nmt.folders import atomic_file
 from hf_deep_nmt.hub import export_hub_folder
-from hf_deep_nmt.model_folders import check_local_path
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.serving.options import DecodingOptions
 from hf_deep_nmt.serving.translate import translate
@@ -200,12 +198,9 @@ def prepare(
 ) -> Prepared:
     """The run's prepared data (`hf_deep_nmt.data.preparation.prepare`): tokenizer, training data (the prepared-data
     folder's tokenized splits, built once and reused by every run and rank, or with `streaming: true` a stream read
-    while training), validation text and references. Pass the run's `RunPlan` (`prepare(plan)`); given the argument
-    dataclasses instead, their plan is made first, as `hf-deep-nmt prepare` checks a recipe (`plan_run`)."""
-    if isinstance(model_args, RunPlan):
-        plan = model_args
-    else:
-        plan = plan_run(model_args, data_args, EvalExportArguments(), training_args, command="prepare")
+    while training), validation text and references. Pass the run's `RunPlan` (`prepare(plan)`); the recipe's argument
+    dataclasses in its place are checked into one first (`as_plan`)."""
+    plan = as_plan(*(given for given in (model_args, data_args, training_args) if given is not None))
     return preparation.prepare(plan, tokenizer_dir, claim=_claim_beside)
 
 
