@@ -84,6 +84,13 @@ def atomic_file(
         raise
 
 
+def write_json_atomically(path: str | Path, content: dict) -> None:
+    """Write `content` to `path` as JSON through `atomic_file`: a reader sees the old record or the new one, never half
+    of one (the checksum records of checkpoints, the stream position saved with them)."""
+    with atomic_file(path, encoding="utf-8") as stream:
+        json.dump(content, stream, indent=1, sort_keys=True)
+
+
 def folder_entries(folder: Path) -> list[str]:
     """Every file, link and folder under `folder` as a relative POSIX path (links are not followed)."""
     entries = []

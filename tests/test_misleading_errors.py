@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir
+from hf_deep_nmt.data.preparation import check_source_lengths
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.folders import check_export_folder
 from hf_deep_nmt.serving.translate import decode_lines, read_lines
 from hf_deep_nmt.training.arguments import parse_arguments
-from hf_deep_nmt.training.evaluation import check_source_lengths
 from hf_deep_nmt.training.pipeline import prepare
 
 TEXT = "niño\tchild\nsí\tyes\n"

@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.data import preparation
 from hf_deep_nmt.data.corpus import (
     load_parallel_dataset,
     read_jsonl,
@@ -366,7 +367,7 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypa
     config = tmp_path / "run.json"
     recipe = {"model_type": "deep_nmt", "output_dir": str(tmp_path / "run"), "export_dir": str(tmp_path / "export")}
     config.write_text(json.dumps(recipe))
-    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
+    monkeypatch.setattr(preparation, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         training.run([str(config)])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["export", "run.json"]
@@ -438,6 +439,6 @@ def test_a_misspelt_override_is_refused_before_the_corpus_is_read(tmp_path, monk
     recipe = tmp_path / "recipe.json"
     settings = {"model_type": "deep_nmt", "model_overrides": {"dropuot": 0.2}, "output_dir": str(tmp_path / "run")}
     recipe.write_text(json.dumps(settings))
-    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
+    monkeypatch.setattr(preparation, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(ValueError, match=r"not DeepNMTConfig fields: 'dropuot' \(did you mean 'dropout'\?\)"):
         training.run([str(recipe)])

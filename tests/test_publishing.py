@@ -38,6 +38,7 @@ EXPORTED_FILES = [
     "kernels_deep_nmt.py",
     "model.safetensors",
     "modeling_deep_nmt.py",
+    "sizes_deep_nmt.py",
     "tokenizer.json",
     "tokenizer_config.json",
 ]

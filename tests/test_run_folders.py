@@ -85,9 +85,9 @@ def old_run(finished_run, tmp_path):
 
 
 def fail_on_training(monkeypatch):
-    from hf_deep_nmt.training import pipeline as training
+    from hf_deep_nmt.data import preparation
 
-    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("work started"))
+    monkeypatch.setattr(preparation, "prepare_data", lambda *args, **kwargs: pytest.fail("work started"))
 
 
 # ---- one run per output folder -------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
 
     assert report.old_version == "0.1.0 or earlier" and report.new_version == __version__
     assert "modeling_deep_nmt.py" in report.changed and report.written
-    assert {"kernels_deep_nmt.py", "contract_deep_nmt.py"} <= set(report.changed)  # the files 0.1.0 lacked
+    assert {"kernels_deep_nmt.py", "contract_deep_nmt.py", "sizes_deep_nmt.py"} <= set(report.changed)  # 0.1.0 lacked
     for name in CODE_FILES:
         assert (published / name).read_bytes() == (installed_code_folder() / name).read_bytes()
     assert (

@@ -25,6 +25,7 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.data.corpus import sample_corpus_dir
+from hf_deep_nmt.data.streaming import DEFAULT_STREAM_BUFFER_PAIRS
 from hf_deep_nmt.data.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, SUBWORD_MODELS
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 from hf_deep_nmt.serving.options import LENGTH_PENALTY_FORMS, MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
@@ -38,8 +39,6 @@ PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASS
 DEFAULT_PRESET = "deep_nmt_dlcl"
 # What a newly trained joint tokenizer is when the recipe does not say.
 DEFAULT_TOKENIZER_SETTINGS = {"tokenizer_vocab_size": 8000, "tokenizer_model": "bpe"}
-# pairs each process holds in its streaming buffer (`stream_buffer_pairs`, hf_deep_nmt.data.streaming)
-DEFAULT_STREAM_BUFFER_PAIRS = 100_000
 
 
 @dataclass
