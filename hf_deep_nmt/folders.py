@@ -23,7 +23,7 @@ from typing import IO
 # Written last into every folder an export or an average writes, listing the files written; only a folder whose every
 # file it lists may be replaced (hidden, so never uploaded).
 WRITTEN_MARKER = ".hf-deep-nmt-written.json"
-EXPORT_FLAG = "`overwrite=True`, or `--overwrite_export true` on the command line"
+EXPORT_FLAG = "`overwrite=True`, or `--overwrite-export true` on the command line"
 
 
 def user_file_modes() -> tuple[int, int]:

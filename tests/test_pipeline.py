@@ -400,7 +400,7 @@ def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys
     config.write_text(json.dumps(recipe))
     assert main(["train", str(config)]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("hf-deep-nmt train: error: Export folder") and "--overwrite_export true" in error
+    assert error.startswith("hf-deep-nmt train: error: Export folder") and "--overwrite-export true" in error
     assert (export / "weights.safetensors").read_text() == "user data"
     assert main(["translate-all"]) == 2
 

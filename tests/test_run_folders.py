@@ -134,7 +134,7 @@ def test_an_output_dir_holding_another_recipe_or_an_unrecorded_run_is_refused(co
     assert main(["train", *recipe_arguments(corpus, old_run, "--learning-rate", "0.01")]) == 2
     error = capsys.readouterr().err
     assert "holds a run of another recipe (learning_rate: 5e-05 -> 0.01)" in error
-    assert "--resume_from_checkpoint last" in error and "--overwrite_output_dir true" in error
+    assert "--resume-from-checkpoint last" in error and "--overwrite-output-dir true" in error
     (old_run / RUN_RECORD).unlink()
     before.pop(RUN_RECORD)
     assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
@@ -175,7 +175,7 @@ def test_the_same_command_on_a_finished_run_is_refused_with_the_way_out(corpus, 
     before = tree(old_run)
     assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
     error = capsys.readouterr().err
-    assert "holds a finished run of this same recipe" in error and "--overwrite_output_dir true" in error
+    assert "holds a finished run of this same recipe" in error and "--overwrite-output-dir true" in error
     assert tree(old_run) == before
 
 
@@ -240,7 +240,7 @@ def test_a_run_continued_with_another_process_count_or_update_size_is_refused(co
     assert "this one has 1 process(es), 8 sentences per update (8 x 1 accumulation x 1)" in error
     assert "launch it with 2 process(es)" in error
     assert (
-        "keep 16 sentences per update with `--gradient_accumulation_steps 2` or `--per_device_train_batch_size 16`"
+        "keep 16 sentences per update with `--gradient-accumulation-steps 2` or `--per-device-train-batch-size 16`"
         in error
     )
     assert main(["train", *recipe_arguments(corpus, old_run, "--resume-from-checkpoint", "last")]) == 2
@@ -254,7 +254,7 @@ def test_another_process_count_with_the_same_update_size_needs_an_explicit_resum
     recorded = {"world_size": 2, "per_process": 4, "gradient_accumulation_steps": 1, "unit": "tokens", "per_update": 8}
     now = {**recorded, "world_size": 1, "per_process": 8}
     (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "recipe": {}, "shape": recorded}))
-    with pytest.raises(RunFolderError, match=r"accept the new data order with `--resume_from_checkpoint last`"):
+    with pytest.raises(RunFolderError, match=r"accept the new data order with `--resume-from-checkpoint last`"):
         with RunFolder(folder, "train", {}, now) as again:
             again.start(None, False)
     with caplog.at_level(logging.WARNING), RunFolder(folder, "train", {}, now) as resumed:
@@ -273,8 +273,8 @@ def test_two_processes_after_one_are_refused_naming_the_settings_that_keep_the_t
     message = (
         r"trained with 1 process\(es\), 8192 tokens per update \(4096 x 2 accumulation x 1\), this one has 2 "
         r"process\(es\), 16384 tokens per update \(4096 x 2 accumulation x 2\)\. To continue it, launch it with 1 "
-        r"process\(es\) .*; or keep 8192 tokens per update with `--gradient_accumulation_steps 1` or "
-        r"`--max_tokens 2048` and `--resume_from_checkpoint last`"
+        r"process\(es\) .*; or keep 8192 tokens per update with `--gradient-accumulation-steps 1` or "
+        r"`--max-tokens 2048` and `--resume-from-checkpoint last`"
     )
     for resume in (None, "last"):
         with pytest.raises(RunFolderError, match=message), RunFolder(folder, "train", {}, two) as again:

@@ -366,23 +366,23 @@ class RunRecord:
             return
         ways = [f"launch it with {recorded.get('world_size')} process(es) and the recorded batch settings"]
         if same_update:
-            ways.append("accept the new data order with `--resume_from_checkpoint last`")
+            ways.append("accept the new data order with `--resume-from-checkpoint last`")
         elif recorded.get("unit") == self.shape["unit"]:
             per_update, world_size = int(recorded.get("per_update") or 0), self.shape["world_size"]
             accumulation, rest = divmod(per_update, self.shape["per_process"] * world_size)
             keep = []
             if accumulation and not rest:
-                keep.append(f"`--gradient_accumulation_steps {accumulation}`")
+                keep.append(f"`--gradient-accumulation-steps {accumulation}`")
             per_process, rest = divmod(per_update, self.shape["gradient_accumulation_steps"] * world_size)
             if per_process and not rest:
-                flag = "--max_tokens" if self.shape["unit"] == "tokens" else "--per_device_train_batch_size"
+                flag = "--max-tokens" if self.shape["unit"] == "tokens" else "--per-device-train-batch-size"
                 keep.append(f"`{flag} {per_process}`")
             if keep:
                 ways.append(
                     f"keep {per_update} {self.shape['unit']} per update with {' or '.join(keep)} and "
-                    "`--resume_from_checkpoint last` (the data order differs from then on)"
+                    "`--resume-from-checkpoint last` (the data order differs from then on)"
                 )
-        ways.append("start afresh with `--overwrite_output_dir true` or another output_dir")
+        ways.append("start afresh with `--overwrite-output-dir true` or another output_dir")
         raise RunFolderError(f"Cannot continue: {both}. To continue it, {'; or '.join(ways)}.")
 
     def _check_checksum_records(self, record: dict[str, Any]) -> None:
@@ -397,7 +397,7 @@ class RunRecord:
             f"record {str(self.folder / RUN_RECORD)!r} lists it (deleted or moved, unless the run stopped between "
             "writing its first checkpoint and recording it). It holds the checksums of the checkpoints in "
             f"{str(missing[0].parent)!r}; without it a swapped or edited checkpoint would be resumed unchecked. "
-            "Restore it; or start afresh with `--overwrite_output_dir true` or another output_dir; or, to continue "
+            "Restore it; or start afresh with `--overwrite-output-dir true` or another output_dir; or, to continue "
             f"from these checkpoints unchecked, remove {entry!r} from the run record's {where}."
         )
 
@@ -427,7 +427,7 @@ class RunRecord:
         if record is not None and record.get("command") not in (None, self.command):
             raise RunFolderError(
                 f"output_dir {str(self.folder)!r} holds a `{record.get('command')}` run, not a `{self.command}` one; "
-                "choose another output_dir, or clear it with `--overwrite_output_dir true`."
+                "choose another output_dir, or clear it with `--overwrite-output-dir true`."
             )
         differences = recipe_differences(record["recipe"], self.recipe) if record is not None else None
         if resume_asked:
@@ -475,7 +475,7 @@ class RunRecord:
             raise RunFolderError(
                 f"output_dir {str(self.folder)!r} holds a finished run of this same recipe (results in "
                 f"{str(self.folder / 'results.json')!r}); there is nothing to train. To train it again from scratch "
-                "add `--overwrite_output_dir true` (and `--overwrite_export true` for its export), or choose another "
+                "add `--overwrite-output-dir true` (and `--overwrite-export true` for its export), or choose another "
                 "output_dir."
             )
         self._check_shape(record, resume_asked=False)
@@ -486,8 +486,8 @@ class RunRecord:
     def _another_run(self, record: dict[str, Any] | None, differences: list[str] | None, earlier: list[Path]) -> str:
         """Why a folder holding another run (another recipe, or no record) is refused, with the ways out."""
         ways_out = (
-            "continue it with `--resume_from_checkpoint last`, remove what runs of hf-deep-nmt wrote there with "
-            "`--overwrite_output_dir true` (other files are kept), or choose another output_dir"
+            "continue it with `--resume-from-checkpoint last`, remove what runs of hf-deep-nmt wrote there with "
+            "`--overwrite-output-dir true` (other files are kept), or choose another output_dir"
         )
         what = (
             f"a run of another recipe ({'; '.join(differences[:6])}{' ...' if len(differences) > 6 else ''})"
