@@ -15,6 +15,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 import traceback
 from pathlib import Path
 
@@ -25,11 +26,81 @@ class UsageError(ValueError):
     """A command line that cannot be run as written (exit code 2)."""
 
 
+def _deprecated(prog: str, old: str, new: str) -> None:
+    """The one stderr line of an earlier spelling, kept for one release, naming the one that replaces it."""
+    print(f"{prog}: {old} is deprecated and goes in the next release; write {new}.", file=sys.stderr)
+
+
+class _Renamed(argparse.Action):
+    """An earlier spelling of a flag: it sets the new flag's value and says so (`_deprecated`)."""
+
+    def __init__(self, option_strings, dest, new: str, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        _deprecated(parser.prog, option_string, self.new)
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
-    """An argument parser whose mistakes are `UsageError`s, reported in one line like every other mistake."""
+    """An argument parser whose mistakes are `UsageError`s, reported in one line like every other mistake; it keeps
+    earlier spellings working for one release (`renamed`, `parse` with `positionals`)."""
+
+    required_flags: tuple = ()  # checked by `parse`, after a previous spelling may have given them
 
     def error(self, message: str):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+    def format_usage(self) -> str:
+        return self._with_required_flags(super().format_usage)
+
+    def format_help(self) -> str:
+        return self._with_required_flags(super().format_help)
+
+    def _with_required_flags(self, format_text) -> str:
+        """`format_text()` with the `required_flags` shown as required, as argparse shows its own."""
+        actions = [action for action in self._actions if set(action.option_strings) & set(self.required_flags)]
+        for action in actions:
+            action.required = True
+        try:
+            return format_text()
+        finally:
+            for action in actions:
+                action.required = False
+
+    def renamed(self, old: str, new: str, **kwargs) -> None:
+        """Accept the flag `old` for `new` (hidden from --help)."""
+        self.add_argument(old, dest=_dest(new), action=_Renamed, new=new, help=argparse.SUPPRESS, **kwargs)
+
+    def parse(self, argv: list[str], positionals: tuple = (), required: tuple = ()) -> argparse.Namespace:
+        """`argv` parsed. `positionals`: the (flag, METAVAR) pairs that were positional arguments, in their order
+        (`grow MODEL OUT` is now `grow --model MODEL --output OUT`); `required`: the flags that must be given, one
+        way or the other."""
+        self.required_flags = required
+        if positionals:
+            metavar = " ".join(name for _, name in positionals)
+            self.add_argument("previous_positionals", nargs="*", type=_path, metavar=metavar, help=argparse.SUPPRESS)
+        args = self.parse_intermixed_args(argv)
+        given = getattr(args, "previous_positionals", None) or []
+        if len(given) > len(positionals):
+            self.error(f"unrecognized arguments: {' '.join(given[len(positionals) :])}")
+        pairs = positionals[: len(given)]
+        for value, (flag, _) in zip(given, pairs):
+            if getattr(args, _dest(flag)) is not None:
+                self.error(f"{value!r} and {flag} both name the {flag[2:]}; give {flag} only")
+            setattr(args, _dest(flag), value)
+        if pairs:
+            old = "the positional " + " ".join(metavar for _, metavar in pairs)
+            _deprecated(self.prog, old, " ".join(f"{flag} {metavar}" for flag, metavar in pairs))
+        missing = [flag for flag in required if getattr(args, _dest(flag)) is None]
+        if missing:
+            self.error(f"the following arguments are required: {', '.join(missing)}")
+        return args
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
 
 
 def _at_least(minimum: int):
@@ -62,7 +133,140 @@ def _finite(text: str) -> float:
     return value
 
 
+# The Trainer's settings (`Seq2SeqTrainingArguments`) that recipes set most, shown by `train --help` after the
+# recipe's own; `--help-all` lists all of them, with transformers' own help (importing it takes seconds).
+COMMON_TRAINER_SETTINGS = (
+    ("output_dir", "TEXT", "folder of the run: checkpoints, results, curves (required)"),
+    ("max_steps", "N", "optimizer steps to train (-1: train num_train_epochs)"),
+    ("num_train_epochs", "X", "epochs to train when max_steps is -1"),
+    ("learning_rate", "X", "the peak learning rate (see lr_schedule)"),
+    ("warmup_steps", "N", "steps of the learning-rate warm-up"),
+    ("per_device_train_batch_size", "N", "sentences per training batch and device (unless max_tokens is set)"),
+    ("per_device_eval_batch_size", "N", "sentences per evaluation batch and device"),
+    ("gradient_accumulation_steps", "N", "batches per optimizer step"),
+    ("label_smoothing_factor", "X", "label smoothing of the loss, in [0, 1)"),
+    ("weight_decay", "X", "AdamW weight decay"),
+    ("adam_beta2", "X", "AdamW's second-moment decay (0.98 in the papers)"),
+    ("max_grad_norm", "X", "gradient clipping norm (0: no clipping)"),
+    ("eval_strategy", "no|steps|epoch", "when to evaluate during training"),
+    ("eval_steps", "N", "steps between evaluations"),
+    ("save_strategy", "no|steps|epoch", "when to save a checkpoint"),
+    ("save_steps", "N", "steps between checkpoints"),
+    ("save_total_limit", "N", "checkpoints kept (default: all)"),
+    ("logging_steps", "N", "steps between log lines"),
+    ("seed", "N", "seed of the run (also draws a new tokenizer's training pairs)"),
+    ("bf16", "[true|false]", "train in bfloat16 mixed precision"),
+    ("fp16", "[true|false]", "train in float16 mixed precision (a GPU only)"),
+    ("use_cpu", "[true|false]", "train on the CPU even where a GPU is visible"),
+    ("resume_from_checkpoint", "PATH|last", "continue from this checkpoint folder, or from the newest (last)"),
+    ("report_to", "TEXT", "where to log besides the console: none, tensorboard, wandb, ..."),
+)
+# What `prepare` reads of a recipe: where the tokenizer comes from or how it is trained, the data, and the seed.
+PREPARE_MODEL_SETTINGS = (
+    "model_name_or_path",
+    "tokenizer_name_or_path",
+    "tokenizer_vocab_size",
+    "tokenizer_model",
+    "tokenizer_train_pairs",
+)
+PREPARE_SKIPPED_DATA_SETTINGS = ("streaming", "stream_buffer_pairs")  # a streamed corpus has nothing to prepare
+RECIPE_USAGE = "hf-deep-nmt {command} RECIPE.json|yaml [--setting VALUE ...]"
+
+
+def _show(text: str) -> None:
+    """Print help on stdout; a reader that stops early (`| head`) ends it quietly, as it ends `git log`."""
+    try:
+        sys.stdout.write(text.rstrip("\n") + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+
+
+def _recipe_groups(command: str) -> list[tuple[str, tuple]]:
+    """The settings `command --help` lists, as (title, rows) with rows as in `cli_reference.RECIPE_SETTINGS`."""
+    from hf_deep_nmt.cli_reference import RECIPE_SETTINGS as settings
+
+    common = tuple((name, metavar, None, text) for name, metavar, text in COMMON_TRAINER_SETTINGS)
+    if command == "prepare":
+        model = tuple(row for row in settings["ModelArguments"] if row[0] in PREPARE_MODEL_SETTINGS)
+        data = tuple(row for row in settings["DataArguments"] if row[0] not in PREPARE_SKIPPED_DATA_SETTINGS)
+        return [("tokenizer", model), ("data", data), ("run", tuple(r for r in common if r[0] == "seed"))]
+    groups = [
+        ("model and tokenizer", settings["ModelArguments"]),
+        ("data", settings["DataArguments"]),
+        ("evaluation and export", settings["EvalExportArguments"]),
+        ("training: this package's settings", settings["DeepNMTTrainingArguments"]),
+    ]
+    if command == "train-staged":
+        groups.append(("stages", settings["StageArguments"]))
+    return [*groups, (f"training: the Trainer's most used (all of them: hf-deep-nmt {command} --help-all)", common)]
+
+
+def _recipe_help(command: str) -> str:
+    """`command --help` for a recipe command, without importing transformers: the recipe's own settings, then the
+    Trainer's most used."""
+    if command == "prepare":
+        what = (
+            "Tokenize a recipe's data ahead of training (e.g. on a CPU node) into a prepared-data folder that `train` "
+            "and `train-staged` of the same data and settings reuse. The recipe is read as `train` reads it; only the "
+            "settings below are used, and no output folder is touched."
+        )
+    else:
+        staged = " in stages of growing encoder depth (SDT)" if command == "train-staged" else ""
+        what = (
+            f"Train a model{staged} from a recipe, evaluate it (sacreBLEU), translate a few sentences and export a "
+            f"Hub-ready folder. Below: the recipe's own settings, then the Trainer's most used; `hf-deep-nmt {command}"
+            " --help-all` lists every setting of the Trainer (Seq2SeqTrainingArguments)."
+        )
+    parser = argparse.ArgumentParser(
+        prog=f"hf-deep-nmt {command}",
+        usage=RECIPE_USAGE.format(command=command),
+        description=f"{what} A recipe is a JSON or YAML file of settings (keys in snake case: source_lang); a "
+        "flag after it overrides one (--source-lang de).",
+        add_help=False,
+    )
+    for title, rows in _recipe_groups(command):
+        group = parser.add_argument_group(title)
+        for name, metavar, default, text in rows:
+            if default is not None and "default" not in text.lower():
+                text = f"{text} (default: {default})"
+            group.add_argument("--" + name.replace("_", "-"), metavar=metavar, help=text.replace("%", "%%"))
+    return parser.format_help()
+
+
+def _recipe_command(command: str, argv: list[str]) -> list[str] | None:
+    """The command line of `train`, `train-staged` or `prepare` with its flags in kebab case; None when it asked for
+    help, which is printed. The earlier snake case (--max_steps) still works for one release."""
+    if "--help-all" in argv:
+        from transformers import HfArgumentParser
+
+        from hf_deep_nmt.training.arguments import ARGUMENT_CLASSES, StageArguments
+
+        classes = ARGUMENT_CLASSES if command == "train" else (*ARGUMENT_CLASSES, StageArguments)
+        parser = HfArgumentParser(classes, prog=f"hf-deep-nmt {command}", usage=RECIPE_USAGE.format(command=command))
+        for action in parser._actions:  # each setting under its kebab-case flag alone, the spelling to use
+            action.option_strings = [
+                flag for flag in action.option_strings if "_" not in flag
+            ] or action.option_strings
+        _show(parser.format_help())
+        return None
+    if "-h" in argv or "--help" in argv:
+        _show(_recipe_help(command))
+        return None
+    flags = []
+    for item in argv:
+        name, equals, value = item.partition("=")
+        if item.startswith("--") and "_" in name:
+            _deprecated(f"hf-deep-nmt {command}", name, name.replace("_", "-"))
+            item = name.replace("_", "-") + equals + value
+        flags.append(item)
+    return flags
+
+
 def _train(argv: list[str]) -> int:
+    argv = _recipe_command("train", argv)
+    if argv is None:
+        return 0
     from hf_deep_nmt.training.recipes import recipe_path
 
     recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
@@ -75,6 +279,9 @@ def _train(argv: list[str]) -> int:
 
 
 def _train_staged(argv: list[str]) -> int:
+    argv = _recipe_command("train-staged", argv)
+    if argv is None:
+        return 0
     from hf_deep_nmt.training.recipes import recipe_path
 
     recipe_path(argv)  # a missing recipe file is refused before torch and transformers are imported
@@ -87,6 +294,9 @@ def _train_staged(argv: list[str]) -> int:
 
 
 def _prepare(argv: list[str]) -> int:
+    argv = _recipe_command("prepare", argv)
+    if argv is None:
+        return 0
     from hf_deep_nmt.training.pipeline import run_prepare
 
     summary = run_prepare(argv)
@@ -290,51 +500,54 @@ def _average(argv: list[str]) -> int:
     parser = _Parser(
         prog="hf-deep-nmt average", description="Average model checkpoints into one loadable model folder."
     )
+    parser.add_argument("checkpoints", type=_path, nargs="*", help="checkpoint folders (or use --run with --last)")
     parser.add_argument(
-        "checkpoints", type=_path, nargs="*", help="checkpoint folders (or use --output-dir with --last)"
+        "--run", type=_path, help="a training run's folder (its output_dir), holding checkpoint-<step> folders"
     )
-    parser.add_argument("--output-dir", type=_path, help="a Trainer output folder holding checkpoint-<step> folders")
-    parser.add_argument("--last", type=_at_least(1), help="average the newest N checkpoints of --output-dir")
-    parser.add_argument("--save-to", type=_path, required=True, help="folder for the averaged model")
-    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --save-to")
-    args = parser.parse_args(argv)
+    parser.add_argument("--last", type=_at_least(1), help="average the newest N checkpoints of --run")
+    parser.add_argument("--output", type=_path, help="folder for the averaged model")
+    parser.add_argument("--overwrite", action="store_true", help="replace a non-empty --output")
+    parser.renamed("--output-dir", "--run", type=_path)
+    parser.renamed("--save-to", "--output", type=_path)
+    args = parser.parse(argv, required=("--output",))
 
     from hf_deep_nmt.training.averaging import average_checkpoints
 
     average_checkpoints(
         args.checkpoints or None,
-        output_dir=args.output_dir,
+        output_dir=args.run,
         last=args.last,
-        save_to=args.save_to,
+        save_to=args.output,
         overwrite=args.overwrite,
     )
-    print(args.save_to)
+    print(args.output)
     return 0
 
 
 def _push(argv: list[str]) -> int:
     parser = _Parser(prog="hf-deep-nmt push", description="Upload an exported folder to the Hub.")
-    parser.add_argument("folder", type=_path, help="an exported folder (`export_dir` of a recipe)")
-    parser.add_argument("repo_id", help="Hub repository, e.g. your-name/dlcl-es-en")
+    parser.add_argument("--model", type=_path, help="an exported model folder (`export_dir` of a recipe)")
+    parser.add_argument("--repo-id", help="Hub repository to upload to, e.g. your-name/dlcl-es-en")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--overwrite", action="store_true", help="replace the files of an existing repository")
     parser.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
-    args = parser.parse_args(argv)
+    args = parser.parse(argv, (("--model", "FOLDER"), ("--repo-id", "REPO_ID")), ("--model", "--repo-id"))
 
     from hf_deep_nmt.hub import push_to_hub, upload_operations
 
     _check_repo_id(args.repo_id)
     if args.dry_run:
-        for operation in upload_operations(args.folder):
+        for operation in upload_operations(args.model):
             print(operation.path_in_repo)
         return 0
-    info = push_to_hub(args.folder, args.repo_id, private=args.private, overwrite=args.overwrite)
+    info = push_to_hub(args.model, args.repo_id, private=args.private, overwrite=args.overwrite)
     print(getattr(info, "commit_url", info))
     return 0
 
 
 def _check_repo_id(repo_id: str) -> None:
-    """`UsageError` naming REPO_ID when huggingface_hub's validator refuses it, before anything is read or listed."""
+    """`UsageError` naming --repo-id when huggingface_hub's validator refuses it, before anything is read or
+    listed."""
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -342,7 +555,7 @@ def _check_repo_id(repo_id: str) -> None:
     except HFValidationError as error:
         reason = _one_line(str(error).split(" Use `repo_type`")[0])  # the CLI has no repo_type to use
         raise UsageError(
-            f"REPO_ID {repo_id!r} is not a Hub repository id ({reason}); write it as 'your-name/model-name'."
+            f"--repo-id {repo_id!r} is not a Hub repository id ({reason}); write it as 'your-name/model-name'."
         ) from None
 
 
@@ -352,9 +565,7 @@ def _inspect(argv: list[str]) -> int:
         description="Per-layer gradient norms, layer similarities (SDT) and combination weights (DLCL) of a saved "
         "model on a batch of parallel text, as PNG plots and one JSON file.",
     )
-    parser.add_argument(
-        "--model", type=_path, required=True, help="saved model folder or Hub repo id (with its tokenizer)"
-    )
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
     parser.add_argument(
         "--data",
         type=_path,
@@ -375,15 +586,16 @@ def _inspect(argv: list[str]) -> int:
     parser.add_argument(
         "--dropout", action="store_true", help="gradient norms in training mode (with dropout); default: without"
     )
-    parser.add_argument("--output-dir", type=_path, required=True, help="folder for inspect.json and the PNG plots")
+    parser.add_argument("--output", type=_path, help="folder for inspect.json and the PNG plots")
     parser.add_argument("--overwrite", action="store_true", help="replace files of an earlier inspect run")
-    args = parser.parse_args(argv)
+    parser.renamed("--output-dir", "--output", type=_path)
+    args = parser.parse(argv, required=("--model", "--output"))
 
     from hf_deep_nmt.tools.inspection import inspect_model
 
     summary = inspect_model(
         args.model,
-        args.output_dir,
+        args.output,
         data=args.data,
         source_lang=args.source_lang,
         target_lang=args.target_lang,
@@ -392,27 +604,49 @@ def _inspect(argv: list[str]) -> int:
         dropout=args.dropout,
         overwrite=args.overwrite,
     )
-    print(json.dumps({"output_dir": str(args.output_dir), "files": summary["files"]}, indent=2))
+    print(json.dumps({"output_dir": str(args.output), "files": summary["files"]}, indent=2))
     return 0
 
 
 def _doctor(argv: list[str]) -> int:
-    from hf_deep_nmt.tools.doctor import main as doctor
+    from hf_deep_nmt.cli_reference import DOCTOR_FAMILIES
 
-    return doctor(argv)
+    parser = _Parser(
+        prog="hf-deep-nmt doctor",
+        description="Check this machine: versions, SDPA backends per attention path, exactness and bf16 numerics per "
+        "model family, a bf16 Trainer run and a short base-size training on the bundled sample (CUDA only).",
+    )
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
+    parser.add_argument("--train-steps", type=int, default=300, help="steps of the base-size training (0: skip)")
+    parser.add_argument(
+        "--families", default=None, help=f"comma-separated, from {list(DOCTOR_FAMILIES)} (default: all)"
+    )
+    parser.add_argument(
+        "--output", type=_path, default=None, help="folder for the training run (default: a temporary one)"
+    )
+    parser.renamed("--output-dir", "--output", type=_path)
+    args = parser.parse(argv)
+
+    from hf_deep_nmt.tools.doctor import check_machine
+
+    return check_machine(args.device, args.train_steps, args.families, args.output)
 
 
 def _export_ctranslate2(argv: list[str]) -> int:
-    from hf_deep_nmt.serving.ctranslate2 import DEFAULT_MAX_POSITIONS, MIN_MAX_POSITIONS, SERVABLE
+    from hf_deep_nmt.cli_reference import (
+        CTRANSLATE2_DEFAULT_MAX_POSITIONS,
+        CTRANSLATE2_MIN_MAX_POSITIONS,
+        CTRANSLATE2_SERVABLE,
+    )
 
     parser = _Parser(
         prog="hf-deep-nmt export-ctranslate2",
         description=f"Write a model as a CTranslate2 model folder (C++ decoding), with its tokenizer. Models with "
-        f"{SERVABLE} can be written; any other is refused, naming what CTranslate2 cannot express.",
+        f"{CTRANSLATE2_SERVABLE} can be written; any other is refused, naming what CTranslate2 cannot express.",
     )
-    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
     parser.add_argument(
-        "out",
+        "--output",
         type=_path,
         help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)",
     )
@@ -424,52 +658,59 @@ def _export_ctranslate2(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--max-positions",
-        type=_at_least(MIN_MAX_POSITIONS),
-        default=DEFAULT_MAX_POSITIONS,
+        type=_at_least(CTRANSLATE2_MIN_MAX_POSITIONS),
+        default=CTRANSLATE2_DEFAULT_MAX_POSITIONS,
         help="rows of the position table: the longest source, and the most decoding steps (start token included); "
-        f"at least {MIN_MAX_POSITIONS}",
+        f"at least {CTRANSLATE2_MIN_MAX_POSITIONS}",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace OUT when it holds an earlier export of hf-deep-nmt only"
+        "--overwrite", action="store_true", help="replace --output when it holds an earlier export of hf-deep-nmt only"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse(argv, (("--model", "MODEL"), ("--output", "OUT")), ("--model", "--output"))
+    protected = _check_ctranslate2_export(args)
+    from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
-    from transformers import AutoConfig
-
-    from hf_deep_nmt.folders import check_export_folder
-    from hf_deep_nmt.serving.ctranslate2 import (
-        check_ctranslate2_support,
-        check_max_positions,
-        export_ctranslate2,
-        quantization_choices,
-        require_ctranslate2,
-    )
-
-    # Everything named is checked before the model's weights are loaded.
-    require_ctranslate2()
-    if args.quantization is not None and args.quantization not in quantization_choices():
-        raise UsageError(f"--quantization {args.quantization!r} is not one of {', '.join(quantization_choices())}.")
-    protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
-    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
-    _check_model_source(args.model)
-    from hf_deep_nmt import registration  # noqa: F401  (registers the configs with AutoConfig)
-
-    config = AutoConfig.from_pretrained(args.model)
-    check_ctranslate2_support(config)
-    check_max_positions(config, args.max_positions)
     model, tokenizer = _load(args.model, "cpu")
     export_ctranslate2(
         model,
         tokenizer,
-        args.out,
+        args.output,
         quantization=args.quantization,
         max_positions=args.max_positions,
         overwrite=args.overwrite,
         flag="--overwrite",
         protected=protected,
     )
-    print(args.out)
+    print(args.output)
     return 0
+
+
+def _check_ctranslate2_export(args: argparse.Namespace) -> dict[str, str]:
+    """Everything `export-ctranslate2` was asked, checked before the model's weights are loaded: CTranslate2 there,
+    the quantization, the output folder, the model source, and that CTranslate2 expresses the model. Returns the
+    folders the export must not write into."""
+    from transformers import AutoConfig
+
+    from hf_deep_nmt.folders import check_export_folder
+    from hf_deep_nmt.serving.ctranslate2 import (
+        check_ctranslate2_support,
+        check_max_positions,
+        quantization_choices,
+        require_ctranslate2,
+    )
+
+    require_ctranslate2()
+    if args.quantization is not None and args.quantization not in quantization_choices():
+        raise UsageError(f"--quantization {args.quantization!r} is not one of {', '.join(quantization_choices())}.")
+    protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
+    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
+    _check_model_source(args.model)
+    from hf_deep_nmt import registration  # noqa: F401  (registers the configs with AutoConfig)
+
+    config = AutoConfig.from_pretrained(args.model)
+    check_ctranslate2_support(config)
+    check_max_positions(config, args.max_positions)
+    return protected
 
 
 def _export_onnx(argv: list[str]) -> int:
@@ -478,38 +719,36 @@ def _export_onnx(argv: list[str]) -> int:
         description="Write a model (any family) as ONNX graphs for ONNX Runtime decoding (hf_deep_nmt.serving.onnx): "
         "the encoder with the first decoder step, and one decoder step with the cache as tensors; with its tokenizer.",
     )
-    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
-    parser.add_argument(
-        "out", type=_path, nargs="?", help="new folder for the ONNX graphs; an existing one is refused"
-    )
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
+    parser.add_argument("--output", type=_path, help="new folder for the ONNX graphs; an existing one is refused")
     parser.add_argument("--int8", action="store_true", help="also write int8 graphs (dynamic quantization)")
     parser.add_argument(
         "--into-model",
         action="store_true",
-        help="write the graphs into MODEL/onnx/ (instead of OUT), where `translate --backend onnxruntime --model "
+        help="write the graphs into MODEL/onnx/ (instead of --output), where `translate --backend onnxruntime --model "
         "MODEL` finds them and `push` uploads them; an existing MODEL/onnx/ is refused",
     )
-    args = parser.parse_args(argv)
-    if args.into_model == (args.out is not None):
-        raise UsageError("give either OUT (a new folder for the graphs) or --into-model (MODEL/onnx/), not both.")
+    args = parser.parse(argv, (("--model", "MODEL"), ("--output", "OUT")), ("--model",))
+    if args.into_model == (args.output is not None):
+        raise UsageError("give either --output (a new folder for the graphs) or --into-model (MODEL/onnx/), not both.")
     if args.into_model:
         if not Path(args.model).expanduser().is_dir():
             raise UsageError(f"--into-model writes into a local model folder; {args.model} is none.")
-        args.out = str(Path(args.model) / "onnx")
-    if os.path.lexists(Path(args.out).expanduser()):
-        raise UsageError(f"{args.out} exists; give a new folder for the ONNX export (nothing is overwritten).")
+        args.output = str(Path(args.model) / "onnx")
+    if os.path.lexists(Path(args.output).expanduser()):
+        raise UsageError(f"{args.output} exists; give a new folder for the ONNX export (nothing is overwritten).")
     _check_model_source(args.model)
     from hf_deep_nmt.serving.onnx import export_for_serving, require_onnxruntime
 
     require_onnxruntime()
     model, tokenizer = _load(args.model, "cpu")
-    export_for_serving(model, tokenizer, Path(args.out).expanduser(), quantize=args.int8)
-    print(args.out)
+    export_for_serving(model, tokenizer, Path(args.output).expanduser(), quantize=args.int8)
+    print(args.output)
     return 0
 
 
 def _grow(argv: list[str]) -> int:
-    from hf_deep_nmt.training.growing import EXACT_AGGREGATIONS, GROWTH_STRATEGIES
+    from hf_deep_nmt.cli_reference import EXACT_AGGREGATIONS, GROWTH_STRATEGIES
 
     parser = _Parser(
         prog="hf-deep-nmt grow",
@@ -517,9 +756,11 @@ def _grow(argv: list[str]) -> int:
         "tokenizer: a folder `hf-deep-nmt train` starts from with `model_name_or_path` (e.g. a converted Marian "
         "model). The source folder is not changed.",
     )
-    parser.add_argument("model", type=_path, help="saved model folder or Hub repo id (with its tokenizer)")
+    parser.add_argument("--model", type=_path, help="saved model folder or Hub repo id, with its tokenizer")
     parser.add_argument(
-        "out", type=_path, help="folder for the grown model; an existing non-empty one is refused (see --overwrite)"
+        "--output",
+        type=_path,
+        help="folder for the grown model; an existing non-empty one is refused (see --overwrite)",
     )
     parser.add_argument(
         "--layers", type=_at_least(1), default=None, help="encoder layers to add (default: a sparse encoder's block)"
@@ -538,16 +779,16 @@ def _grow(argv: list[str]) -> int:
         "(with_layer_aggregation), then grow it",
     )
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace OUT when it holds an earlier result of hf-deep-nmt only"
+        "--overwrite", action="store_true", help="replace --output when it holds an earlier result of hf-deep-nmt only"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse(argv, (("--model", "MODEL"), ("--output", "OUT")), ("--model", "--output"))
 
     from hf_deep_nmt.fingerprints import record_tokenizer_fingerprint
     from hf_deep_nmt.folders import check_export_folder, write_marked_folder
     from hf_deep_nmt.training.growing import grow_encoder
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
-    check_export_folder(args.out, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
+    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
     _check_model_source(args.model)
     model, tokenizer = _load(args.model, "cpu")
     before = model.config.encoder_layers
@@ -564,9 +805,9 @@ def _grow(argv: list[str]) -> int:
         grown.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
 
-    write_marked_folder(args.out, write, overwrite=args.overwrite, flag="--overwrite", protected=protected)
+    write_marked_folder(args.output, write, overwrite=args.overwrite, flag="--overwrite", protected=protected)
     wiring = f", {args.aggregation} aggregation" if args.aggregation else ""
-    print(f"{args.out}: encoder {before} -> {grown.config.encoder_layers} layers ({args.strategy}{wiring})")
+    print(f"{args.output}: encoder {before} -> {grown.config.encoder_layers} layers ({args.strategy}{wiring})")
     return 0
 
 
@@ -583,7 +824,9 @@ def _upgrade_code(argv: list[str]) -> int:
         "runs only with --trust-remote-code.",
     )
     parser.add_argument(
-        "source", type=_path, help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)"
+        "--model",
+        type=_path,
+        help="an exported model folder, or a Hub repository id (e.g. your-name/dlcl-es-en)",
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="check and report (the check runs the old code); write and push nothing"
@@ -598,22 +841,22 @@ def _upgrade_code(argv: list[str]) -> int:
         "--num-checks", type=_at_least(1), default=DEFAULT_NUM_CHECKS, help="source inputs decoded for the check"
     )
     parser.add_argument("--revision", default=None, help="branch of the Hub repository (default: main)")
-    args = parser.parse_args(argv)
+    args = parser.parse(argv, (("--model", "SOURCE"),), ("--model",))
 
     from hf_deep_nmt.model_folders import check_local_path
     from hf_deep_nmt.tools.upgrade_code import upgrade_folder, upgrade_repo
 
-    check_local_path(args.source, "Model folder")
-    path = Path(args.source).expanduser()
-    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", args.source):
+    check_local_path(args.model, "Model folder")
+    path = Path(args.model).expanduser()
+    if path.exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", args.model):
         if args.revision is not None:
-            raise UsageError(f"--revision is for a Hub repository; {args.source!r} is a local path.")
+            raise UsageError(f"--revision is for a Hub repository; {args.model!r} is a local path.")
         report = upgrade_folder(
             path, num_checks=args.num_checks, dry_run=args.dry_run, trust_remote_code=args.trust_remote_code
         )
     else:
         report = upgrade_repo(
-            args.source,
+            args.model,
             num_checks=args.num_checks,
             dry_run=args.dry_run,
             revision=args.revision,
@@ -631,19 +874,19 @@ def _convert_marian(argv: list[str]) -> int:
         "refused by name before anything is written.",
     )
     parser.add_argument(
-        "source", type=_path, help="a MarianMTModel folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)"
+        "--model", type=_path, help="a MarianMTModel folder or Hub id, e.g. Helsinki-NLP/opus-mt-en-de"
     )
-    parser.add_argument("out", type=_path, help="the folder to write")
+    parser.add_argument("--output", type=_path, help="the folder to write")
     parser.add_argument(
-        "--overwrite", action="store_true", help="replace OUT when an earlier export or conversion wrote it"
+        "--overwrite", action="store_true", help="replace --output when an earlier export or conversion wrote it"
     )
-    args = parser.parse_args(argv)
+    args = parser.parse(argv, (("--model", "SOURCE"), ("--output", "OUT")), ("--model", "--output"))
 
     from hf_deep_nmt.model_folders import check_local_path
     from hf_deep_nmt.tools.marian import convert_marian
 
-    check_local_path(args.source, "Model folder")
-    print(convert_marian(args.source, args.out, overwrite=args.overwrite))
+    check_local_path(args.model, "Model folder")
+    print(convert_marian(args.model, args.output, overwrite=args.overwrite))
     return 0
 
 
@@ -662,6 +905,40 @@ COMMANDS = {
     "convert-marian": _convert_marian,
     "grow": _grow,
 }
+
+
+# One line per command for `hf-deep-nmt --help`.
+SUMMARIES = {
+    "train": "train a model from a recipe (JSON or YAML), evaluate it and export a Hub-ready folder",
+    "train-staged": "train from a recipe in stages of growing encoder depth (SDT)",
+    "prepare": "tokenize a recipe's data ahead of training (e.g. on a CPU node), for train to reuse",
+    "translate": "translate lines of text with a saved model (torch or ONNX Runtime)",
+    "average": "average checkpoints into one loadable model folder",
+    "push": "upload an exported model folder to the Hugging Face Hub",
+    "inspect": "plot a model's per-layer gradient norms, layer similarities and combination weights",
+    "doctor": "check this machine: versions, attention backends, numerics per model family, a short training",
+    "export-ctranslate2": "write a model as a CTranslate2 model folder (C++ decoding)",
+    "export-onnx": "write a model as ONNX graphs for ONNX Runtime decoding",
+    "upgrade-code": "rewrite the model code of an exported folder or Hub repository to this version's",
+    "convert-marian": "write a transformers MarianMTModel (OPUS-MT) as a model of this package",
+    "grow": "write a copy of a model with a deeper encoder (SDT growth)",
+}
+USAGE = "usage: hf-deep-nmt [--debug] COMMAND [ARGUMENTS ...]"
+
+
+def overview() -> str:
+    """`hf-deep-nmt --help`: one line per command, and the words every command shares."""
+    width = max(map(len, COMMANDS)) + 2
+    commands = "\n".join(f"  {name:<{width}}{SUMMARIES.get(name, '')}" for name in COMMANDS)
+    words = textwrap.fill(
+        "`hf-deep-nmt COMMAND --help` shows a command's arguments. Every command names the model it reads with "
+        "--model (a saved model folder or a Hub id) and what it writes with --output; train, train-staged and "
+        "prepare read a recipe, whose settings are also flags (--max-steps 100; the run's folder is --output-dir, "
+        "the recipe's output_dir). --debug (or HF_DEEP_NMT_DEBUG=1) adds the traceback to an error.",
+        width=100,
+        break_on_hyphens=False,
+    )
+    return f"{USAGE}\n\ncommands:\n{commands}\n\n{words}\n"
 
 
 def _one_line(text: str) -> str:
@@ -700,22 +977,16 @@ def main(argv: list[str] | None = None) -> int:
     while argv and argv[0] == "--debug":
         debug = True
         argv.pop(0)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        if argv and argv[0] not in ("-h", "--help"):
+    if argv and argv[0] in ("-h", "--help"):
+        _show(overview())
+        return 0
+    if not argv or argv[0] not in COMMANDS:
+        if argv:
             print(f"hf-deep-nmt: unknown command {argv[0]!r}; choose one of {sorted(COMMANDS)}.", file=sys.stderr)
-        usage = (
-            "usage: hf-deep-nmt [--debug] {train | train-staged | prepare} CONFIG [--field value ...] | "
-            "translate --model DIR [...] | average CHECKPOINT... --save-to DIR | push FOLDER REPO_ID [--dry-run] | "
-            "inspect --model DIR --output-dir DIR | doctor [--device cuda] | export-ctranslate2 MODEL OUT | "
-            "export-onnx MODEL (OUT | --into-model) [--int8] | "
-            "upgrade-code FOLDER_OR_REPO_ID [--dry-run] [--trust-remote-code] | "
-            "convert-marian SOURCE OUT [--overwrite] | "
-            "grow MODEL OUT --layers N [--strategy top] [--aggregation dlcl|sparse]"
-        )
-        if not argv:
+        else:
             print("hf-deep-nmt: error: a command is required (see `hf-deep-nmt --help`).", file=sys.stderr)
-        print(usage, file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        print(f"{USAGE} (`hf-deep-nmt --help` lists the commands)", file=sys.stderr)
+        return 2
     try:
         return COMMANDS[argv[0]](argv[1:])
     except KeyboardInterrupt as error:

@@ -23,7 +23,7 @@ from typing import IO
 # Written last into every folder an export or an average writes, listing the files written; only a folder whose every
 # file it lists may be replaced (hidden, so never uploaded).
 WRITTEN_MARKER = ".hf-deep-nmt-written.json"
-EXPORT_FLAG = "`overwrite=True`, or `--overwrite_export true` on the command line"
+EXPORT_FLAG = "`overwrite=True`, or `--overwrite-export true` on the command line"
 
 
 def user_file_modes() -> tuple[int, int]:
@@ -82,6 +82,13 @@ def atomic_file(
         if not keep_on_error:
             Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomically(path: str | Path, content: dict) -> None:
+    """Write `content` to `path` as JSON through `atomic_file`: a reader sees the old record or the new one, never half
+    of one (the checksum records of checkpoints, the stream position saved with them)."""
+    with atomic_file(path, encoding="utf-8") as stream:
+        json.dump(content, stream, indent=1, sort_keys=True)
 
 
 def folder_entries(folder: Path) -> list[str]:

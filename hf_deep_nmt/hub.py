@@ -141,6 +141,10 @@ def _origin_section(config, trained: bool) -> str:
     return "\n\n".join(lines)
 
 
+# The metrics a card reports (keys of `metrics`, in the card's order), each with the id the Hub's metadata knows it by.
+CARD_METRICS = {"bleu": "sacrebleu", "chrf": "chrf", "tok_bleu": "bleu"}
+
+
 def render_model_card(
     model: PreTrainedModel,
     repo_id: str,
@@ -162,17 +166,80 @@ def render_model_card(
     `_origin_section`); `license` defaults to the source's licence for a converted model (`unknown` when its card
     stated none), else apache-2.0, and a source on the Hub becomes the card's `base_model`."""
     config = model.config
-    origin = getattr(config, "converted_from", None) or {}
-    if license is None:
-        license = (origin.get("license") or UNKNOWN_LICENCE) if origin else DEFAULT_LICENCE
-    base_model = origin.get("model") if origin.get("location") == "hub" else None
-    method = _card_file(f"methods/{method_card(config.model_type)}.md")
-    method_text, _, citation = method.partition(CITATION_MARKER)
     metrics = metrics or {}
-    results = {name: metrics[name] for name in ("bleu", "chrf", "tok_bleu") if name in metrics}
+    results = {name: metrics[name] for name in CARD_METRICS if name in metrics}
+    card_data = _card_data(
+        config, repo_id, languages, metrics, results, dataset_name, eval_set, _licence(config, license)
+    )
+    method_text, _, citation = _card_file(f"methods/{method_card(config.model_type)}.md").partition(CITATION_MARKER)
+    example_source = json.dumps(examples[0]["source"] if examples else "Hola.", ensure_ascii=False)
+    return ModelCard.from_template(
+        card_data,
+        template_str=_card_file("template.md"),
+        model_name=repo_id.split("/")[-1],
+        repo_id=repo_id,
+        summary=f"A {config.encoder_layers}-layer-encoder / {config.decoder_layers}-layer-decoder "
+        f"`{type(model).__name__}` translating {languages[0]} to {languages[1]}.",
+        method_section=method_text.strip(),
+        citation=citation.strip(),
+        architecture=architecture_of(config),
+        num_parameters=f"{model.num_parameters():,}",
+        example_source=example_source,
+        training_data=training_data or "Not recorded.",
+        results=results,
+        eval_set=f"{dataset_name} ({eval_set})",
+        bleu_signature=metrics.get("bleu_signature"),
+        **_decoding_fields(model.generation_config),
+        length_penalty_form=length_penalty_form,
+        length_rule=length_rule,
+        examples=[{key: _cell(value) for key, value in example.items()} for example in (examples or [])],
+        origin_section=_origin_section(config, trained=bool(training_data or results)),
+    )
+
+
+def _licence(config, license: str | None) -> str:
+    """The card's licence: the caller's; else a converted model's source licence (`unknown` when its card stated
+    none), since the model is derived from those weights; else the package's default."""
+    if license is not None:
+        return license
+    origin = getattr(config, "converted_from", None) or {}
+    return (origin.get("license") or UNKNOWN_LICENCE) if origin else DEFAULT_LICENCE
+
+
+def _card_data(
+    config,
+    repo_id: str,
+    languages: tuple[str, str],
+    metrics: dict[str, Any],
+    results: dict[str, Any],
+    dataset_name: str,
+    eval_set: str,
+    license: str,
+) -> ModelCardData:
+    """The card's Hub metadata: languages, licence, tags, the metrics and their model-index, and a converted model's
+    source on the Hub as `base_model`."""
+    origin = getattr(config, "converted_from", None) or {}
+    return ModelCardData(
+        language=list(languages),
+        license=license,
+        library_name="transformers",
+        pipeline_tag="translation",
+        tags=["translation", "hf-deep-nmt", config.model_type],
+        datasets=[dataset_name],
+        metrics=[CARD_METRICS[name] for name in results] or None,
+        model_name=repo_id.split("/")[-1],
+        eval_results=_eval_results(languages, metrics, results, dataset_name, eval_set) or None,
+        base_model=origin.get("model") if origin.get("location") == "hub" else None,
+    )
+
+
+def _eval_results(
+    languages: tuple[str, str], metrics: dict[str, Any], results: dict[str, Any], dataset_name: str, eval_set: str
+) -> list[EvalResult]:
+    """One model-index entry per metric of `results`; tokenized BLEU is named with its tokenization steps."""
     tokenized = f"tokenized BLEU ({metrics.get('tok_bleu_steps')})"
     metric_names = {"bleu": "sacreBLEU", "chrf": "chrF", "tok_bleu": tokenized}
-    eval_results = [
+    return [
         EvalResult(
             task_type="translation",
             task_name=f"Translation {languages[0]}-{languages[1]}",
@@ -185,50 +252,19 @@ def render_model_card(
         )
         for name, value in results.items()
     ]
-    card_data = ModelCardData(
-        language=list(languages),
-        license=license,
-        library_name="transformers",
-        pipeline_tag="translation",
-        tags=["translation", "hf-deep-nmt", config.model_type],
-        datasets=[dataset_name],
-        metrics=[{"bleu": "sacrebleu", "chrf": "chrf", "tok_bleu": "bleu"}[name] for name in results] or None,
-        model_name=repo_id.split("/")[-1],
-        eval_results=eval_results or None,
-        base_model=base_model,
-    )
-    architecture = architecture_of(config)
-    generation = model.generation_config
+
+
+def _decoding_fields(generation: GenerationConfig) -> dict[str, Any]:
+    """What the card says of decoding: the beam, the length penalty and the most tokens `generate()` produces."""
     if generation.max_new_tokens is not None:
         generate_cap = generation.max_new_tokens
     else:  # the decoder start token is counted in `max_length`
         generate_cap = (generation.max_length or DEFAULT_MAX_OUTPUT_TOKENS + 2) - 1
-    example_source = json.dumps(examples[0]["source"] if examples else "Hola.", ensure_ascii=False)
-    examples = [{key: _cell(value) for key, value in example.items()} for example in (examples or [])]
-    return ModelCard.from_template(
-        card_data,
-        template_str=_card_file("template.md"),
-        model_name=repo_id.split("/")[-1],
-        repo_id=repo_id,
-        summary=f"A {config.encoder_layers}-layer-encoder / {config.decoder_layers}-layer-decoder "
-        f"`{type(model).__name__}` translating {languages[0]} to {languages[1]}.",
-        method_section=method_text.strip(),
-        citation=citation.strip(),
-        architecture=architecture,
-        num_parameters=f"{model.num_parameters():,}",
-        example_source=example_source,
-        training_data=training_data or "Not recorded.",
-        results=results,
-        eval_set=f"{dataset_name} ({eval_set})",
-        bleu_signature=metrics.get("bleu_signature"),
-        num_beams=generation.num_beams or 1,
-        length_penalty=generation.length_penalty if generation.length_penalty is not None else 1.0,
-        length_penalty_form=length_penalty_form,
-        generate_cap=generate_cap,
-        length_rule=length_rule,
-        examples=examples,
-        origin_section=_origin_section(config, trained=bool(training_data or results)),
-    )
+    return {
+        "num_beams": generation.num_beams or 1,
+        "length_penalty": generation.length_penalty if generation.length_penalty is not None else 1.0,
+        "generate_cap": generate_cap,
+    }
 
 
 def settle_output_cap(generation_config: GenerationConfig) -> GenerationConfig:

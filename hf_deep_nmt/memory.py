@@ -18,7 +18,7 @@ from hf_deep_nmt.modeling.contract_deep_nmt import (  # noqa: F401  (the model c
     available_memory,
     describe_bytes,
 )
-from hf_deep_nmt.modeling.modeling_deep_nmt import count_parameters
+from hf_deep_nmt.modeling.sizes_deep_nmt import count_parameters
 from hf_deep_nmt.weights import saved_parameters, saved_weight_files
 
 

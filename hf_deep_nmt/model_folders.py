@@ -13,8 +13,15 @@ import re
 from pathlib import Path
 
 # The model code an exported folder carries. Folders of 0.1.0 have the first two only, folders exported before the
-# transformers contract left the model file lack the fourth: `hf-deep-nmt upgrade-code` installs what a folder lacks.
-CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py")
+# transformers contract left the model file lack the fourth, and those exported before the size arithmetic left it the
+# fifth: `hf-deep-nmt upgrade-code` installs what a folder lacks.
+CODE_FILES = (
+    "configuration_deep_nmt.py",
+    "modeling_deep_nmt.py",
+    "kernels_deep_nmt.py",
+    "contract_deep_nmt.py",
+    "sizes_deep_nmt.py",
+)
 REQUIRED_CODE_FILES = CODE_FILES[:2]  # what makes a folder one with model code to upgrade
 
 

@@ -3,51 +3,22 @@ translation model with `AutoModelForSeq2SeqLM` and its encoder-decoder without t
 marks them for auto-class saving, so that `save_pretrained` writes `auto_map` and the modeling files (Hub remote
 code). With `peft` installed, it also registers the models' default LoRA target modules (`hf_deep_nmt.adapters`).
 
-The package imports it when one of its names is first used (`from hf_deep_nmt import DlclConfig`,
-`hf_deep_nmt.register()`), and so does every module of the package that loads or builds a model."""
+It is also where the package's names live. The classes of every method (config, model, encoder-decoder) are names of
+this module by the names `METHODS` gives them, read at each lookup (`method_classes`), so that no list of them is kept
+by hand and a method registered later is named too. The package imports it when one of its names is first used
+(`from hf_deep_nmt import DlclConfig`, `hf_deep_nmt.register()`), and so does every module of the package that loads
+or builds a model."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 from hf_deep_nmt.adapters import register_lora_defaults
 from hf_deep_nmt.modeling import modeling_deep_nmt
-from hf_deep_nmt.modeling.configuration_deep_nmt import (  # noqa: F401  (handed on by the package)
-    AttnResConfig,
-    DeepNMTConfig,
-    DeepNormConfig,
-    DenseFormerConfig,
-    DlclConfig,
-    DsInitConfig,
-    HyperConnectionsConfig,
-    MixLnConfig,
-    MscConfig,
-    SdtConfig,
-)
 from hf_deep_nmt.modeling.contract_deep_nmt import TESTED_TRANSFORMERS
 from hf_deep_nmt.modeling.modeling_deep_nmt import (  # noqa: F401  (handed on by the package)
     CODE_VERSION,
     METHODS,
-    AttnResForConditionalGeneration,
-    AttnResModel,
-    DeepNMTForConditionalGeneration,
     DeepNMTMethod,
-    DeepNMTModel,
     DeepNMTPreTrainedModel,
-    DeepNormForConditionalGeneration,
-    DeepNormModel,
-    DenseFormerForConditionalGeneration,
-    DenseFormerModel,
-    DlclForConditionalGeneration,
-    DlclModel,
-    DsInitForConditionalGeneration,
-    DsInitModel,
-    HyperConnectionsForConditionalGeneration,
-    HyperConnectionsModel,
-    MixLnForConditionalGeneration,
-    MixLnModel,
-    MscForConditionalGeneration,
-    MscModel,
-    SdtForConditionalGeneration,
-    SdtModel,
 )
 
 __version__ = CODE_VERSION  # one version for the package and the model code it ships to the Hub
@@ -66,8 +37,9 @@ BASE_MODEL_CLASSES: dict[type, type] = {}
 def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
     """Make `method` a method of the package: added to the model code's `METHODS`, its classes to `MODEL_CLASSES` /
     `BASE_MODEL_CLASSES`, registered with `AutoConfig`, `AutoModelForSeq2SeqLM` and `AutoModel` and marked for
-    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets. The five
-    built-in methods come this way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
+    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets; its classes
+    are names of this module and of the package from then on (`method_classes`). Every built-in method comes this
+    way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
     modeling_deep_nmt.register_method(method)
     config_class, model_class, base_model_class = method.config_class, method.model_class, method.base_model_class
     MODEL_CLASSES[config_class] = model_class
@@ -80,6 +52,24 @@ def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
     base_model_class.register_for_auto_class("AutoModel")
     register_lora_defaults([config_class.model_type])
     return method
+
+
+def method_classes() -> dict[str, type]:
+    """Every method's config, model and base-model class by its name, read from `METHODS` at each call: the names
+    the package hands on, so a method registered later is among them."""
+    return {
+        cls.__name__: cls
+        for method in METHODS.values()
+        for cls in (method.config_class, method.model_class, method.base_model_class)
+    }
+
+
+def __getattr__(name: str) -> type:
+    # the classes of the methods are names of this module (`from hf_deep_nmt.registration import DlclConfig`)
+    try:
+        return method_classes()[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 def _register() -> None:

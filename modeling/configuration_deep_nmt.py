@@ -1094,6 +1094,41 @@ class DeepNMTConfig(PreTrainedConfig):
             )
 
 
+# ---- the architecture's shape, read from a config ------------------------------------------------------------------
+# The model builds its modules by these, and the size arithmetic (`sizes_deep_nmt.py`) counts them by the same.
+
+# The aggregations whose history is Attention Residuals (per-layer pseudo-queries and key gains, no weight matrix).
+ATTENTION_RESIDUAL_AGGREGATIONS = ("attnres", "block_attnres")
+
+
+def layer_is_pre_norm(config: DeepNMTConfig, side: str, layer_idx: int) -> bool:
+    """Whether layer `layer_idx` (0-based) of stack `side` is pre-norm: `pre_norm`, except for Mix-LN's first
+    `{side}_post_norm_layers` layers, which are post-norm."""
+    return config.pre_norm and layer_idx >= getattr(config, f"{side}_post_norm_layers")
+
+
+def stack_has_final_norm(config: DeepNMTConfig, side: str) -> bool:
+    """Whether the layers of stack `side` leave a final LayerNorm to the stack: a pre-norm stack's top layer is
+    pre-norm (under Mix-LN, while the post-norm layers do not fill the stack: the pre-norm part keeps its final
+    LayerNorm; a stack of post-norm layers only is the post-norm stack, without one)."""
+    return layer_is_pre_norm(config, side, getattr(config, f"{side}_layers") - 1)
+
+
+def hyper_connection_sublayers(config: DeepNMTConfig, side: str) -> int:
+    """Residual blocks per layer of stack `side`: attention and FFN in the encoder; self-attention (none where MAtt,
+    `"merged_average"`, merges it away), cross-attention and FFN in the decoder."""
+    if side == "encoder":
+        return 2
+    return 2 if config.decoder_self_attention == "merged_average" else 3
+
+
+def msc_attends_context(config: DeepNMTConfig, side: str) -> bool:
+    """Whether the layers of `side` ("encoder" or "decoder") attend MSC's context states."""
+    if config.msc_block_layers is None or config.msc_context == "none":
+        return False
+    return side == "encoder" or config.msc_context_sides == "encoder_and_decoder"
+
+
 class DlclConfig(DeepNMTConfig):
     r"""
     DLCL, "Learning Deep Transformer Models for Machine Translation" (Wang et al., ACL 2019): the paper's main
@@ -1273,6 +1308,7 @@ class DeepNMTGenerationConfig(GenerationConfig):
         return generation_config
 
 
+# the base config and every named preset, by being one (a new method adds no line here)
 __all__ = [
     "DECODER_SELF_ATTENTIONS",
     "DLCL_WEIGHTS",
@@ -1281,15 +1317,6 @@ __all__ = [
     "INIT_SCHEMES",
     "LAYER_AGGREGATIONS",
     "SINUSOID_FREQUENCIES",
-    "DeepNMTConfig",
     "DeepNMTGenerationConfig",
-    "DlclConfig",
-    "DeepNormConfig",
-    "DenseFormerConfig",
-    "DsInitConfig",
-    "MixLnConfig",
-    "AttnResConfig",
-    "HyperConnectionsConfig",
-    "MscConfig",
-    "SdtConfig",
+    *(name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, DeepNMTConfig)),
 ]

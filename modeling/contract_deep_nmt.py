@@ -426,21 +426,24 @@ class LoadingRequest:
         if self.source == "None":  # weights given as a `state_dict` alone
             return []
         infix = f".{self.variant}" if self.variant else ""
-        options = dict(
-            self.download,
-            local_files_only=True,
-            _raise_exceptions_for_missing_entries=False,
-            _raise_exceptions_for_connection_errors=False,
-        )
+
+        def find(name: str) -> str | None:
+            # `cached_file`'s public form raises `OSError` for a file the source lacks (its switches to return None
+            # instead are private): a lack is an answer here, so it is caught, for this one file
+            try:
+                return cached_file(self.source, name, **self.download, local_files_only=True)
+            except OSError:
+                return None
+
         try:
-            single = cached_file(self.source, f"model{infix}.safetensors", **options)
+            single = find(f"model{infix}.safetensors")
             if single is not None:
                 return [single]
-            index = cached_file(self.source, f"model{infix}.safetensors.index.json", **options)
+            index = find(f"model{infix}.safetensors.index.json")
             if index is None:
                 return []
             shards = sorted(set(json.loads(Path(index).read_text(encoding="utf-8")).get("weight_map", {}).values()))
-            files = [cached_file(self.source, shard, **options) for shard in shards]
+            files = [find(shard) for shard in shards]
         except (OSError, ValueError, TypeError):
             return []  # transformers reports what it cannot find itself
         return files if all(files) else []

@@ -3,10 +3,11 @@
 Pre-norm / post-norm sublayers and the dynamic linear combination of layers (DLCL, Wang et al. 2019) are settings of
 [`DeepNMTConfig`]; the named classes at the bottom only pick defaults. This file holds the architecture; how it is
 computed fast (attention backends, compiled CPU training, the chunked loss, the layer history's autograd) lives in
-`kernels_deep_nmt.py` beside it, and its contract with transformers (the tested releases, the decoding state's name,
-the checks of forward arguments and loaded weights) in `contract_deep_nmt.py`. All of them ship verbatim inside every
-Hub repository of the package, with `configuration_deep_nmt.py`: they import only the standard library, torch,
-transformers and each other.
+`kernels_deep_nmt.py` beside it, its contract with transformers (the tested releases, the decoding state's name,
+the checks of forward arguments and loaded weights) in `contract_deep_nmt.py`, and its sizes known before it is built
+(the parameter count, the memory of a decoding, a config held against the shapes of its weights) in
+`sizes_deep_nmt.py`. All of them ship verbatim inside every Hub repository of the package, with
+`configuration_deep_nmt.py`: they import only the standard library, torch, transformers and each other.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
@@ -41,6 +41,10 @@ from .configuration_deep_nmt import (
     MixLnConfig,
     MscConfig,
     SdtConfig,
+    hyper_connection_sublayers,
+    layer_is_pre_norm,
+    msc_attends_context,
+    stack_has_final_norm,
 )
 from .contract_deep_nmt import (
     LOADING,
@@ -52,7 +56,6 @@ from .contract_deep_nmt import (
     check_step_has_state,
     check_transformers_window,
     decoding_state,
-    saved_tensor_shapes,
     take_decoding_state,
     warn_nonfinite_weights,
     with_decoding_state,
@@ -68,6 +71,7 @@ from .kernels_deep_nmt import (
     sdpa_avoiding_cudnn,
     start_history,
 )
+from .sizes_deep_nmt import check_before_building, decoding_memory
 
 logger = logging.get_logger(__name__)
 
@@ -632,27 +636,6 @@ DECODER_ATTENTION_CLASSES = {
 }
 
 
-def layer_is_pre_norm(config: DeepNMTConfig, side: str, layer_idx: int) -> bool:
-    """Whether layer `layer_idx` (0-based) of stack `side` is pre-norm: `pre_norm`, except for Mix-LN's first
-    `{side}_post_norm_layers` layers, which are post-norm."""
-    return config.pre_norm and layer_idx >= getattr(config, f"{side}_post_norm_layers")
-
-
-def stack_has_final_norm(config: DeepNMTConfig, side: str) -> bool:
-    """Whether the layers of stack `side` leave a final LayerNorm to the stack: a pre-norm stack's top layer is
-    pre-norm (under Mix-LN, while the post-norm layers do not fill the stack: the pre-norm part keeps its final
-    LayerNorm; a stack of post-norm layers only is the post-norm stack, without one)."""
-    return layer_is_pre_norm(config, side, getattr(config, f"{side}_layers") - 1)
-
-
-def hyper_connection_sublayers(config: DeepNMTConfig, side: str) -> int:
-    """Residual blocks per layer of stack `side`: attention and FFN in the encoder; self-attention (none where MAtt
-    merges it away), cross-attention and FFN in the decoder."""
-    if side == "encoder":
-        return 2
-    return 3 if DECODER_ATTENTION_CLASSES[config.decoder_self_attention][0] is not None else 2
-
-
 def sinkhorn_knopp(logits: torch.Tensor, iterations: int) -> torch.Tensor:
     """mHC's projection of `logits` (..., n, n) onto the doubly stochastic matrices: M = exp(logits), then
     `iterations` times each row divided by its sum, then each column by its sum (the columns sum to 1 exactly, the
@@ -805,13 +788,6 @@ class DeepNMTResidualNorm(nn.LayerNorm):
         skip = hidden_states if self.residual_scale == 1.0 else self.residual_scale * hidden_states
         outputs = skip + outputs
         return outputs if self.pre_norm else self(outputs)
-
-
-def msc_attends_context(config: DeepNMTConfig, side: str) -> bool:
-    """Whether the layers of `side` ("encoder" or "decoder") attend MSC's context states."""
-    if config.msc_block_layers is None or config.msc_context == "none":
-        return False
-    return side == "encoder" or config.msc_context_sides == "encoder_and_decoder"
 
 
 def msc_context_modules(
@@ -1199,8 +1175,6 @@ class DeepNMTAttentionResidualHistory(DeepNMTBlockAttentionResidualHistory):
         super().__init__(config, num_layers, list(range(num_layers + 1)))
 
 
-# The aggregations whose history is Attention Residuals (per-layer pseudo-queries and key gains, no weight matrix).
-ATTENTION_RESIDUAL_AGGREGATIONS = ("attnres", "block_attnres")
 LAYER_AGGREGATION_CLASSES = {
     "residual": DeepNMTResidualHistory,
     "dlcl": DeepNMTDenseHistory,
@@ -1334,282 +1308,6 @@ class DeepNMTHyperHistory(DeepNMTResidualHistory):
 
     def stack_output(self, state: list[torch.Tensor]) -> torch.Tensor:
         return state[-1].sum(dim=-2)
-
-
-# --- Sizes, before anything is built ---------------------------------------------------------------------------------
-
-
-# Memory each layer takes beyond its tensors (the Python objects of its modules), about 9-37 KiB per layer measured on
-# the meta device: a lower bound, so that a config of a million layers is refused before its modules fill the memory.
-MODULE_BYTES_PER_LAYER = 8 << 10
-
-
-def parameter_parts(config: DeepNMTConfig, output_layer: bool = True) -> dict[str, int]:
-    """The parameters of the model of `config` by part, from its sizes alone (nothing is built): every parameter and
-    saved buffer once (tied weights once). `count_parameters` adds them up. `output_layer`: the translation model
-    (`DeepNMTForConditionalGeneration`, whose output layer adds an untied matrix and `output_bias`), else the
-    encoder-decoder without it (`DeepNMTModel`)."""
-    d = config.d_model
-    norm = 2 * d
-
-    def linear(inputs: int, outputs: int) -> int:
-        return inputs * outputs + outputs
-
-    attention = 4 * linear(d, d)
-    separate = 0 if config.share_embeddings else config.decoder_vocab_size * d  # the target side's own embeddings
-    parts = {"token embeddings": config.vocab_size * d + separate}
-    msc = config.msc_block_layers is not None
-    for side in ("encoder", "decoder"):
-        layers, ffn = getattr(config, f"{side}_layers"), getattr(config, f"{side}_ffn_dim")
-        layer = 2 * norm + linear(d, ffn) + linear(ffn, d)  # the FFN and its LayerNorm, one attention's LayerNorm
-        if side == "encoder":
-            layer += attention
-            relative = True
-        else:
-            self_attention = config.decoder_self_attention
-            layer += attention  # the cross-attention (MAtt's merged sublayer)
-            if self_attention == "multi_head":
-                layer += attention + norm
-            elif self_attention == "average":
-                layer += linear(2 * d, 2 * d) + norm + (linear(d, ffn) + linear(ffn, d) if config.aan_ffn else 0)
-            relative = self_attention == "multi_head"
-        if msc_attends_context(config, side):
-            layer += attention + (linear(2 * d, d) if config.msc_fusion == "gate" else 0)
-        final_norm = norm if stack_has_final_norm(config, side) and not (side == "encoder" and msc) else 0
-        parts[f"{side} layers"] = layers * layer + final_norm
-        window, heads = config.relative_position_window, getattr(config, f"{side}_attention_heads")
-        if window and relative:
-            parts[f"{side} relative position keys"] = layers * (2 * window + 1) * (d // heads)
-        aggregation = getattr(config, f"{side}_layer_aggregation")
-        if aggregation in ATTENTION_RESIDUAL_AGGREGATIONS:
-            parts[f"{side} layer-history weights"] = 2 * (layers + 1) * d  # a query and a key gain per layer + output
-        elif aggregation != "residual":
-            size = layers + 1 if aggregation == "dlcl" else len(getattr(config, f"{side}_block_boundaries"))
-            norms = (size - 1) * norm if config.dlcl_history_norm else 0
-            parts[f"{side} layer-history weights"] = size * size + norms
-        streams = getattr(config, f"{side}_hyper_connections")
-        if streams:
-            block = streams * (streams + 1) + streams  # static alpha and beta
-            if config.hyper_connections_dynamic:
-                block += norm + d * (streams + 1) + d + 2  # the LayerNorm, W_alpha, W_beta, s_alpha, s_beta
-            parts[f"{side} hyper-connection weights"] = layers * hyper_connection_sublayers(config, side) * block
-    if msc:
-        blocks = len(config.msc_blocks)
-        cells = 0
-        if msc_attends_context(config, "encoder") and config.msc_context != "block_output":
-            count = blocks if config.msc_context.endswith("_per_block") else 1
-            cell = 2 * (3 * d * d + 3 * d) if config.msc_context.startswith("gru") else linear(2 * d, d) + linear(d, d)
-            cells = count * cell
-        parts["MSC block LayerNorms and context cells"] = blocks * norm + cells
-    if output_layer:
-        head = (0 if config.tie_word_embeddings else config.decoder_vocab_size * d) + (
-            config.decoder_vocab_size if config.output_bias else 0
-        )
-        if head:
-            parts["output layer"] = head
-    return parts
-
-
-def count_parameters(config: DeepNMTConfig, output_layer: bool = True) -> int:
-    """Every parameter (and saved buffer) of the model of `config`, from its sizes alone: what its weights file
-    holds, and what building it allocates (`parameter_parts`)."""
-    return sum(parameter_parts(config, output_layer).values())
-
-
-def _part_settings(config: DeepNMTConfig, part: str) -> str:
-    """The settings of `config` a part of `parameter_parts` grows with, for a message."""
-    side = part.split()[0]
-    if part == "token embeddings":
-        names = ["vocab_size", "d_model"] + ([] if config.share_embeddings else ["decoder_vocab_size"])
-    elif part == "output layer":
-        names = ["decoder_vocab_size", "d_model"]
-    elif part.endswith("relative position keys"):
-        names = ["relative_position_window", f"{side}_layers", "d_model"]
-    elif part.endswith("layer-history weights"):
-        names = [f"{side}_layer_aggregation", f"{side}_layers"]
-        names += [f"{side}_block_boundaries"] if getattr(config, f"{side}_layer_aggregation") == "sparse" else []
-        if getattr(config, f"{side}_layer_aggregation") in ATTENTION_RESIDUAL_AGGREGATIONS:
-            names.append("d_model")
-    elif part.endswith("hyper-connection weights"):
-        names = [f"{side}_hyper_connections", "hyper_connections_dynamic", f"{side}_layers", "d_model"]
-    elif part.startswith("MSC"):
-        names = ["msc_block_layers", "msc_context", "d_model"]
-    else:
-        names = [f"{side}_layers", "d_model", f"{side}_ffn_dim"]
-    shown = []
-    for name in names:
-        value = getattr(config, name)
-        if isinstance(value, list) and len(value) > 6:
-            value = f"[{', '.join(map(str, value[:3]))}, ..., {value[-1]}]"
-        else:
-            value = repr(value)
-        shown.append(f"{name}={value}")
-    return ", ".join(shown)
-
-
-def check_model_fits(config: DeepNMTConfig, output_layer: bool, device: torch.device | None, what: str) -> None:
-    """`InsufficientMemoryError` before a model of `config` is built when its tensors (`parameter_parts`, in the
-    default dtype, on `device`; None or the meta device: nothing allocated) or its modules (`MODULE_BYTES_PER_LAYER`,
-    on the CPU) cannot fit what this process can allocate, naming the largest part and the settings it grows with."""
-    parts = parameter_parts(config, output_layer)
-    count = sum(parts.values())
-    dtype = torch.get_default_dtype()
-    places = {"cpu": MODULE_BYTES_PER_LAYER * (config.encoder_layers + config.decoder_layers)}
-    if device is not None and device.type != "meta":
-        place = "cpu" if device.type == "cpu" else str(device)
-        places[place] = places.get(place, 0) + count * dtype.itemsize
-    largest = max(parts, key=parts.get)
-    for place, needed in places.items():
-        check_fits(
-            needed,
-            f"{what} ({count:,} parameters in {str(dtype).removeprefix('torch.')}, and its modules for "
-            f"{config.encoder_layers + config.decoder_layers:,} layers)",
-            f"make the model smaller: its largest part is the {largest} ({parts[largest]:,} parameters: "
-            f"{_part_settings(config, largest)})",
-            place,
-        )
-
-
-def _shape_findings(config: DeepNMTConfig, shapes: dict[str, tuple[int, ...]]) -> list[str]:
-    """Where the tensors of a weights file (`shapes`, by name) show sizes other than `config`'s: the embeddings'
-    width and vocabulary, the layer counts, the FFN widths, the relative-position tables, the layer history."""
-    body = {name.removeprefix("model."): shape for name, shape in shapes.items() if name.startswith("model.")}
-    body = body or dict(shapes)
-    d, findings = config.d_model, []
-
-    def compare(name: str, expected: tuple[int, ...], settings: str) -> None:
-        held = body.get(name)
-        if held is not None and tuple(held) != expected:
-            findings.append(f"{settings} make {name} {expected}, but the file's is {tuple(held)}")
-
-    compare("shared.weight", (config.vocab_size, d), f"vocab_size={config.vocab_size}, d_model={d}")
-    if not config.share_embeddings:
-        vocab = config.decoder_vocab_size
-        compare("decoder.embed_tokens.weight", (vocab, d), f"decoder_vocab_size={vocab}, d_model={d}")
-    for side in ("encoder", "decoder"):
-        layers, prefix = getattr(config, f"{side}_layers"), f"{side}.layers."
-        indices = {name[len(prefix) :].split(".", 1)[0] for name in body if name.startswith(prefix)}
-        held = max((int(index) + 1 for index in indices if index.isdigit()), default=0)
-        if held != layers:
-            findings.append(f"{side}_layers={layers}, but the file holds {held:,} {side} layers")
-        ffn = getattr(config, f"{side}_ffn_dim")
-        compare(f"{prefix}0.fc1.weight", (ffn, d), f"{side}_ffn_dim={ffn}, d_model={d}")
-        window = config.relative_position_window
-        name = f"{prefix}0.self_attn.relative_keys"
-        takes = side == "encoder" or config.decoder_self_attention == "multi_head"
-        held = body.get(name)
-        if window and takes:
-            expected = (2 * window + 1, d // getattr(config, f"{side}_attention_heads"))
-            if held is None and indices:
-                findings.append(f"relative_position_window={window} gives {name} {expected}, but the file has none")
-            else:
-                compare(name, expected, f"relative_position_window={window}")
-        elif held is not None:
-            findings.append(f"relative_position_window={window}, but the file holds {name} {tuple(held)}")
-        aggregation = getattr(config, f"{side}_layer_aggregation")
-        name, held = f"{side}.history.weight", body.get(f"{side}.history.weight")
-        setting = f"{side}_layer_aggregation={aggregation!r}"
-        queries = body.get(f"{side}.history.queries")
-        if aggregation in ATTENTION_RESIDUAL_AGGREGATIONS:
-            expected = (layers + 1, d)
-            if queries is None:
-                findings.append(
-                    f"{setting} has pseudo-queries {side}.history.queries {expected}, but the file has none (its "
-                    "model has no Attention Residuals)"
-                )
-            else:
-                compare(f"{side}.history.queries", expected, f"{setting}, {side}_layers={layers}, d_model={d}")
-        elif queries is not None:
-            findings.append(
-                f"{setting} has no Attention Residuals, but the file holds {side}.history.queries {tuple(queries)}"
-            )
-        elif aggregation != "residual":
-            size = layers + 1 if aggregation == "dlcl" else len(getattr(config, f"{side}_block_boundaries"))
-            if held is None:
-                findings.append(
-                    f"{setting} has layer-history weights {name} {(size, size)}, but the file has none (its model "
-                    "has no layer history: a residual stack)"
-                )
-            else:
-                compare(name, (size, size), setting)
-        elif held is not None:
-            findings.append(f"{setting} has no layer-history weights, but the file holds {name} {tuple(held)}")
-        streams = getattr(config, f"{side}_hyper_connections")
-        hyper = f"{prefix}0.final_layer_norm.hyper."
-        for name, expected, setting in (
-            (hyper + "static_alpha", (streams, streams + 1), f"{side}_hyper_connections={streams}"),
-            (
-                hyper + "dynamic_alpha",
-                (d, streams + 1),
-                f"{side}_hyper_connections={streams}, hyper_connections_dynamic={config.hyper_connections_dynamic}",
-            ),
-        ):
-            held = body.get(name)
-            wanted = bool(streams) and (name.endswith("static_alpha") or config.hyper_connections_dynamic)
-            if wanted and held is None and indices:
-                findings.append(f"{setting} give {name} {expected}, but the file has none")
-            elif wanted:
-                compare(name, expected, setting)
-            elif held is not None:
-                findings.append(f"{setting} give no {name}, but the file holds one {tuple(held)}")
-    return findings
-
-
-def check_config_matches_weights(config: DeepNMTConfig, files: list[str], source: str) -> None:
-    """Before a model of `config` is built from `files` (safetensors, read from their headers alone): when the files
-    hold another number of values than the config describes (`count_parameters`), `ValueError` naming each size the
-    tensors' shapes show to differ from the config's (`_shape_findings`): a wider `d_model` or more layers would
-    otherwise allocate the config's model before transformers compares shapes. The same sizes with a tensor more or
-    fewer are left to `check_loaded_weights`, which names them after loading."""
-    shapes, _ = saved_tensor_shapes(files)
-    held = sum(math.prod(shape) for shape in shapes.values())
-    expected = count_parameters(config, output_layer=any(name.startswith("model.") for name in shapes))
-    if held == expected:
-        return
-    findings = _shape_findings(config, shapes)
-    if not findings:
-        return  # the same sizes, some tensors more or fewer: named after loading (`check_loaded_weights`)
-    raise ValueError(
-        f"The config of {source!r} does not belong to its weights ({', '.join(Path(file).name for file in files)}): "
-        + "; ".join(findings)
-        + f". The config describes a model of {expected:,} parameters, the weights hold {held:,}; restore the "
-        "config.json saved with these weights."
-    )
-
-
-def decoding_memory(
-    config: DeepNMTConfig, rows: int, source_tokens: int, cached_tokens: int, dtype: torch.dtype = torch.float32
-) -> int:
-    """Bytes `generate()` allocates at least for `rows` hypotheses (sentences x beams) of `source_tokens` source
-    tokens with `cached_tokens` target positions in the self-attention cache: the expanded encoder output, the
-    cross-attention keys and values of every decoder layer (and MSC's context keys and values where the decoder
-    attends them), the self-attention keys and values (multi-head self-attention only: the averaging sublayers keep
-    one running sum), all in `dtype`; and the scores over the target vocabulary, in float32 (logits, log-probabilities
-    and processed scores). A lower bound, for refusing a decoding that cannot fit before it starts."""
-    d, layers = config.d_model, config.decoder_layers
-    cross = 2 * d * (2 if msc_attends_context(config, "decoder") else 1)
-    own = 2 * d if config.decoder_self_attention == "multi_head" else 0
-    states = rows * (source_tokens * d + layers * (cross * source_tokens + own * cached_tokens))
-    return states * dtype.itemsize + 4 * 3 * rows * config.decoder_vocab_size
-
-
-def check_before_building(config: DeepNMTConfig, output_layer: bool, what: str) -> None:
-    """What a model of `config` is given, checked before it builds anything. Inside `from_pretrained` (`LOADING`):
-    the config against the weight files' headers (`check_config_matches_weights`, skipped when the caller passed
-    `ignore_mismatched_sizes=True`), then the memory where the weights go; else the memory of the default device
-    (`check_model_fits`). Once per `from_pretrained` call: the encoder-decoder a translation model builds inside it is
-    not checked again."""
-    request = LOADING.get()
-    if request is None:
-        check_model_fits(config, output_layer, torch.get_default_device(), what)
-        return
-    if request.checked:
-        return
-    request.checked = True
-    files = request.weight_files()
-    if files and not request.ignore_mismatched_sizes:
-        check_config_matches_weights(config, files, request.source)
-    check_model_fits(config, output_layer, request.device, f"{what} from {request.source!r}")
 
 
 CODE_VERSION = "0.2.0"  # the hf-deep-nmt release this file belongs to (`hf-deep-nmt upgrade-code` reads it)
@@ -1789,33 +1487,16 @@ class DeepNMTEncoder(DeepNMTStack):
         position_ids: torch.Tensor | None = None,
     ) -> DeepNMTEncoderOutput:
         """No `**kwargs`: `generate()` hands the encoder only the arguments its signature names (not a Trainer
-        batch's `labels`), and any other argument is a `TypeError`."""
-        check_extra_arguments(
-            self,
-            dict(
-                output_attentions=output_attentions,
-                output_hidden_states=output_hidden_states,
-                head_mask=head_mask,
-                inputs_embeds=inputs_embeds,
-                position_ids=position_ids,
-            ),
+        batch's `labels`), and any other argument is a `TypeError`. The named options transformers passes are
+        refused or ignored (`check_source`)."""
+        options = dict(
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            head_mask=head_mask,
+            inputs_embeds=inputs_embeds,
+            position_ids=position_ids,
         )
-        if input_ids is None:
-            raise ValueError("The encoder needs `input_ids` (batch, source_length).")
-        if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
-            raise ValueError(
-                f"`input_ids` must have shape (batch >= 1, source_length >= 1), got {tuple(input_ids.shape)}: "
-                "there is no sentence to encode."
-            )
-        if attention_mask is not None and attention_mask.shape != input_ids.shape:
-            raise ValueError(
-                f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
-                f"{tuple(attention_mask.shape)}."
-            )
-        if not is_tracing():
-            self.check_input_ids(input_ids)
-            if attention_mask is not None:
-                check_padding_rows(attention_mask)
+        self.check_source(input_ids, attention_mask, options)
         hidden_states = self.embed(input_ids)  # (batch, src_len, d_model)
         mask = padding_mask_to_additive(attention_mask, hidden_states.dtype)
         state = self.history.start(hidden_states, **self.history_modules())  # layer outputs of this call only
@@ -1823,6 +1504,34 @@ class DeepNMTEncoder(DeepNMTStack):
             output = layer(self.history.layer_input(state, index), mask, self.history.layer_context(state, index))
             self.history.push(state, output, index)
         return DeepNMTEncoderOutput(last_hidden_state=self.finish(state), **self.history.memory_outputs(state))
+
+    def check_source(self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, options: dict) -> None:
+        """What the encoder refuses before it computes: `options` it cannot take (`check_extra_arguments`), a batch
+        without a sentence or a mask of another shape (`check_source_shapes`), and on eager calls ids outside the
+        vocabulary (`check_input_ids`) and a batch of padding only (`check_padding_rows`)."""
+        check_extra_arguments(self, options)
+        check_source_shapes(input_ids, attention_mask)
+        if not is_tracing():
+            self.check_input_ids(input_ids)
+            if attention_mask is not None:
+                check_padding_rows(attention_mask)
+
+
+def check_source_shapes(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None) -> None:
+    """A source batch holds at least one sentence of at least one token, `(batch, source_length)`, and its padding
+    mask, when given, has the same shape. Reads shapes only, so it runs while tracing too."""
+    if input_ids is None:
+        raise ValueError("The encoder needs `input_ids` (batch, source_length).")
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"`input_ids` must have shape (batch >= 1, source_length >= 1), got {tuple(input_ids.shape)}: "
+            "there is no sentence to encode."
+        )
+    if attention_mask is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"`attention_mask` must have the shape of `input_ids` {tuple(input_ids.shape)}, got "
+            f"{tuple(attention_mask.shape)}."
+        )
 
 
 def check_padding_rows(attention_mask: torch.Tensor) -> None:
@@ -1868,26 +1577,9 @@ class DeepNMTDecoder(DeepNMTStack):
         """Decoder layer n attends `encoder_outputs.layer_memory(n)`: the encoder output, or under MSC encoder block n
         (and context n). The decoding state comes as `cache` (or `past_key_values`, its name before transformers
         5.24) and is returned under the name the installed transformers uses."""
-        cache = take_decoding_state(cache, past_key_values)
-        if use_cache and cache is None:
-            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        if not use_cache:
-            cache = None
-        if cache is not None and not isinstance(cache, EncoderDecoderCache):
-            raise TypeError(
-                f"The decoding state (`cache`) must be an EncoderDecoderCache (self- and cross-attention), got "
-                f"{type(cache).__name__}."
-            )
-        num_layers = len(self.layers)
-        if cache is None:
-            self_caches = cross_caches = [None] * num_layers
-            past_length, static = 0, False
-        else:
-            self_caches = cache_layers_of(cache.self_attention_cache, num_layers)
-            cross_caches = cache_layers_of(cache.cross_attention_cache, num_layers)
-            past_length = self_caches[0].get_seq_length()  # an int, or a tensor with the static cache
-            static = bool(getattr(self_caches[0], "is_compileable", False))
-        if not is_tracing() and isinstance(past_length, int) and past_length == 0:
+        cache = self.decoding_cache(take_decoding_state(cache, past_key_values), use_cache)
+        self_caches, cross_caches, past_length, static = self.cache_layers(cache)
+        if not is_tracing() and isinstance(past_length, int) and past_length == 0:  # a sequence starts: eager checks
             self.check_input_ids(input_ids, "decoder_input_ids")
         hidden_states = self.embed(input_ids, past_length)  # (batch, tgt_len, d_model)
         self_mask = None
@@ -1914,6 +1606,31 @@ class DeepNMTDecoder(DeepNMTStack):
             )
             self.history.push(state, output, index)
         return with_decoding_state(BaseModelOutputWithPast, cache, last_hidden_state=self.finish(state))
+
+    def decoding_cache(self, cache: Cache | None, use_cache: bool) -> EncoderDecoderCache | None:
+        """The decoding state of a call: none without `use_cache`, else the one given (refused unless it is an
+        EncoderDecoderCache) or a new, empty one."""
+        if not use_cache:
+            return None
+        if cache is None:
+            return EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        if not isinstance(cache, EncoderDecoderCache):
+            raise TypeError(
+                f"The decoding state (`cache`) must be an EncoderDecoderCache (self- and cross-attention), got "
+                f"{type(cache).__name__}."
+            )
+        return cache
+
+    def cache_layers(self, cache: EncoderDecoderCache | None) -> tuple[list, list, int | torch.Tensor, bool]:
+        """Each layer's self- and cross-attention cache layers (None without a cache), the positions decoded before
+        this call (an int, or a 0-d tensor with the static cache), and whether the cache is static."""
+        num_layers = len(self.layers)
+        if cache is None:
+            return [None] * num_layers, [None] * num_layers, 0, False
+        self_caches = cache_layers_of(cache.self_attention_cache, num_layers)
+        cross_caches = cache_layers_of(cache.cross_attention_cache, num_layers)
+        static = bool(getattr(self_caches[0], "is_compileable", False))
+        return self_caches, cross_caches, self_caches[0].get_seq_length(), static
 
     @staticmethod
     def _self_attention_mask(
@@ -2316,9 +2033,17 @@ class DeepNormForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DeepNormConfig
 
 
+class DeepNormModel(DeepNMTModel):
+    config_class = DeepNormConfig
+
+
 class DlclForConditionalGeneration(DeepNMTForConditionalGeneration):
     """DLCL (Wang et al., 2019). Same network as [`DeepNMTForConditionalGeneration`] with [`DlclConfig`] defaults."""
 
+    config_class = DlclConfig
+
+
+class DlclModel(DeepNMTModel):
     config_class = DlclConfig
 
 
@@ -2329,6 +2054,10 @@ class DsInitForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DsInitConfig
 
 
+class DsInitModel(DeepNMTModel):
+    config_class = DsInitConfig
+
+
 class SdtForConditionalGeneration(DeepNMTForConditionalGeneration):
     """SDT (Li et al., 2020). Same network as [`DeepNMTForConditionalGeneration`] with [`SdtConfig`] defaults.
     Growing a trained model and the staged schedule are training procedures, kept outside the model code."""
@@ -2336,9 +2065,17 @@ class SdtForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = SdtConfig
 
 
+class SdtModel(DeepNMTModel):
+    config_class = SdtConfig
+
+
 class MscForConditionalGeneration(DeepNMTForConditionalGeneration):
     """MSC (Wei et al., 2020). Same network as [`DeepNMTForConditionalGeneration`] with [`MscConfig`] defaults."""
 
+    config_class = MscConfig
+
+
+class MscModel(DeepNMTModel):
     config_class = MscConfig
 
 
@@ -2349,9 +2086,17 @@ class DenseFormerForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = DenseFormerConfig
 
 
+class DenseFormerModel(DeepNMTModel):
+    config_class = DenseFormerConfig
+
+
 class MixLnForConditionalGeneration(DeepNMTForConditionalGeneration):
     """Mix-LN (Li et al., 2024). Same network as [`DeepNMTForConditionalGeneration`] with [`MixLnConfig`] defaults."""
 
+    config_class = MixLnConfig
+
+
+class MixLnModel(DeepNMTModel):
     config_class = MixLnConfig
 
 
@@ -2362,46 +2107,15 @@ class AttnResForConditionalGeneration(DeepNMTForConditionalGeneration):
     config_class = AttnResConfig
 
 
+class AttnResModel(DeepNMTModel):
+    config_class = AttnResConfig
+
+
 class HyperConnectionsForConditionalGeneration(DeepNMTForConditionalGeneration):
     """Hyper-Connections (Zhu et al., 2025). Same network as [`DeepNMTForConditionalGeneration`] with
     [`HyperConnectionsConfig`] defaults."""
 
     config_class = HyperConnectionsConfig
-
-
-# The encoder-decoders without the output layer that `AutoModel` loads for each named config.
-
-
-class DeepNormModel(DeepNMTModel):
-    config_class = DeepNormConfig
-
-
-class DlclModel(DeepNMTModel):
-    config_class = DlclConfig
-
-
-class DsInitModel(DeepNMTModel):
-    config_class = DsInitConfig
-
-
-class SdtModel(DeepNMTModel):
-    config_class = SdtConfig
-
-
-class MscModel(DeepNMTModel):
-    config_class = MscConfig
-
-
-class DenseFormerModel(DeepNMTModel):
-    config_class = DenseFormerConfig
-
-
-class MixLnModel(DeepNMTModel):
-    config_class = MixLnConfig
-
-
-class AttnResModel(DeepNMTModel):
-    config_class = AttnResConfig
 
 
 class HyperConnectionsModel(DeepNMTModel):
@@ -2482,7 +2196,7 @@ for _method in (
     DeepNMTMethod(
         DeepNormConfig, DeepNormForConditionalGeneration, DeepNormModel, card="deepnorm", checks={"deepnorm": {}}
     ),
-    # the depth family of 2024 on: presets of the same backbone (issue 41), one cheap check each
+    # the depth family of 2024 on: presets of the same backbone (settings it already has), so one cheap check each
     DeepNMTMethod(
         DenseFormerConfig,
         DenseFormerForConditionalGeneration,
@@ -2516,6 +2230,7 @@ for _method in (
 
 check_transformers_window()
 
+# every method's two model classes, by their names in `METHODS` (a new method adds no line here)
 __all__ = [
     "METHODS",
     "TESTED_TRANSFORMERS",
@@ -2523,25 +2238,6 @@ __all__ = [
     "register_method",
     "DeepNMTEncoderOutput",
     "DeepNMTPreTrainedModel",
-    "DeepNMTModel",
-    "DeepNMTForConditionalGeneration",
-    "DeepNormForConditionalGeneration",
-    "DeepNormModel",
-    "DenseFormerForConditionalGeneration",
-    "DenseFormerModel",
-    "MixLnForConditionalGeneration",
-    "MixLnModel",
-    "AttnResForConditionalGeneration",
-    "AttnResModel",
-    "HyperConnectionsForConditionalGeneration",
-    "HyperConnectionsModel",
-    "DlclForConditionalGeneration",
-    "DsInitForConditionalGeneration",
-    "MscForConditionalGeneration",
-    "SdtForConditionalGeneration",
-    "DlclModel",
-    "DsInitModel",
-    "MscModel",
-    "SdtModel",
     "LAYER_AGGREGATION_CLASSES",
+    *(cls.__name__ for method in METHODS.values() for cls in (method.model_class, method.base_model_class)),
 ]

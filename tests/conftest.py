@@ -179,6 +179,14 @@ def method_families(every_check: bool = False) -> dict[str, tuple[type, dict]]:
     return families
 
 
+# A method without an entry in `ARCHITECTURES` joins the matrix through its first tiny variant in `METHODS` (a new
+# named preset needs no line here; an entry there is for settings worth crossing with the method's).
+_COVERED = {param.values[0][0] for param in ARCHITECTURES}
+ARCHITECTURES += [
+    pytest.param(family, id=name) for name, family in method_families().items() if family[0] not in _COVERED
+]
+
+
 def package_free_environment(hf_home, modules, **extra: str) -> dict[str, str]:
     """The environment of a subprocess that loads models the way a user without this package does: no Hugging Face
     variable of this session, no PYTHONPATH (run it from an empty folder, so the checkout is not importable either),

@@ -24,7 +24,7 @@ from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DlclConfig
 from hf_deep_nmt.memory import check_training_size, estimate_parameters
 from hf_deep_nmt.modeling import contract_deep_nmt
 from hf_deep_nmt.modeling.contract_deep_nmt import InsufficientMemoryError
-from hf_deep_nmt.modeling.modeling_deep_nmt import count_parameters, decoding_memory, parameter_parts
+from hf_deep_nmt.modeling.sizes_deep_nmt import count_parameters, decoding_memory, parameter_parts
 from hf_deep_nmt.weights import saved_parameters
 
 SOURCE = torch.tensor([[5, 9, 14, 3, 2]])

@@ -170,7 +170,7 @@ def test_a_marker_edited_to_list_a_users_file_no_longer_lets_an_export_delete_it
 def test_a_result_inside_the_model_folder_it_is_made_from_is_refused(tiny_export, tmp_path, capsys):
     folder = tiny_export[0]
     before = sorted(path.name for path in folder.iterdir())
-    assert main(["grow", str(folder), str(folder / "grown")]) == 2
+    assert main(["grow", "--model", str(folder), "--output", str(folder / "grown")]) == 2
     error = capsys.readouterr().err
     assert f"'{folder / 'grown'}' is inside the model folder '{folder}'" in error
     assert f"write it beside it, e.g. '{folder.parent / 'repo-grown'}'" in error

@@ -13,10 +13,9 @@ from hf_deep_nmt.modeling.configuration_deep_nmt import DeepNormConfig
 from hf_deep_nmt.modeling.modeling_deep_nmt import (
     DeepNMTAttentionResidualHistory,
     DeepNMTBlockAttentionResidualHistory,
-    check_config_matches_weights,
-    count_parameters,
     padding_mask_to_additive,
 )
+from hf_deep_nmt.modeling.sizes_deep_nmt import check_config_matches_weights, count_parameters
 from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
 from hf_deep_nmt.tools.diagnostics import combination_weights
 from hf_deep_nmt.training.growing import grow_encoder

@@ -65,13 +65,13 @@ def test_an_explicit_list_and_the_command_line(trainer_output, tmp_path):
         if name in first:
             torch.testing.assert_close(tensor, (first[name] + last[name]) / 2, rtol=0, atol=2e-7)
     target = tmp_path / "cli-average"
-    assert main(["average", *map(str, chosen), "--save-to", str(target)]) == 0
+    assert main(["average", *map(str, chosen), "--output", str(target)]) == 0
     torch.testing.assert_close(
         load_file(target / "model.safetensors")["model.shared.weight"], model.model.shared.weight
     )
     # an existing result is not replaced without --overwrite
-    assert main(["average", *map(str, chosen), "--save-to", str(target)]) == 2
-    assert main(["average", str(chosen[0]), "--save-to", str(target), "--overwrite"]) == 0
+    assert main(["average", *map(str, chosen), "--output", str(target)]) == 2
+    assert main(["average", str(chosen[0]), "--output", str(target), "--overwrite"]) == 0
     assert torch.equal(load_file(target / "model.safetensors")["model.shared.weight"], first["model.shared.weight"])
 
 

@@ -151,3 +151,27 @@ class _Pad:
 
     def save_pretrained(self, directory, **kwargs):  # the Trainer saves the collator's tokenizer with checkpoints
         return ()
+
+
+def test_the_trainer_takes_its_loader_from_the_training_data(tmp_path):
+    """One seam for every source: a dataset that makes its own loader (as a stream does) is asked for it, a plain one
+    is read as tokenized pairs (`hf_deep_nmt.data.training_data`); the Trainer never asks which it was given."""
+    from hf_deep_nmt.data.training_data import TokenizedPairs, as_training_data
+
+    class OwnLoader(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(())
+
+        def train_dataloader(self, trainer):
+            return ("the loader of", trainer)
+
+    config = DlclConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2)
+    config.update(dict(decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16))
+    args = DeepNMTTrainingArguments(output_dir=str(tmp_path), max_steps=1, use_cpu=True, report_to="none")
+    trainer = DeepNMTTrainer(model=DlclForConditionalGeneration(config), args=args, train_dataset=OwnLoader())
+    assert trainer.get_train_dataloader() == ("the loader of", trainer)
+    rows = Dataset.from_dict({"input_ids": [[3, 2]], "labels": [[4, 2]]})
+    assert isinstance(as_training_data(rows), TokenizedPairs) and len(as_training_data(rows)) == 1
+    with pytest.raises(TypeError, match=r"`max_tokens` needs a tokenized `datasets.Dataset`, got <class 'list'>"):
+        trainer.train_dataset, trainer.args.max_tokens = [{"input_ids": [3, 2]}], 100
+        trainer.get_train_dataloader()

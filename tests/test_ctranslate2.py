@@ -126,7 +126,7 @@ def test_servable_configs_have_no_blockers(name):
 
 def test_without_ctranslate2_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` raises ImportError
-    assert main(["export-ctranslate2", str(tmp_path / "model"), str(tmp_path / "out")]) == 1
+    assert main(["export-ctranslate2", "--model", str(tmp_path / "model"), "--output", str(tmp_path / "out")]) == 1
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "pip install 'hf-deep-nmt[bench]'" in error
     assert not (tmp_path / "out").exists()
@@ -241,7 +241,7 @@ def test_the_command_writes_a_folder_ctranslate2_and_transformers_load(saved, tm
 
     out = tmp_path / "ct2"
     capsys.readouterr()
-    assert main(["export-ctranslate2", str(saved), str(out), "--quantization", "int8"]) == 0
+    assert main(["export-ctranslate2", "--model", str(saved), "--output", str(out), "--quantization", "int8"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     names = {path.name for path in out.iterdir()}
     assert {"model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", WRITTEN_MARKER} <= names
@@ -257,16 +257,20 @@ def test_the_command_writes_a_folder_ctranslate2_and_transformers_load(saved, tm
 @needs_ctranslate2
 def test_the_command_never_writes_over_what_it_did_not_write(saved, tmp_path, capsys):
     out = tmp_path / "ct2"
-    assert main(["export-ctranslate2", str(saved), str(out)]) == 0
+    assert main(["export-ctranslate2", "--model", str(saved), "--output", str(out)]) == 0
     capsys.readouterr()
-    assert main(["export-ctranslate2", str(saved), str(out)]) == 2  # not empty
+    assert main(["export-ctranslate2", "--model", str(saved), "--output", str(out)]) == 2  # not empty
     assert "--overwrite" in capsys.readouterr().err
-    assert main(["export-ctranslate2", str(saved), str(out), "--overwrite"]) == 0  # its own earlier export
+    assert (
+        main(["export-ctranslate2", "--model", str(saved), "--output", str(out), "--overwrite"]) == 0
+    )  # its own earlier export
     (out / "notes.txt").write_text("mine")
-    assert main(["export-ctranslate2", str(saved), str(out), "--overwrite"]) == 2
+    assert main(["export-ctranslate2", "--model", str(saved), "--output", str(out), "--overwrite"]) == 2
     assert "notes.txt" in capsys.readouterr().err and (out / "notes.txt").read_text() == "mine"
     before = sorted(path.name for path in saved.iterdir())
-    assert main(["export-ctranslate2", str(saved), str(saved), "--overwrite"]) == 2  # the model folder itself
+    assert (
+        main(["export-ctranslate2", "--model", str(saved), "--output", str(saved), "--overwrite"]) == 2
+    )  # the model folder itself
     assert "the model folder" in capsys.readouterr().err
     assert sorted(path.name for path in saved.iterdir()) == before
 
@@ -277,7 +281,7 @@ def test_the_command_refuses_an_unsupported_model_naming_the_feature_before_load
     model.save_pretrained(tmp_path / "dlcl")
     tokenizer.save_pretrained(tmp_path / "dlcl")
     capsys.readouterr()
-    assert main(["export-ctranslate2", str(tmp_path / "dlcl"), str(tmp_path / "out")]) == 2
+    assert main(["export-ctranslate2", "--model", str(tmp_path / "dlcl"), "--output", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and "`encoder_layer_aggregation='dlcl'`" in error
     assert "pre- or post-norm" in error and not (tmp_path / "out").exists()
@@ -289,5 +293,5 @@ def test_the_command_refuses_an_unsupported_model_naming_the_feature_before_load
     [(["--quantization", "int4"], "--quantization 'int4'"), (["--max-positions", "0"], "--max-positions")],
 )
 def test_the_command_refuses_bad_options_naming_them(saved, tmp_path, capsys, arguments, named):
-    assert main(["export-ctranslate2", str(saved), str(tmp_path / "out"), *arguments]) == 2
+    assert main(["export-ctranslate2", "--model", str(saved), "--output", str(tmp_path / "out"), *arguments]) == 2
     assert named in capsys.readouterr().err and not (tmp_path / "out").exists()

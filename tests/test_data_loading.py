@@ -70,3 +70,18 @@ def test_a_dataset_by_name_gives_source_and_target_and_counts_empty_pairs(tmp_pa
         load_parallel_dataset(dataset_name=name, source_lang="en", target_lang="de", validation_split="newstest2014")
     with pytest.raises(ValueError, match=r"no \['fr'\] text in its translations; it has \['de', 'en'\]"):
         load_parallel_dataset(dataset_name=name, source_lang="en", target_lang="fr")
+
+
+def test_the_data_package_imports_nothing_of_the_training_journey():
+    """The walk goes down: data is read by training, never the other way (its constants and helpers live in data/ or
+    the package root)."""
+    import ast
+    from pathlib import Path
+
+    import hf_deep_nmt.data
+
+    for path in sorted(Path(hf_deep_nmt.data.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            assert not any(name.startswith("hf_deep_nmt.training") for name in names), (path.name, names)

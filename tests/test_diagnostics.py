@@ -303,7 +303,7 @@ def test_inspect_cli_writes_pngs_and_json(tmp_path, tiny_config):
     DlclForConditionalGeneration(config).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     out = tmp_path / "inspect"
-    argv = ["inspect", "--model", str(model_dir), "--num-sentences", "4", "--output-dir", str(out)]
+    argv = ["inspect", "--model", str(model_dir), "--num-sentences", "4", "--output", str(out)]
     assert cli_main(argv) == 0
 
     summary = json.loads((out / "inspect.json").read_text())
@@ -328,7 +328,7 @@ def test_inspect_cli_writes_pngs_and_json(tmp_path, tiny_config):
     assert cli_main(argv) == 2
     assert (out / "inspect.json").read_bytes() == before
     assert cli_main(argv + ["--overwrite"]) == 0
-    assert cli_main(argv[:-2] + ["--num-sentences", "0", "--output-dir", str(tmp_path / "other")]) == 2
+    assert cli_main(argv[:-2] + ["--num-sentences", "0", "--output", str(tmp_path / "other")]) == 2
 
 
 def test_inspect_refuses_a_model_of_another_package_naming_it(tmp_path):

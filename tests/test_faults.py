@@ -54,13 +54,13 @@ def train_arguments(corpus: Path, output_dir: Path) -> list[str]:
     return [
         "train",
         str(recipe),
-        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
-        *("--tokenizer_name_or_path", str(corpus / "tokenizer")),
-        *("--max_source_length", "64", "--max_target_length", "64", "--max_length_b", "2", "--num_beams", "1"),
-        *("--max_steps", str(STEPS), "--save_strategy", "steps", "--save_steps", str(SAVE_EVERY)),
-        *("--logging_steps", "1", "--learning_rate", "0.003", "--per_device_train_batch_size", "8"),
-        *("--output_dir", str(output_dir), "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true"),
-        *("--seed", "0", "--dataloader_num_workers", "0", "--translate_examples", "0"),
+        *("--train-file", str(corpus / "train.tsv"), "--validation-file", str(corpus / "valid.tsv")),
+        *("--tokenizer-name-or-path", str(corpus / "tokenizer")),
+        *("--max-source-length", "64", "--max-target-length", "64", "--max-length-b", "2", "--num-beams", "1"),
+        *("--max-steps", str(STEPS), "--save-strategy", "steps", "--save-steps", str(SAVE_EVERY)),
+        *("--logging-steps", "1", "--learning-rate", "0.003", "--per-device-train-batch-size", "8"),
+        *("--output-dir", str(output_dir), "--report-to", "none", "--disable-tqdm", "true", "--use-cpu", "true"),
+        *("--seed", "0", "--dataloader-num-workers", "0", "--translate-examples", "0"),
     ]
 
 
@@ -133,7 +133,7 @@ def test_killed_between_checkpoints_resumes_to_the_uninterrupted_weights(corpus,
     # slowed to 0.5 s a step: the kill lands during step 4 or 5, long before checkpoint 6
     kill_when(arguments, complete(output_dir / f"checkpoint-{SAVE_EVERY}"), FAULT_STEP_DELAY=0.5)
     assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == [f"checkpoint-{SAVE_EVERY}"]
-    run_to_completion(arguments + ["--resume_from_checkpoint", "last"])
+    run_to_completion(arguments + ["--resume-from-checkpoint", "last"])
     final = output_dir / f"checkpoint-{STEPS}"
     assert_same_weights(final / "model.safetensors", uninterrupted / "model.safetensors")
     expected_losses, resumed_losses = step_losses(uninterrupted), step_losses(final)
@@ -159,7 +159,7 @@ def test_killed_during_a_checkpoint_write_keeps_the_previous_one_and_resumes_fro
     with pytest.raises(ValueError, match=r"checkpoint-6' has no trainer_state\.json.*newest complete one is .*-3'"):
         resolve_resume_checkpoint(str(broken), output_dir)
     # "last" skips it, and training from checkpoint 3 reaches the uninterrupted weights
-    run_to_completion(arguments + ["--resume_from_checkpoint", "last"])
+    run_to_completion(arguments + ["--resume-from-checkpoint", "last"])
     final = output_dir / f"checkpoint-{STEPS}"
     assert_same_weights(final / "model.safetensors", uninterrupted / "model.safetensors")
     assert checkpoint_problem(broken) is None  # rewritten whole by the resumed run
@@ -171,7 +171,7 @@ def staged_arguments(corpus: Path, output_dir: Path) -> list[str]:
     recipe.write_text(json.dumps({"model_type": "deep_nmt_sdt", "model_overrides": overrides}))
     arguments = train_arguments(corpus, output_dir)
     arguments[:2] = ["train-staged", str(recipe)]
-    return arguments + ["--stage_depths", "2", "4", "--stage_max_steps", "6", "--schedule_warmup_steps", "4"]
+    return arguments + ["--stage-depths", "2", "4", "--stage-max-steps", "6", "--schedule-warmup-steps", "4"]
 
 
 def test_staged_run_killed_between_stages_and_during_a_write_resumes_to_the_same_model(corpus, tmp_path):

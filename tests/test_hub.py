@@ -11,6 +11,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import export_hub_folder, files_not_written_by_us
+from hf_deep_nmt.model_folders import CODE_FILES
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
 PAIRS = [
@@ -58,6 +59,7 @@ def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
         "modeling_deep_nmt.py",
         "kernels_deep_nmt.py",
         "contract_deep_nmt.py",
+        "sizes_deep_nmt.py",
         "tokenizer.json",
         "tokenizer_config.json",
         "README.md",
@@ -72,7 +74,7 @@ def test_export_writes_every_file_a_hub_repo_needs(model, tokenizer, tmp_path):
     assert config["use_cache"] is True
     generation = json.loads((folder / "generation_config.json").read_text())
     assert generation["num_beams"] == 3 and generation["decoder_start_token_id"] == 0
-    for name in ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py"):
+    for name in CODE_FILES:
         assert (folder / name).read_bytes() == (MODELING_DIR / name).read_bytes()
     assert files_not_written_by_us(folder) == []  # the marker lists every code file, the sibling included
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".")]  # no staging folder left behind

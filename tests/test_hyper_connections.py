@@ -12,11 +12,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.modeling.modeling_deep_nmt import (
-    _shape_findings,
-    count_parameters,
-    sinkhorn_knopp,
-)
+from hf_deep_nmt.modeling.modeling_deep_nmt import sinkhorn_knopp
+from hf_deep_nmt.modeling.sizes_deep_nmt import _shape_findings, count_parameters
 from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
 from hf_deep_nmt.tools.diagnostics import layer_outputs
 from hf_deep_nmt.training.growing import grow_encoder

@@ -199,7 +199,9 @@ def test_nan_weights_are_refused_by_the_commands_and_warned_about_by_from_pretra
     line = error_line(capsys)
     assert f"hold NaN or infinite values ({name})" in line and "Use an earlier checkpoint" in line
     assert not (model_copy.parent / "grown").exists()
-    assert main(["grow", str(model_copy), str(model_copy.parent / "grown"), "--layers", "1"]) == 2
+    assert (
+        main(["grow", "--model", str(model_copy), "--output", str(model_copy.parent / "grown"), "--layers", "1"]) == 2
+    )
     assert name in error_line(capsys)
     assert not (model_copy.parent / "grown").exists()
     with pytest.raises(ValueError, match=rf"Checkpoint '.*model' holds NaN or infinite weights \({name}\)"):
@@ -326,7 +328,7 @@ def test_a_checksum_record_the_run_record_lists_cannot_be_deleted_to_resume_swap
             f"record {str(run / RUN_RECORD)!r} lists it (deleted or moved, unless the run stopped between writing "
             f"its first checkpoint and recording it). It holds the checksums of the checkpoints in {str(run)!r}; "
             "without it a swapped or edited checkpoint would be resumed unchecked. Restore it; or start afresh with "
-            "`--overwrite_output_dir true` or another output_dir; or, to continue from these checkpoints unchecked, "
+            "`--overwrite-output-dir true` or another output_dir; or, to continue from these checkpoints unchecked, "
             f"remove '{CHECKSUMS_FILE}' from the run record's `written`."
         )
     for name in ("checkpoint-2", "checkpoint-4"):  # as a run killed while writing its first checkpoint leaves it

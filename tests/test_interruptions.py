@@ -51,17 +51,17 @@ def arguments(corpus: Path, folder: Path, command: str = "train") -> list[str]:
         extra = []
     else:
         recipe.write_text(json.dumps({"model_type": "deep_nmt_sdt", "model_overrides": OVERRIDES}))
-        extra = ["--stage_depths", "1", "2", "--stage_max_steps", str(STEPS), "--schedule_warmup_steps", "2"]
+        extra = ["--stage-depths", "1", "2", "--stage-max-steps", str(STEPS), "--schedule-warmup-steps", "2"]
     return [
         str(recipe),
-        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
-        *("--tokenizer_name_or_path", str(corpus / "tokenizer"), "--max_length_b", "2", "--num_beams", "1"),
-        *("--max_source_length", "64", "--max_target_length", "64", "--max_steps", str(STEPS)),
-        *("--save_strategy", "steps", "--save_steps", "2", "--save_total_limit", "2", "--average_checkpoints", "2"),
-        *("--per_device_train_batch_size", "8", "--output_dir", str(folder / "run")),
-        *("--export_dir", str(folder / "export"), "--report_to", "none", "--disable_tqdm", "true"),
-        *("--use_cpu", "true", "--seed", "0", "--dataloader_num_workers", "0", "--translate_examples", "0"),
-        *("--plot_curves", "false", *extra),
+        *("--train-file", str(corpus / "train.tsv"), "--validation-file", str(corpus / "valid.tsv")),
+        *("--tokenizer-name-or-path", str(corpus / "tokenizer"), "--max-length-b", "2", "--num-beams", "1"),
+        *("--max-source-length", "64", "--max-target-length", "64", "--max-steps", str(STEPS)),
+        *("--save-strategy", "steps", "--save-steps", "2", "--save-total-limit", "2", "--average-checkpoints", "2"),
+        *("--per-device-train-batch-size", "8", "--output-dir", str(folder / "run")),
+        *("--export-dir", str(folder / "export"), "--report-to", "none", "--disable-tqdm", "true"),
+        *("--use-cpu", "true", "--seed", "0", "--dataloader-num-workers", "0", "--translate-examples", "0"),
+        *("--plot-curves", "false", *extra),
     ]
 
 

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from hf_deep_nmt.cli import describe_error
-from hf_deep_nmt.training import run_folder
+from hf_deep_nmt.training import lock
 from hf_deep_nmt.training.run_folder import LOCK_FILE, MAX_PID, RunFolder, RunFolderError, lease_seconds, lock_problem
 
 
@@ -73,7 +73,7 @@ def test_values_a_run_writes_are_accepted():
 def test_a_long_but_valid_lease_is_waited_for_at_most_the_lease_this_process_writes(tmp_path, monkeypatch, caplog):
     """A lease of a day not renewed for more than half of it: a running holder renews every quarter, so it is waited
     for, but only as long as this process's own lease (here 0.5 s), then refused as still running."""
-    monkeypatch.setattr(run_folder, "LEASE_SECONDS", 0.5)
+    monkeypatch.setattr(lock, "LEASE_SECONDS", 0.5)
     folder = tmp_path / "run"
     text = write_lock(folder, heartbeat=time.time() - 50_000, lease_seconds=86_400)
     started = time.monotonic()

@@ -322,16 +322,20 @@ def test_the_output_folder_is_protected(converted, tmp_path):
 
 def test_the_command_line(converted, tmp_path, capsys):
     (_, share, *_), marian, marian_folder, _, _ = converted
-    assert main(["convert-marian", str(marian_folder), str(tmp_path / "cli")]) == 0
+    assert main(["convert-marian", "--model", str(marian_folder), "--output", str(tmp_path / "cli")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "cli")
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "cli").eval()
     inputs = batch(share)
     with torch.no_grad():
         assert (model(**inputs).logits - marian(**inputs).logits).abs().max().item() <= 1e-5
-    assert main(["convert-marian", str(marian_folder), str(tmp_path / "cli")]) == 2  # exists: --overwrite needed
+    assert (
+        main(["convert-marian", "--model", str(marian_folder), "--output", str(tmp_path / "cli")]) == 2
+    )  # exists: --overwrite needed
     assert "--overwrite" in capsys.readouterr().err
-    assert main(["convert-marian", str(marian_folder), str(tmp_path / "cli"), "--overwrite"]) == 0
-    assert main(["convert-marian", str(tmp_path / "nothing-here"), str(tmp_path / "x")]) == 2
+    assert (
+        main(["convert-marian", "--model", str(marian_folder), "--output", str(tmp_path / "cli"), "--overwrite"]) == 0
+    )
+    assert main(["convert-marian", "--model", str(tmp_path / "nothing-here"), "--output", str(tmp_path / "x")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -406,7 +410,22 @@ def grown_folder(tmp_path_factory):
         "---\nlicense: cc-by-4.0\nlanguage: [es, en]\n---\n# A Marian model\n"
     )
     converted = convert_marian(folder / "marian", folder / "converted")
-    assert main(["grow", str(converted), str(folder / "grown"), "--layers", "2", "--strategy", "top"]) == 0
+    assert (
+        main(
+            [
+                "grow",
+                "--model",
+                str(converted),
+                "--output",
+                str(folder / "grown"),
+                "--layers",
+                "2",
+                "--strategy",
+                "top",
+            ]
+        )
+        == 0
+    )
     # The command writes what the library function gives, with the tokenizer beside it.
     expected = grow_encoder(converted, num_new_layers=2, strategy="top").state_dict()
     grown = AutoModelForSeq2SeqLM.from_pretrained(folder / "grown").state_dict()
@@ -418,13 +437,30 @@ def grown_folder(tmp_path_factory):
 def test_the_grow_command_refuses_what_it_must_not_write(grown_folder, capsys):
     converted, grown = grown_folder / "converted", grown_folder / "grown"
     before = sorted(path.name for path in converted.iterdir())
-    assert main(["grow", str(converted), str(grown), "--layers", "2"]) == 2  # exists
+    assert main(["grow", "--model", str(converted), "--output", str(grown), "--layers", "2"]) == 2  # exists
     assert "--overwrite" in capsys.readouterr().err
-    assert main(["grow", str(converted), str(converted), "--layers", "2", "--overwrite"]) == 2  # its own source
+    assert (
+        main(["grow", "--model", str(converted), "--output", str(converted), "--layers", "2", "--overwrite"]) == 2
+    )  # its own source
     assert "is the model folder" in capsys.readouterr().err
-    assert main(["grow", str(converted), str(grown_folder / "x"), "--layers", "2", "--strategy", "sideways"]) == 2
+    assert (
+        main(
+            [
+                "grow",
+                "--model",
+                str(converted),
+                "--output",
+                str(grown_folder / "x"),
+                "--layers",
+                "2",
+                "--strategy",
+                "sideways",
+            ]
+        )
+        == 2
+    )
     assert "invalid choice: 'sideways'" in capsys.readouterr().err
-    assert main(["grow", str(converted), str(grown_folder / "y"), "--layers", "0"]) == 2
+    assert main(["grow", "--model", str(converted), "--output", str(grown_folder / "y"), "--layers", "0"]) == 2
     assert "--layers" in capsys.readouterr().err
     assert sorted(path.name for path in converted.iterdir()) == before
     assert not (grown_folder / "x").exists() and not (grown_folder / "y").exists()
@@ -618,7 +654,9 @@ def test_the_grow_command_rewires_a_converted_model_before_growing(grown_folder,
     from hf_deep_nmt.training.growing import grow_encoder
 
     converted, out = grown_folder / "converted", grown_folder / "grown-dlcl"
-    assert main(["grow", str(converted), str(out), "--layers", "2", "--aggregation", "dlcl"]) == 0
+    assert (
+        main(["grow", "--model", str(converted), "--output", str(out), "--layers", "2", "--aggregation", "dlcl"]) == 0
+    )
     assert "2 -> 4 layers (top, dlcl aggregation)" in capsys.readouterr().out
     grown = AutoModelForSeq2SeqLM.from_pretrained(out).eval()
     assert (grown.config.encoder_layers, grown.config.encoder_layer_aggregation) == (4, "dlcl")
@@ -637,7 +675,12 @@ def test_the_grow_command_rewires_a_converted_model_before_growing(grown_folder,
         uncached = grown.generate(**source, num_beams=4, max_new_tokens=NEW_TOKENS, use_cache=False)
     assert cached.tolist() == uncached.tolist()
     dlcl = grown_folder / "grown-dlcl-again"
-    assert main(["grow", str(out), str(dlcl), "--layers", "2", "--aggregation", "dlcl"]) == 2  # already DLCL
+    assert (
+        main(["grow", "--model", str(out), "--output", str(dlcl), "--layers", "2", "--aggregation", "dlcl"]) == 2
+    )  # already DLCL
     assert "the encoder already uses 'dlcl' aggregation" in capsys.readouterr().err and not dlcl.exists()
-    assert main(["grow", str(converted), str(dlcl), "--layers", "2", "--aggregation", "residual"]) == 2
+    assert (
+        main(["grow", "--model", str(converted), "--output", str(dlcl), "--layers", "2", "--aggregation", "residual"])
+        == 2
+    )
     assert "invalid choice: 'residual'" in capsys.readouterr().err

@@ -167,7 +167,7 @@ def test_a_recipe_of_a_million_layers_is_refused_before_anything_is_built(tmp_pa
     recipe = tmp_path / "recipe.json"
     recipe.write_text(json.dumps({"model_type": "deep_nmt", "model_overrides": overrides}))
     output = tmp_path / "out"
-    result = run_limited("train", str(recipe), "--output_dir", str(output), "--use_cpu", "true", "--report_to", "none")
+    result = run_limited("train", str(recipe), "--output-dir", str(output), "--use-cpu", "true", "--report-to", "none")
     assert result.returncode == 2, result.stderr
     assert "d_model=16, encoder_layers=1000000, decoder_layers=1" in result.stderr
     assert "needs about" in result.stderr and "`model_overrides`" in result.stderr

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir
+from hf_deep_nmt.data.preparation import check_source_lengths
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.folders import check_export_folder
 from hf_deep_nmt.serving.translate import decode_lines, read_lines
 from hf_deep_nmt.training.arguments import parse_arguments
-from hf_deep_nmt.training.evaluation import check_source_lengths
 from hf_deep_nmt.training.pipeline import prepare
 
 TEXT = "niño\tchild\nsí\tyes\n"
@@ -365,7 +365,7 @@ def test_average_names_a_missing_path_a_file_and_a_fifo_for_what_they_are(saved_
         "fifo": "Checkpoint 'fifo' is not a folder (a file, FIFO or device)",
     }
     for name, message in expected.items():
-        assert main(["average", str(saved_model), name, "--save-to", "out"]) == 2
+        assert main(["average", str(saved_model), name, "--output", "out"]) == 2
         error = capsys.readouterr().err
         assert message in error and "No model.safetensors" not in error, error
     assert not (tmp_path / "out").exists()
@@ -375,7 +375,7 @@ def test_average_names_a_checkpoint_whose_config_is_a_list(saved_model, tmp_path
     from hf_deep_nmt.cli import main
 
     folder = damaged_copy(saved_model, tmp_path, "config.json", b"[]")
-    assert main(["average", str(saved_model), str(folder), "--save-to", str(tmp_path / "out")]) == 2
+    assert main(["average", str(saved_model), str(folder), "--output", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert f"Checkpoint '{folder}': config.json holds a JSON list" in error and "leave it out of the average" in error
     assert "AttributeError" not in error and not (tmp_path / "out").exists()
@@ -388,11 +388,7 @@ def test_grow_and_inspect_name_a_damaged_file_of_the_model_folder(saved_model, t
 
     folder = damaged_copy(saved_model, tmp_path, name, data)
     out = tmp_path / "out"
-    argv = (
-        [str(folder), str(out), "--layers", "2"]
-        if command == "grow"
-        else ["--model", str(folder), "--output-dir", str(out)]
-    )
+    argv = ["--model", str(folder), "--output", str(out)] + (["--layers", "2"] if command == "grow" else [])
     assert main([command, *argv]) == 2
     error = capsys.readouterr().err
     assert f"Model folder '{folder}': {name} holds a JSON list, not the object of settings it should" in error, error
@@ -404,7 +400,7 @@ def test_inspect_names_a_cut_off_weights_file(saved_model, tmp_path, capsys):
 
     weights = (saved_model / "model.safetensors").read_bytes()
     folder = damaged_copy(saved_model, tmp_path, "model.safetensors", weights[:100])
-    assert main(["inspect", "--model", str(folder), "--output-dir", str(tmp_path / "out")]) == 2
+    assert main(["inspect", "--model", str(folder), "--output", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err
     assert (
         f"'{folder / 'model.safetensors'}' is not a whole safetensors file" in error and "SafetensorError" not in error

@@ -144,5 +144,5 @@ def test_export_onnx_refuses_an_existing_folder_before_loading_the_model(tmp_pat
     from hf_deep_nmt.cli import main
 
     (tmp_path / "out").mkdir()
-    assert main(["export-onnx", str(tmp_path / "no-model"), str(tmp_path / "out")]) == 2
+    assert main(["export-onnx", "--model", str(tmp_path / "no-model"), "--output", str(tmp_path / "out")]) == 2
     assert "exists; give a new folder" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_export,
 
     folder, model, tokenizer = small_export
     with caplog.at_level(logging.WARNING):
-        assert main(["export-onnx", str(folder), "--into-model", "--int8"]) == 0
+        assert main(["export-onnx", "--model", str(folder), "--into-model", "--int8"]) == 0
     assert not [record for record in caplog.records if "pre-processing" in record.getMessage()]
     source = tmp_path / "in.es"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
@@ -85,7 +85,7 @@ def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_export,
     ):
         assert main([*base, *options]) == 2
         assert named in capsys.readouterr().err
-    assert main(["export-onnx", str(folder), "--into-model"]) == 2
+    assert main(["export-onnx", "--model", str(folder), "--into-model"]) == 2
     assert f"{folder / 'onnx'} exists" in capsys.readouterr().err
 
     uploaded = [operation.path_in_repo for operation in upload_operations(folder)]
@@ -97,7 +97,7 @@ def test_onnx_backend_refusals_before_any_graph_is_read(tmp_path, capsys, monkey
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     assert main(["translate", "--model", str(folder), "--backend", "onnxruntime", "--no-progress"]) == 2
-    assert f"`hf-deep-nmt export-onnx {folder} --into-model`" in capsys.readouterr().err
+    assert f"`hf-deep-nmt export-onnx --model {folder} --into-model`" in capsys.readouterr().err
     assert main(["translate", "--model", str(folder), "--int8"]) == 2
     assert "--int8 picks the int8 graphs of --backend onnxruntime" in capsys.readouterr().err
 

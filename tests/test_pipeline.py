@@ -16,6 +16,7 @@ from transformers import (
 )
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
+from hf_deep_nmt.data import preparation
 from hf_deep_nmt.data.corpus import (
     load_parallel_dataset,
     read_jsonl,
@@ -366,7 +367,7 @@ def test_a_non_empty_export_folder_is_refused_before_training(tmp_path, monkeypa
     config = tmp_path / "run.json"
     recipe = {"model_type": "deep_nmt", "output_dir": str(tmp_path / "run"), "export_dir": str(tmp_path / "export")}
     config.write_text(json.dumps(recipe))
-    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
+    monkeypatch.setattr(preparation, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(FileExistsError, match="exists and is not empty"):
         training.run([str(config)])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["export", "run.json"]
@@ -378,6 +379,7 @@ def test_overrides_of_a_saved_model_must_be_its_own_values(tokenizer, tmp_path):
     from hf_deep_nmt.training.arguments import ModelArguments
 
     tiny_model(tokenizer).save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")  # a saved model is used with the tokenizer saved there
     saved = str(tmp_path / "saved")
     with pytest.raises(ValueError, match=r"`model_overrides.d_model` is 8 but the saved model has 32"):
         build_model(ModelArguments(model_name_or_path=saved, model_overrides={"d_model": 8}), tokenizer)
@@ -398,7 +400,7 @@ def test_cli_reports_a_refused_export_as_one_line_with_status_2(tmp_path, capsys
     config.write_text(json.dumps(recipe))
     assert main(["train", str(config)]) == 2
     error = capsys.readouterr().err
-    assert error.startswith("hf-deep-nmt train: error: Export folder") and "--overwrite_export true" in error
+    assert error.startswith("hf-deep-nmt train: error: Export folder") and "--overwrite-export true" in error
     assert (export / "weights.safetensors").read_text() == "user data"
     assert main(["translate-all"]) == 2
 
@@ -437,6 +439,6 @@ def test_a_misspelt_override_is_refused_before_the_corpus_is_read(tmp_path, monk
     recipe = tmp_path / "recipe.json"
     settings = {"model_type": "deep_nmt", "model_overrides": {"dropuot": 0.2}, "output_dir": str(tmp_path / "run")}
     recipe.write_text(json.dumps(settings))
-    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
+    monkeypatch.setattr(preparation, "prepare_data", lambda *args, **kwargs: pytest.fail("data loaded before check"))
     with pytest.raises(ValueError, match=r"not DeepNMTConfig fields: 'dropuot' \(did you mean 'dropout'\?\)"):
         training.run([str(recipe)])

@@ -20,7 +20,7 @@ import transformers.trainer
 from transformers import TrainerCallback
 
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.training import run_folder
+from hf_deep_nmt.training import lock
 from hf_deep_nmt.training.arguments import parse_arguments
 from hf_deep_nmt.training.callbacks import checkpoint_problem, numbered_checkpoints
 from hf_deep_nmt.training.preemption import (
@@ -64,13 +64,13 @@ def train_arguments(corpus: Path, output_dir: Path) -> list[str]:
     return [
         "train",
         str(recipe),
-        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
-        *("--tokenizer_name_or_path", str(corpus / "tokenizer"), "--max_length_b", "2", "--num_beams", "1"),
-        *("--max_source_length", "64", "--max_target_length", "64", "--max_steps", str(STEPS)),
+        *("--train-file", str(corpus / "train.tsv"), "--validation-file", str(corpus / "valid.tsv")),
+        *("--tokenizer-name-or-path", str(corpus / "tokenizer"), "--max-length-b", "2", "--num-beams", "1"),
+        *("--max-source-length", "64", "--max-target-length", "64", "--max-steps", str(STEPS)),
         # no periodic checkpoint: the only ones are the preemption's and the last
-        *("--save_strategy", "steps", "--save_steps", "1000", "--per_device_train_batch_size", "8"),
-        *("--output_dir", str(output_dir), "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true"),
-        *("--seed", "0", "--dataloader_num_workers", "0", "--translate_examples", "0", "--plot_curves", "false"),
+        *("--save-strategy", "steps", "--save-steps", "1000", "--per-device-train-batch-size", "8"),
+        *("--output-dir", str(output_dir), "--report-to", "none", "--disable-tqdm", "true", "--use-cpu", "true"),
+        *("--seed", "0", "--dataloader-num-workers", "0", "--translate-examples", "0", "--plot-curves", "false"),
     ]
 
 
@@ -142,10 +142,10 @@ class SignalDuringStageTwo(TrainerCallback):
 def test_a_preempted_stage_is_not_marked_finished_and_the_same_command_continues_it(corpus, tmp_path, monkeypatch):
     output_dir = tmp_path / "staged"
     arguments = train_arguments(corpus, output_dir)[1:]
-    arguments[arguments.index("--tokenizer_name_or_path") : arguments.index("--tokenizer_name_or_path") + 2] = [
-        *("--tokenizer_vocab_size", "300")  # trained by the run and saved in output_dir/tokenizer
+    arguments[arguments.index("--tokenizer-name-or-path") : arguments.index("--tokenizer-name-or-path") + 2] = [
+        *("--tokenizer-vocab-size", "300")  # trained by the run and saved in output_dir/tokenizer
     ]
-    arguments += ["--stage_depths", "1", "2", "--stage_max_steps", "3"]
+    arguments += ["--stage-depths", "1", "2", "--stage-max-steps", "3"]
     defaults = transformers.trainer.DEFAULT_CALLBACKS
     monkeypatch.setattr(transformers.trainer, "DEFAULT_CALLBACKS", [*defaults, SignalDuringStageTwo])
     stage_two = output_dir / "stage-2-2-layers"
@@ -181,7 +181,7 @@ def test_a_run_whose_folder_was_taken_over_stops_without_saving(tmp_path):
 
 
 def test_the_launchers_rank_is_not_part_of_the_recipe(tmp_path):
-    parsed = parse_arguments(["--model_type", "deep_nmt", "--output_dir", str(tmp_path), "--use_cpu", "true"])
+    parsed = parse_arguments(["--model-type", "deep_nmt", "--output-dir", str(tmp_path), "--use-cpu", "true"])
     assert "local_rank" not in run_recipe(*parsed)
     # a record of an earlier version holds it: continuing that run under a launcher is not a changed recipe
     assert recipe_differences({"local_rank": -1, "seed": 0}, {"seed": 0}) == []
@@ -252,14 +252,14 @@ def test_a_live_lease_on_another_host_is_never_taken_over_and_a_run_out_one_is(t
 
 
 def test_the_heartbeat_keeps_a_running_lease_alive_for_other_hosts(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_folder, "LEASE_SECONDS", 1.0)
+    monkeypatch.setattr(lock, "LEASE_SECONDS", 1.0)
     folder = tmp_path / "run"
     with RunFolder(folder, "train", {}):
         first = json.loads((folder / LOCK_FILE).read_text())
         time.sleep(2.5)  # more than two leases: without renewal it would have run out
         renewed = json.loads((folder / LOCK_FILE).read_text())
         assert renewed["heartbeat"] > first["heartbeat"] + 1.0 and renewed["pid"] == os.getpid()
-        assert (folder / LOCK_FILE).stat().st_size == run_folder.LOCK_SIZE
+        assert (folder / LOCK_FILE).stat().st_size == lock.LOCK_SIZE
         monkeypatch.setattr(socket, "gethostname", lambda: "node-17")  # a requeued copy, seen from another node
         with pytest.raises(RunFolderError, match="in use by another hf-deep-nmt run"):
             with RunFolder(folder, "train", {}):
@@ -268,7 +268,7 @@ def test_the_heartbeat_keeps_a_running_lease_alive_for_other_hosts(tmp_path, mon
 
 
 def test_a_lock_taken_over_is_neither_renewed_nor_removed_by_its_former_holder(tmp_path, monkeypatch):
-    monkeypatch.setattr(run_folder, "LEASE_SECONDS", 0.4)
+    monkeypatch.setattr(lock, "LEASE_SECONDS", 0.4)
     folder = tmp_path / "run"
     with RunFolder(folder, "train", {}) as held:
         (folder / LOCK_FILE).unlink()  # what a takeover does: the lock renamed away, a new one created
@@ -281,7 +281,7 @@ def test_a_takeover_puts_back_a_lock_that_changed_since_it_was_read(tmp_path):
     folder = tmp_path / "run"
     folder.mkdir()
     renewed = another_hosts_lock(folder, heartbeat_age=0)
-    assert RunFolder(folder, "train", {})._take_over(folder / LOCK_FILE, seen="the text read before") is False
+    assert lock.FolderLock(folder, "train")._take_over(folder / LOCK_FILE, seen="the text read before") is False
     assert (folder / LOCK_FILE).read_text() == renewed
     assert [path.name for path in folder.iterdir()] == [LOCK_FILE]
 

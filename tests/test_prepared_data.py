@@ -200,7 +200,7 @@ def test_prepare_prints_its_counts_and_ends_with_one_json_line(tmp_path, capsys)
     values = {"model_type": "deep_nmt", "tokenizer_vocab_size": 300, "train_file": str(corpus)}
     values.update(validation_file=str(corpus), max_source_length=24, max_target_length=24, output_dir="unused")
     recipe.write_text(json.dumps(values))
-    assert main(["prepare", str(recipe), "--preprocessing_num_workers", "1"]) == 0
+    assert main(["prepare", str(recipe), "--preprocessing-num-workers", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     report = json.loads(lines[-1])
     record = json.loads((Path(report["folder"]) / RECORD).read_text())

@@ -38,6 +38,7 @@ EXPORTED_FILES = [
     "kernels_deep_nmt.py",
     "model.safetensors",
     "modeling_deep_nmt.py",
+    "sizes_deep_nmt.py",
     "tokenizer.json",
     "tokenizer_config.json",
 ]
@@ -73,9 +74,9 @@ def test_push_refuses_a_repository_with_files_unless_asked(tiny_export):
 def test_push_needs_an_exported_folder(tmp_path, capsys):
     with pytest.raises(FileNotFoundError, match="not an exported model folder"):
         upload_operations(tmp_path)
-    assert main(["push", str(tmp_path), "org/x", "--dry-run"]) == 2
+    assert main(["push", "--model", str(tmp_path), "--repo-id", "org/x", "--dry-run"]) == 2
 
 
 def test_push_dry_run_lists_the_files(tiny_export, capsys):
-    assert main(["push", str(tiny_export[0]), "org/tiny", "--dry-run"]) == 0
+    assert main(["push", "--model", str(tiny_export[0]), "--repo-id", "org/tiny", "--dry-run"]) == 0
     assert capsys.readouterr().out.split() == EXPORTED_FILES

@@ -15,9 +15,16 @@ import hf_deep_nmt.modeling.configuration_deep_nmt
 import hf_deep_nmt.modeling.contract_deep_nmt
 import hf_deep_nmt.modeling.kernels_deep_nmt
 import hf_deep_nmt.modeling.modeling_deep_nmt
+import hf_deep_nmt.modeling.sizes_deep_nmt
 
 MODELING_DIR = Path(__file__).resolve().parents[1] / "modeling"
-CODE_FILES = ("configuration_deep_nmt.py", "modeling_deep_nmt.py", "kernels_deep_nmt.py", "contract_deep_nmt.py")
+CODE_FILES = (
+    "configuration_deep_nmt.py",
+    "modeling_deep_nmt.py",
+    "kernels_deep_nmt.py",
+    "contract_deep_nmt.py",
+    "sizes_deep_nmt.py",
+)
 ALLOWED_PACKAGES = {"torch", "transformers", "__future__"}
 
 LOAD_SCRIPT = """
@@ -179,6 +186,7 @@ def test_package_modeling_is_the_repository_modeling_folder():
         hf_deep_nmt.modeling.modeling_deep_nmt,
         hf_deep_nmt.modeling.kernels_deep_nmt,
         hf_deep_nmt.modeling.contract_deep_nmt,
+        hf_deep_nmt.modeling.sizes_deep_nmt,
     ):
         assert Path(module.__file__).resolve().parent == MODELING_DIR
 
@@ -199,10 +207,17 @@ def test_modeling_files_import_only_stdlib_torch_and_transformers(name):
             continue
         for root in roots:
             assert root in ALLOWED_PACKAGES or root in sys.stdlib_module_names, f"{name} imports {root}"
-    # the model file imports its three siblings, the contract the kernels' `is_tracing`; nothing else is imported
+    # the model file imports its four siblings, the contract the kernels' `is_tracing`, the size arithmetic the config
+    # and the contract; nothing else is imported
     expected_relative = {
-        "modeling_deep_nmt.py": [(1, "configuration_deep_nmt"), (1, "contract_deep_nmt"), (1, "kernels_deep_nmt")],
+        "modeling_deep_nmt.py": [
+            (1, "configuration_deep_nmt"),
+            (1, "contract_deep_nmt"),
+            (1, "kernels_deep_nmt"),
+            (1, "sizes_deep_nmt"),
+        ],
         "contract_deep_nmt.py": [(1, "kernels_deep_nmt")],
+        "sizes_deep_nmt.py": [(1, "configuration_deep_nmt"), (1, "contract_deep_nmt")],
     }
     assert relative == expected_relative.get(name, [])
 

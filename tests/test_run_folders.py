@@ -58,12 +58,12 @@ def recipe_arguments(corpus: Path, output_dir: Path, *extra: str) -> list[str]:
     recipe.write_text(json.dumps({"model_type": "deep_nmt", "model_overrides": OVERRIDES}))
     return [
         str(recipe),
-        *("--train_file", str(corpus / "train.tsv"), "--validation_file", str(corpus / "valid.tsv")),
-        *("--tokenizer_name_or_path", str(corpus / "tokenizer"), "--max_length_b", "2", "--num_beams", "1"),
-        *("--max_source_length", "64", "--max_target_length", "64", "--max_steps", str(STEPS)),
-        *("--save_strategy", "steps", "--save_steps", "1", "--per_device_train_batch_size", "8"),
-        *("--output_dir", str(output_dir), "--report_to", "none", "--disable_tqdm", "true", "--use_cpu", "true"),
-        *("--seed", "0", "--translate_examples", "0", "--plot_curves", "false"),
+        *("--train-file", str(corpus / "train.tsv"), "--validation-file", str(corpus / "valid.tsv")),
+        *("--tokenizer-name-or-path", str(corpus / "tokenizer"), "--max-length-b", "2", "--num-beams", "1"),
+        *("--max-source-length", "64", "--max-target-length", "64", "--max-steps", str(STEPS)),
+        *("--save-strategy", "steps", "--save-steps", "1", "--per-device-train-batch-size", "8"),
+        *("--output-dir", str(output_dir), "--report-to", "none", "--disable-tqdm", "true", "--use-cpu", "true"),
+        *("--seed", "0", "--translate-examples", "0", "--plot-curves", "false"),
         *extra,
     ]
 
@@ -85,9 +85,9 @@ def old_run(finished_run, tmp_path):
 
 
 def fail_on_training(monkeypatch):
-    from hf_deep_nmt.training import pipeline as training
+    from hf_deep_nmt.data import preparation
 
-    monkeypatch.setattr(training, "prepare_data", lambda *args, **kwargs: pytest.fail("work started"))
+    monkeypatch.setattr(preparation, "prepare_data", lambda *args, **kwargs: pytest.fail("work started"))
 
 
 # ---- one run per output folder -------------------------------------------------------------------------------------
@@ -131,10 +131,10 @@ def test_a_lock_left_by_a_dead_process_is_taken_over_and_every_lock_is_released(
 def test_an_output_dir_holding_another_recipe_or_an_unrecorded_run_is_refused(corpus, old_run, monkeypatch, capsys):
     fail_on_training(monkeypatch)
     before = tree(old_run)
-    assert main(["train", *recipe_arguments(corpus, old_run, "--learning_rate", "0.01")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--learning-rate", "0.01")]) == 2
     error = capsys.readouterr().err
     assert "holds a run of another recipe (learning_rate: 5e-05 -> 0.01)" in error
-    assert "--resume_from_checkpoint last" in error and "--overwrite_output_dir true" in error
+    assert "--resume-from-checkpoint last" in error and "--overwrite-output-dir true" in error
     (old_run / RUN_RECORD).unlink()
     before.pop(RUN_RECORD)
     assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
@@ -175,7 +175,7 @@ def test_the_same_command_on_a_finished_run_is_refused_with_the_way_out(corpus, 
     before = tree(old_run)
     assert main(["train", *recipe_arguments(corpus, old_run)]) == 2
     error = capsys.readouterr().err
-    assert "holds a finished run of this same recipe" in error and "--overwrite_output_dir true" in error
+    assert "holds a finished run of this same recipe" in error and "--overwrite-output-dir true" in error
     assert tree(old_run) == before
 
 
@@ -202,7 +202,7 @@ def test_overwrite_output_dir_removes_only_what_our_runs_wrote(corpus, old_run):
     (old_run / "data").mkdir()
     (old_run / "data" / "extra.tsv").write_text("a\tb\n")
     kept = {name: tree(old_run)[name] for name in ("notes.txt", "data/extra.tsv")}
-    run(recipe_arguments(corpus, old_run, "--max_steps", "2", "--overwrite_output_dir", "true"))
+    run(recipe_arguments(corpus, old_run, "--max-steps", "2", "--overwrite-output-dir", "true"))
     assert {name: tree(old_run)[name] for name in kept} == kept
     assert sorted(path.name for path in old_run.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert json.loads((old_run / "results.json").read_text())["train_steps"] == 2
@@ -240,10 +240,10 @@ def test_a_run_continued_with_another_process_count_or_update_size_is_refused(co
     assert "this one has 1 process(es), 8 sentences per update (8 x 1 accumulation x 1)" in error
     assert "launch it with 2 process(es)" in error
     assert (
-        "keep 16 sentences per update with `--gradient_accumulation_steps 2` or `--per_device_train_batch_size 16`"
+        "keep 16 sentences per update with `--gradient-accumulation-steps 2` or `--per-device-train-batch-size 16`"
         in error
     )
-    assert main(["train", *recipe_arguments(corpus, old_run, "--resume_from_checkpoint", "last")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--resume-from-checkpoint", "last")]) == 2
     assert "Cannot continue" in capsys.readouterr().err
     assert tree(old_run) == before
 
@@ -254,7 +254,7 @@ def test_another_process_count_with_the_same_update_size_needs_an_explicit_resum
     recorded = {"world_size": 2, "per_process": 4, "gradient_accumulation_steps": 1, "unit": "tokens", "per_update": 8}
     now = {**recorded, "world_size": 1, "per_process": 8}
     (folder / RUN_RECORD).write_text(json.dumps({"command": "train", "recipe": {}, "shape": recorded}))
-    with pytest.raises(RunFolderError, match=r"accept the new data order with `--resume_from_checkpoint last`"):
+    with pytest.raises(RunFolderError, match=r"accept the new data order with `--resume-from-checkpoint last`"):
         with RunFolder(folder, "train", {}, now) as again:
             again.start(None, False)
     with caplog.at_level(logging.WARNING), RunFolder(folder, "train", {}, now) as resumed:
@@ -273,8 +273,8 @@ def test_two_processes_after_one_are_refused_naming_the_settings_that_keep_the_t
     message = (
         r"trained with 1 process\(es\), 8192 tokens per update \(4096 x 2 accumulation x 1\), this one has 2 "
         r"process\(es\), 16384 tokens per update \(4096 x 2 accumulation x 2\)\. To continue it, launch it with 1 "
-        r"process\(es\) .*; or keep 8192 tokens per update with `--gradient_accumulation_steps 1` or "
-        r"`--max_tokens 2048` and `--resume_from_checkpoint last`"
+        r"process\(es\) .*; or keep 8192 tokens per update with `--gradient-accumulation-steps 1` or "
+        r"`--max-tokens 2048` and `--resume-from-checkpoint last`"
     )
     for resume in (None, "last"):
         with pytest.raises(RunFolderError, match=message), RunFolder(folder, "train", {}, two) as again:
@@ -285,8 +285,8 @@ def test_two_processes_after_one_are_refused_naming_the_settings_that_keep_the_t
 def test_overwrite_keeps_the_tokenizer_the_recipe_reads_from_the_output_dir(corpus, old_run, caplog):
     shutil.copytree(corpus / "tokenizer", old_run / "tokenizer")
     kept = tree(old_run / "tokenizer")
-    arguments = recipe_arguments(corpus, old_run, "--max_steps", "1", "--overwrite_output_dir", "true")
-    arguments[arguments.index("--tokenizer_name_or_path") + 1] = str(old_run / "tokenizer")
+    arguments = recipe_arguments(corpus, old_run, "--max-steps", "1", "--overwrite-output-dir", "true")
+    arguments[arguments.index("--tokenizer-name-or-path") + 1] = str(old_run / "tokenizer")
     run(arguments)  # not listed as ours: neither removed nor counted as an earlier output
     assert tree(old_run / "tokenizer") == kept
     assert sorted(path.name for path in old_run.glob("checkpoint-*")) == ["checkpoint-1"]
@@ -310,14 +310,14 @@ def test_overwrite_refuses_a_folder_no_record_lists_and_removes_nothing(corpus, 
     (old_run / RUN_RECORD).write_text(json.dumps(record))
     before = tree(old_run)
     fail_on_training(monkeypatch)
-    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite_output_dir", "true")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite-output-dir", "true")]) == 2
     error = capsys.readouterr().err
     names = [f"checkpoint-{step}" for step in range(1, STEPS + 1)] + ["results.json"]
     assert f"holds {names}, which may not be removed: no record lists them as written" in error
     assert "Nothing was removed" in error and "choose another output_dir" in error
     assert tree(old_run) == before
     (old_run / RUN_RECORD).unlink()  # no record at all: the same
-    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite_output_dir", "true")]) == 2
+    assert main(["train", *recipe_arguments(corpus, old_run, "--overwrite-output-dir", "true")]) == 2
     assert "Nothing was removed" in capsys.readouterr().err
     assert sorted(tree(old_run)) == sorted(name for name in before if name != RUN_RECORD)
 
@@ -354,7 +354,7 @@ def test_translate_refuses_an_output_that_is_the_file_read_on_stdin(tmp_path, mo
 
 def test_train_staged_refuses_a_folder_of_another_recipe(corpus, tmp_path, monkeypatch):
     output_dir = tmp_path / "staged"
-    arguments = [*recipe_arguments(corpus, output_dir), "--stage_depths", "1", "2", "--stage_max_steps", "2"]
+    arguments = [*recipe_arguments(corpus, output_dir), "--stage-depths", "1", "2", "--stage-max-steps", "2"]
     classes = (*ARGUMENT_CLASSES, StageArguments)
     from hf_deep_nmt.training.run_folder import run_recipe
 
@@ -377,8 +377,8 @@ def test_an_export_into_the_output_or_corpus_folder_is_refused_before_work(corpu
     shutil.copytree(corpus, tmp_path / "corpus")
     output_dir = tmp_path / "out" / "run"
     export = {"output_dir": output_dir, "corpus": tmp_path / "corpus", "holds_output": tmp_path / "out"}[where]
-    arguments = recipe_arguments(tmp_path / "corpus", output_dir, "--export_dir", str(export))
-    arguments += ["--overwrite_export", "true"]
+    arguments = recipe_arguments(tmp_path / "corpus", output_dir, "--export-dir", str(export))
+    arguments += ["--overwrite-export", "true"]
     before = tree(tmp_path)
     fail_on_training(monkeypatch)
     message = {"output_dir": "is the training output_dir", "corpus": "is the folder of the corpus file"}
@@ -395,7 +395,7 @@ def test_an_export_under_an_unwritable_folder_is_refused_before_work(corpus, tmp
     fail_on_training(monkeypatch)
     try:
         with pytest.raises(PermissionError, match=rf"Export folder '{parent}/export' cannot be written"):
-            run(recipe_arguments(corpus, tmp_path / "run", "--export_dir", str(parent / "export")))
+            run(recipe_arguments(corpus, tmp_path / "run", "--export-dir", str(parent / "export")))
     finally:
         locked.chmod(0o755)
 
@@ -410,27 +410,27 @@ def checkpoints(finished_run, tmp_path):
 def test_average_refuses_to_write_over_its_inputs_or_their_output_folder(checkpoints, capsys):
     inputs = [str(checkpoints / "checkpoint-3"), str(checkpoints / "checkpoint-4")]
     before = tree(checkpoints)
-    assert main(["average", *inputs, "--save-to", str(checkpoints), "--overwrite"]) == 2
+    assert main(["average", *inputs, "--output", str(checkpoints), "--overwrite"]) == 2
     error = capsys.readouterr().err
     assert "is the Trainer output folder holding the checkpoint" in error
-    assert main(["average", *inputs, "--save-to", inputs[0], "--overwrite"]) == 2
+    assert main(["average", *inputs, "--output", inputs[0], "--overwrite"]) == 2
     assert "is one of the averaged checkpoints" in capsys.readouterr().err
     assert tree(checkpoints) == before
 
 
 def test_an_average_overwrites_only_an_earlier_average_and_carries_the_tokenizer(checkpoints, tmp_path, capsys):
     target = tmp_path / "averaged"
-    assert main(["average", "--output-dir", str(checkpoints), "--last", "2", "--save-to", str(target)]) == 0
+    assert main(["average", "--run", str(checkpoints), "--last", "2", "--output", str(target)]) == 0
     assert (target / "tokenizer.json").is_file() and (target / WRITTEN_MARKER).is_file()
-    assert main(["average", "--output-dir", str(checkpoints), "--last", "2", "--save-to", str(target)]) == 2
+    assert main(["average", "--run", str(checkpoints), "--last", "2", "--output", str(target)]) == 2
     error = capsys.readouterr().err
     assert "`--overwrite` on the command line" in error and "overwrite_export" not in error
-    assert main(["average", str(checkpoints / "checkpoint-1"), "--save-to", str(target), "--overwrite"]) == 0
+    assert main(["average", str(checkpoints / "checkpoint-1"), "--output", str(target), "--overwrite"]) == 0
     expected = load_file(checkpoints / "checkpoint-1" / "model.safetensors")
     assert torch.equal(load_file(target / "model.safetensors")["model.shared.weight"], expected["model.shared.weight"])
     (target / "notes.txt").write_text("mine")
     before = tree(target)
-    assert main(["average", str(checkpoints / "checkpoint-2"), "--save-to", str(target), "--overwrite"]) == 2
+    assert main(["average", str(checkpoints / "checkpoint-2"), "--output", str(target), "--overwrite"]) == 2
     assert "holds files that no export or average of hf-deep-nmt wrote (['notes.txt'])" in capsys.readouterr().err
     assert tree(target) == before
 
@@ -477,18 +477,18 @@ def test_a_damaged_or_partial_newest_checkpoint_is_skipped_for_resume_and_averag
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (("--max_eval_samples", "-3"), r"`max_eval_samples` must be >= 1, got -3"),
-        (("--num_beams", "0"), r"`num_beams` must be >= 1, got 0"),
-        (("--per_device_eval_batch_size", "0"), r"`per_device_eval_batch_size` must be >= 1, got 0"),
-        (("--gradient_accumulation_steps", "0"), r"`gradient_accumulation_steps` must be >= 1, got 0"),
+        (("--max-eval-samples", "-3"), r"`max_eval_samples` must be >= 1, got -3"),
+        (("--num-beams", "0"), r"`num_beams` must be >= 1, got 0"),
+        (("--per-device-eval-batch-size", "0"), r"`per_device_eval_batch_size` must be >= 1, got 0"),
+        (("--gradient-accumulation-steps", "0"), r"`gradient_accumulation_steps` must be >= 1, got 0"),
         (
-            ("--bleu_tokenize", "13b"),
+            ("--bleu-tokenize", "13b"),
             r"`bleu_tokenize` must be one of sacreBLEU's tokenizers .*\(did you mean '13a'\?\)",
         ),
-        (("--length_penalty", "nan"), r"`length_penalty` must be a finite number, got nan"),
-        (("--max_length_a", "inf"), r"`max_length_a` must be a finite number, got inf"),
-        (("--max_length_a", "1e6"), r"= 1000000.0 \* 64 \+ 2 = 6.4e\+07 tokens must be between 1 and 4096"),
-        (("--max_length_a", "0", "--max_length_b", "0"), r"= 0.0 \* 64 \+ 0 = 0 tokens must be between 1 and 4096"),
+        (("--length-penalty", "nan"), r"`length_penalty` must be a finite number, got nan"),
+        (("--max-length-a", "inf"), r"`max_length_a` must be a finite number, got inf"),
+        (("--max-length-a", "1e6"), r"= 1000000.0 \* 64 \+ 2 = 6.4e\+07 tokens must be between 1 and 4096"),
+        (("--max-length-a", "0", "--max-length-b", "0"), r"= 0.0 \* 64 \+ 0 = 0 tokens must be between 1 and 4096"),
     ],
 )
 def test_bad_settings_are_refused_before_any_work(corpus, tmp_path, flags, message, monkeypatch):
@@ -578,8 +578,8 @@ def test_a_saved_model_with_a_smaller_tokenizer_is_refused(corpus, finished_run,
     assert len(smaller) < model_vocab
     from hf_deep_nmt.training import pipeline as training
 
-    arguments = recipe_arguments(corpus, tmp_path / "run", "--model_name_or_path", str(finished_run / "checkpoint-4"))
-    arguments[arguments.index("--tokenizer_name_or_path") + 1] = str(small)
+    arguments = recipe_arguments(corpus, tmp_path / "run", "--model-name-or-path", str(finished_run / "checkpoint-4"))
+    arguments[arguments.index("--tokenizer-name-or-path") + 1] = str(small)
     monkeypatch.setattr(training, "build_model", lambda *args: pytest.fail("model built"))
     with pytest.raises(
         ValueError, match=rf"has {len(smaller)} tokens but the model .* has a vocabulary of {model_vocab}"

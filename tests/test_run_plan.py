@@ -269,3 +269,38 @@ def test_the_plan_module_reads_nothing_of_the_later_steps():
     for later in ("training", "staged", "prepared_data", "streaming", "trainer", "translate", "hub", "evaluation"):
         assert f"hf_deep_nmt.{later} import" not in source and f"hf_deep_nmt import {later}" not in source
     assert RunPlan.__dataclass_params__.frozen
+
+
+def test_a_step_given_the_recipes_arguments_instead_of_a_plan_checks_them_into_one(monkeypatch):
+    """No step has an unchecked way in: the Python API's `build_config(model_args)` / `configure_generation(model,
+    tokenizer, data_args, export_args)` build the plan first, by the checks `train` runs (none of a run folder's), and
+    refuse what `train` refuses with its message; a step given its plan checks nothing again."""
+    from hf_deep_nmt.training.arguments import DataArguments, EvalExportArguments, ModelArguments
+
+    calls = spy_on_checks(monkeypatch)
+    config = training.build_config(ModelArguments(model_type="deep_nmt", model_overrides=TINY_OVERRIDES))
+    assert config.d_model == 16 and config.vocab_size == 8000
+    assert len(calls["plan_run"]) == len(calls["check_model_arguments"]) == len(calls["check_arguments"]) == 1
+    assert not {"check_run_folders", "check_training_size", "check_checkpoints_to_average"} & set(calls)
+    with pytest.raises(ValueError, match=r"`model_type` must be one of .*got 'dlcl'"):
+        training.build_config(ModelArguments(model_type="dlcl"))
+    model = training.MODEL_CLASSES[type(config)](config)
+
+    class Tokenizer:  # what `check_tokenizer_matches` reads
+        pad_token_id, bos_token_id, eos_token_id = 1, 0, 2
+
+        def __len__(self):
+            return 8000
+
+    recipe = EvalExportArguments(num_beams=2, max_length_a=1.0, max_length_b=3)
+    training.configure_generation(model, Tokenizer(), DataArguments(max_source_length=8), recipe)
+    assert (model.generation_config.num_beams, model.generation_config.max_length) == (2, 13)
+    with pytest.raises(ValueError, match=r"`num_beams` must be >= 1, got 0"):
+        training.configure_generation(model, Tokenizer(), EvalExportArguments(num_beams=0))
+    with pytest.raises(TypeError, match=r"takes the run's `RunPlan`.*got str"):
+        training.build_model("deep_nmt", Tokenizer())
+
+    plan = plan_module.as_plan(ModelArguments(model_type="deep_nmt", model_overrides=TINY_OVERRIDES))
+    calls.clear()
+    assert plan_module.as_plan(plan) is plan and training.build_config(plan).d_model == 16
+    assert not calls  # given its plan, the step checks nothing again

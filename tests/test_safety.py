@@ -141,6 +141,7 @@ def test_exported_folder_holds_safetensors_weights_and_code_importing_only_stdli
         "contract_deep_nmt.py",
         "kernels_deep_nmt.py",
         "modeling_deep_nmt.py",
+        "sizes_deep_nmt.py",
     }
     for path in code:
         source = path.read_text(encoding="utf-8")

@@ -1,21 +1,24 @@
-"""The command line starts without torch and transformers: `--help`, and a command refused on its arguments, finish
-before either is imported (importing them, and tearing them down at exit, is what made a refusal slow); the package's
-names are handed on, and its models registered, at their first use."""
+"""The command line starts without torch and transformers: every `--help`, and a command refused on its arguments,
+finish before either is imported (importing them, and tearing them down at exit, is what made a refusal slow); the
+package's names are handed on, and its models registered, at their first use."""
 
 import json
 import subprocess
 import sys
-import warnings
 
 import pytest
 
 HEAVY = ("torch", "transformers", "datasets", "sacrebleu", "peft")
 
-# Runs the command line in a fresh interpreter, then prints what it returned and which heavy packages it imported.
+# Runs the command line in a fresh interpreter, then prints what it returned (or exited with) and which heavy packages
+# it imported.
 PROBE = """
 import json, sys
 from hf_deep_nmt_cli import main
-code = main(sys.argv[1:])
+try:
+    code = main(sys.argv[1:])
+except SystemExit as exit:  # argparse's --help
+    code = exit.code
 print(json.dumps({"code": code, "imported": sorted(name for name in HEAVY if name in sys.modules)}))
 """.replace("HEAVY", repr(HEAVY))
 
@@ -24,26 +27,37 @@ def run_cli(*arguments: str, cwd) -> dict:
     result = subprocess.run(
         [sys.executable, "-c", PROBE, *arguments], capture_output=True, text=True, cwd=cwd, check=True
     )
-    return {**json.loads(result.stdout.splitlines()[-1]), "stderr": result.stderr}
+    *printed, outcome = result.stdout.splitlines()
+    return {**json.loads(outcome), "stdout": "\n".join(printed), "stderr": result.stderr}
 
 
 @pytest.mark.parametrize(
     "arguments, code, message",
     [
-        (["--help"], 0, "usage: hf-deep-nmt"),
         (["no-such-command"], 2, "unknown command 'no-such-command'"),
         (["translate"], 2, "the following arguments are required: --model"),
         (["translate", "--model", "m", "--num-beams", "0"], 2, "--num-beams"),
         (["train", "missing.json"], 2, "Config file not found: missing.json"),
         (["train-staged", "missing.yaml"], 2, "Config file not found: missing.yaml"),
-        (["average"], 2, "the following arguments are required: --save-to"),
-        (["upgrade-code"], 2, "the following arguments are required: source"),
+        (["average"], 2, "the following arguments are required: --output"),
+        (["upgrade-code"], 2, "the following arguments are required: --model"),
     ],
 )
 def test_a_refused_command_imports_neither_torch_nor_transformers(tmp_path, arguments, code, message):
     outcome = run_cli(*arguments, cwd=tmp_path)
     assert outcome["code"] == code and message in outcome["stderr"]
     assert outcome["imported"] == []
+
+
+def test_every_help_answers_on_stdout_without_torch_or_transformers(tmp_path):
+    """`hf-deep-nmt --help | less` shows the commands, and each command's `--help` its arguments, at once: importing
+    torch and transformers would take seconds."""
+    from hf_deep_nmt.cli import COMMANDS
+
+    for arguments in (["--help"], *([name, "--help"] for name in COMMANDS)):
+        outcome = run_cli(*arguments, cwd=tmp_path)
+        assert outcome["code"] == 0 and outcome["stdout"].startswith("usage: hf-deep-nmt"), (arguments, outcome)
+        assert outcome["imported"] == [] and outcome["stderr"] == "", (arguments, outcome)
 
 
 def test_a_bare_import_registers_the_models(tmp_path):
@@ -86,13 +100,8 @@ def test_an_unknown_name_of_the_package_is_an_attribute_error():
     assert "DlclConfig" in dir(hf_deep_nmt)
 
 
-def test_the_0_1_0_path_of_inspect_model_warns_and_still_works():
+def test_the_0_1_0_path_of_inspect_model_is_retired():
     from hf_deep_nmt.tools import diagnostics
-    from hf_deep_nmt.tools.inspection import inspect_model
 
-    with pytest.warns(FutureWarning, match="import it from `hf_deep_nmt.tools.inspection`"):
-        assert diagnostics.inspect_model is inspect_model
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        from hf_deep_nmt.tools.inspection import inspect_model as again  # the new path says nothing
-    assert again is inspect_model
+    with pytest.raises(AttributeError, match="has no attribute 'inspect_model'"):
+        diagnostics.inspect_model  # noqa: B018  (it lives in `hf_deep_nmt.tools.inspection`, with its command)

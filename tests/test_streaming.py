@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import DataCollatorForSeq2Seq, PreTrainedTokenizerFast
 
-from hf_deep_nmt.data import streaming
+from hf_deep_nmt.data import preparation, streaming
 from hf_deep_nmt.data.corpus import read_parallel_file, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.data.streaming import (
     STREAM_STATE_FILE,
@@ -353,7 +353,7 @@ def test_streaming_trains_and_a_preempted_run_continues_with_the_batches_it_had_
     record.clear()
     stop_at[0] = None
     trainings = []
-    monkeypatch.setattr(training, "train_joint_tokenizer", lambda *a, **k: trainings.append(1))
+    monkeypatch.setattr(preparation, "train_joint_tokenizer", lambda *a, **k: trainings.append(1))
     summary = training.run(argv)  # the same command continues from checkpoint-3
     assert summary["train_steps"] == 5 and not trainings  # the saved tokenizer is loaded, not trained again
     assert record == whole[6:]  # exactly the batches the uninterrupted run trained after step 3

@@ -183,3 +183,21 @@ def test_the_tests_left_out_of_the_contract_run_exist():
                 marks = getattr(getattr(importlib.import_module(module[:-3]), function), "pytestmark", [])
                 values = {str(value) for mark in marks if mark.name == "parametrize" for value in mark.args[1]}
                 assert parameter.removesuffix("]") in values, f"{module}: {function} has no parameter {parameter}"
+
+
+def test_the_weight_files_are_found_with_public_arguments_only(model, tmp_path):
+    """What a loading checks before it builds (`LoadingRequest.weight_files`) is found through `cached_file`'s public
+    arguments, a lack caught as the `OSError` it raises: a folder's weights file, every shard of a sharded save, and
+    nothing, without a download or an error, for a folder or a Hub id that holds none."""
+    model.save_pretrained(tmp_path / "single")
+    model.save_pretrained(tmp_path / "sharded", max_shard_size="5KB")
+
+    def found(source) -> list[str]:
+        return [Path(file).name for file in modeling.LoadingRequest(source=str(source), download={}).weight_files()]
+
+    assert found(tmp_path / "single") == ["model.safetensors"]
+    index = (tmp_path / "sharded" / "model.safetensors.index.json").read_text()
+    shards = found(tmp_path / "sharded")
+    assert len(shards) > 1 and all(f'"{shard}"' in index for shard in shards)
+    assert found(tmp_path / "no-such-folder") == [] and found("org/not-in-any-cache") == []
+    assert "_raise_exceptions" not in (ROOT / "modeling" / "contract_deep_nmt.py").read_text()

@@ -96,7 +96,7 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
 
     assert report.old_version == "0.1.0 or earlier" and report.new_version == __version__
     assert "modeling_deep_nmt.py" in report.changed and report.written
-    assert {"kernels_deep_nmt.py", "contract_deep_nmt.py"} <= set(report.changed)  # the files 0.1.0 lacked
+    assert {"kernels_deep_nmt.py", "contract_deep_nmt.py", "sizes_deep_nmt.py"} <= set(report.changed)  # 0.1.0 lacked
     for name in CODE_FILES:
         assert (published / name).read_bytes() == (installed_code_folder() / name).read_bytes()
     assert (
@@ -260,13 +260,15 @@ def test_a_hub_repository_gets_one_code_only_commit_on_top_of_the_checked_one(pu
 
 
 def test_the_command_line_reports_the_upgrade(published, capsys):
-    assert main(["upgrade-code", str(published), "--dry-run", "--num-checks", "2"]) == 2
+    assert main(["upgrade-code", "--model", str(published), "--dry-run", "--num-checks", "2"]) == 2
     error = capsys.readouterr().err
     assert "runs its own model code" in error and "add --trust-remote-code" in error and "Nothing ran" in error
-    assert main(["upgrade-code", str(published), "--dry-run", "--num-checks", "2", "--trust-remote-code"]) == 0
+    assert (
+        main(["upgrade-code", "--model", str(published), "--dry-run", "--num-checks", "2", "--trust-remote-code"]) == 0
+    )
     out = capsys.readouterr().out
     assert f"model code 0.1.0 or earlier -> {__version__}" in out and "dry run" in out
-    assert main(["upgrade-code", str(published), "--num-checks", "0"]) == 2
+    assert main(["upgrade-code", "--model", str(published), "--num-checks", "0"]) == 2
     assert "--num-checks" in capsys.readouterr().err
 
 

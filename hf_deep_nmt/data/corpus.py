@@ -149,21 +149,19 @@ def check_line_breaks(path: Path, number: int, text: str) -> None:
         )
 
 
-def _lines(path: Path, checked: bool = False):
-    """(line number, text) of a UTF-8 file (`decode_line`). `checked`: `check_corpus_file` already ran on `path`
-    (`parallel_files`)."""
-    if not checked:
-        check_corpus_file(path)
+def _lines(path: Path):
+    """(line number, text) of a UTF-8 file (`decode_line`) that `check_corpus_file` accepted: the public readers check
+    the path they are given, `iter_parallel_file` reads the files `parallel_files` (or a run's plan) checked."""
     with path.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
             yield number, decode_line(path, number, raw)
 
 
-def _content_lines(path: Path, checked: bool = False):
+def _content_lines(path: Path):
     """`_lines` without blank lines at the end of the file; a blank line followed by more text is an error (it would
     otherwise be a pair dropped without a word)."""
     blank = None
-    for number, line in _lines(path, checked):
+    for number, line in _lines(path):
         if not line.strip():
             blank = blank or number
             continue
@@ -240,29 +238,45 @@ def jsonl_pair(path: Path, number: int, line: str, source_key: str, target_key: 
     return record[source_key], record[target_key]
 
 
-def iter_tsv(path: str | Path, checked: bool = False):
+def iter_tsv(path: str | Path):
     """(line number, source, target) of a `source<TAB>target` file, one line at a time; blank final lines are
     allowed, a line without exactly one tab is not."""
     path = Path(path)
-    for number, line in _content_lines(path, checked):
-        yield number, *tsv_pair(path, number, line)
+    check_corpus_file(path)
+    yield from _tsv_rows(path)
 
 
-def iter_jsonl(path: str | Path, source_key: str, target_key: str, checked: bool = False):
+def iter_jsonl(path: str | Path, source_key: str, target_key: str):
     """(line number, source, target) of a file with one JSON object per line with `source_key` and `target_key`
     string fields (or a `translation` dict), one line at a time."""
     path = Path(path)
-    for number, line in _content_lines(path, checked):
-        yield number, *jsonl_pair(path, number, line, source_key, target_key)
+    check_corpus_file(path)
+    yield from _jsonl_rows(path, source_key, target_key)
 
 
-def iter_two_files(source_path: str | Path, target_path: str | Path, checked: bool = False):
+def iter_two_files(source_path: str | Path, target_path: str | Path):
     """(line number, source, target) of line-aligned source and target files, one line at a time. Their line counts
     must match; that is checked first, as when the files are read whole: an empty line is reported only once both
     files are read to their end with the same count, and no pair is yielded after it."""
     source_path, target_path = Path(source_path), Path(target_path)
+    check_corpus_file(source_path)
+    check_corpus_file(target_path)
+    yield from _two_file_rows(source_path, target_path)
+
+
+def _tsv_rows(path: Path):
+    for number, line in _content_lines(path):
+        yield number, *tsv_pair(path, number, line)
+
+
+def _jsonl_rows(path: Path, source_key: str, target_key: str):
+    for number, line in _content_lines(path):
+        yield number, *jsonl_pair(path, number, line, source_key, target_key)
+
+
+def _two_file_rows(source_path: Path, target_path: Path):
     empty, counts = None, [0, 0]
-    for source, target in itertools.zip_longest(_lines(source_path, checked), _lines(target_path, checked)):
+    for source, target in itertools.zip_longest(_lines(source_path), _lines(target_path)):
         if source is None or target is None:  # one file goes on: count its lines, then refuse
             counts = [counts[0] + (source is not None), counts[1] + (target is not None)]
             continue
@@ -326,12 +340,12 @@ def iter_parallel_file(
     """(line number, source, target), one pair at a time, dispatching on the file name: `.tsv`, `.jsonl`, or a
     prefix with `{prefix}.{source_lang}` and `{prefix}.{target_lang}` beside it. `files`: what `parallel_files`
     returned for `path`, when a run's plan already checked them."""
-    files = files or parallel_files(path, source_lang, target_lang)
-    if files[0].suffix == ".tsv" and len(files) == 1:  # each file checked by `parallel_files`
-        return iter_tsv(files[0], checked=True)
+    files = files or parallel_files(path, source_lang, target_lang)  # each file checked there, not again here
+    if files[0].suffix == ".tsv" and len(files) == 1:
+        return _tsv_rows(files[0])
     if len(files) == 1:
-        return iter_jsonl(files[0], source_lang, target_lang, checked=True)
-    return iter_two_files(*files, checked=True)
+        return _jsonl_rows(files[0], source_lang, target_lang)
+    return _two_file_rows(*files)
 
 
 def read_parallel_file(
@@ -425,7 +439,7 @@ def load_parallel_dataset(
 ) -> datasets.DatasetDict:
     """A `DatasetDict` with `source`/`target` string columns, from local files or a `datasets` name."""
     if dataset_name:
-        raw = _load_named_dataset(dataset_name, dataset_config)
+        raw = load_named_dataset(dataset_name, dataset_config)
         if "train" not in raw:
             raise ValueError(f"Dataset {dataset_name!r} has no 'train' split; it has {sorted(raw)}.")
         if validation_split not in raw:
@@ -439,11 +453,8 @@ def load_parallel_dataset(
         return datasets.DatasetDict(splits)
     if train_file is None:
         raise ValueError("Give `train_file` (a local corpus) or `dataset_name` (a `datasets.load_dataset` name).")
-    if validation_file is not None and Path(validation_file).resolve() == Path(train_file).resolve():
-        logger.warning(
-            f"The validation file is the training file ({train_file}): the scores will not tell how the model does "
-            "on unseen text."
-        )
+    if validation_file is not None:
+        warn_if_validation_is_training(train_file, validation_file)
     splits = {}
     for split, name, path in (("train", "train_file", train_file), ("validation", "validation_file", validation_file)):
         if path is None:
@@ -452,6 +463,15 @@ def load_parallel_dataset(
         check_read_pairs(path, name, pairs, source_lang, target_lang)
         splits[split] = datasets.Dataset.from_dict(pairs)
     return datasets.DatasetDict(splits)
+
+
+def warn_if_validation_is_training(train_file: str | Path, validation_file: str | Path) -> None:
+    """A warning when the validation file is the training file: its scores say nothing of unseen text."""
+    if Path(validation_file).resolve() == Path(train_file).resolve():
+        logger.warning(
+            f"The validation file is the training file ({train_file}): the scores will not tell how the model does "
+            "on unseen text."
+        )
 
 
 HEADER_WORDS = {"source", "target", "src", "tgt", "source_text", "target_text", "input", "output"}
@@ -469,20 +489,22 @@ def _warn_on_header(path, first: tuple[str, str], count: int, source_lang: str, 
     return header
 
 
-def _load_named_dataset(dataset_name: str, dataset_config: str | None) -> datasets.DatasetDict:
-    """`datasets.load_dataset`, with a one-line error when the Hub cannot be reached (offline) and the dataset is not
-    in the local cache."""
+def load_named_dataset(name: str, config: str | None, split: str | None = None, streaming: bool = False):
+    """`datasets.load_dataset(name, config, split=split, streaming=streaming)`, with a one-line error when the Hub
+    cannot be reached (offline) and the dataset is not in the local cache (the one wrapper for every reader here
+    and in `hf_deep_nmt.data.streaming`)."""
     offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
     try:
-        return datasets.load_dataset(dataset_name, dataset_config)
+        return datasets.load_dataset(name, config, split=split, streaming=streaming)
     except (ConnectionError, TimeoutError, OSError, ValueError) as error:
         if not offline and not isinstance(error, (ConnectionError, TimeoutError)):
             raise
         state = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
+        done, way_out = ("streamed", "Stream it") if streaming else ("loaded", "Download it once")
         raise ConnectionError(
-            f"Dataset {dataset_name!r} cannot be loaded: {state} and it is not in the local datasets cache "
-            f"({type(error).__name__}: {str(error)[:200]}). Download it once with network access, or train on local "
-            "files (`train_file`, `validation_file`)."
+            f"Dataset {name!r} cannot be {done}: {state} and it is not in the local datasets cache "
+            f"({type(error).__name__}: {str(error)[:200]}). {way_out} with network access, or train on local files "
+            "(`train_file`, `validation_file`)."
         ) from None
 
 

@@ -39,7 +39,14 @@ import datasets
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from hf_deep_nmt.data.corpus import SOURCE, TARGET, load_parallel_dataset, parallel_files, write_parallel_arrow
+from hf_deep_nmt.data.corpus import (
+    SOURCE,
+    TARGET,
+    load_parallel_dataset,
+    parallel_files,
+    warn_if_validation_is_training,
+    write_parallel_arrow,
+)
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 
 logger = logging.get_logger(__name__)
@@ -451,59 +458,17 @@ def _build(
     started: float,
     corpus: dict | None = None,
 ) -> None:
+    """Write the prepared folder into `building`: the splits read (`raw`, or the corpus files), the tokenizer (given,
+    or trained on a sample), the tokenized splits and the record."""
     work = building / "work"
     work.mkdir(parents=True)
-    source_lang, target_lang = data_args.source_lang, data_args.target_lang
-    if raw is None:  # local files: read to Arrow on disk, in batches
-        train_file, validation_file = data_args.corpus_paths()
-        corpus, languages = corpus or {}, (source_lang, target_lang)
-        train_files = corpus.get(train_file)
-        train = write_parallel_arrow(train_file, work / "train.arrow", "train_file", *languages, train_files)
-        splits = {"train": train}
-        if validation_file:
-            if Path(validation_file).resolve() == Path(train_file).resolve():
-                logger.warning(
-                    f"The validation file is the training file ({train_file}): the scores will not tell how the model "
-                    "does on unseen text."
-                )
-            splits["validation"] = write_parallel_arrow(
-                validation_file, work / "validation.arrow", "validation_file", *languages, corpus.get(validation_file)
-            )
-    else:
-        splits = dict(raw)
-    if len(splits["train"]) == 0:
-        raise ValueError("The training data holds no sentence pairs; give a corpus with at least one.")
-    if "validation" in splits and data_args.max_eval_samples:
-        validation = splits["validation"]
-        splits["validation"] = validation.select(range(min(data_args.max_eval_samples, len(validation))))
+    splits = _read_splits(work, data_args, raw, corpus or {})
     if tokenizer is None:
-        sample = tokenizer_train_pairs(model_args)
-        if len(splits["train"]) > sample:
-            logger.warning(f"Training the tokenizer on {sample} of {len(splits['train'])} pairs (seed {seed}).")
-        tokenizer = train_joint_tokenizer(
-            tokenizer_sample(splits["train"], sample, seed),
-            vocab_size=model_args.tokenizer_vocab_size,
-            model=model_args.tokenizer_model,
-        )
+        tokenizer = _train_tokenizer(splits["train"], model_args, seed)
     tokenizer.save_pretrained(building / "tokenizer")
     workers = preprocessing_workers(data_args)
-    limits = (data_args.max_source_length, data_args.max_target_length)
-    train = tokenize_split(splits["train"], tokenizer, *limits, True, workers, work / "train-tokens.arrow")
-    counts = {"train": _token_counts(train, len(splits["train"]))}
-    if len(train) == 0:
-        raise ValueError(
-            f"No training pair is within `max_source_length={limits[0]}` / `max_target_length={limits[1]}` tokens "
-            f"({len(splits['train'])} pairs read); raise them."
-        )
-    train.save_to_disk(str(building / "train"))
-    if "validation" in splits:
-        # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
-        validation = tokenize_split(
-            splits["validation"], tokenizer, *limits, False, workers, work / "validation-tokens.arrow", keep_text=True
-        )
-        counts["validation"] = _token_counts(validation, len(splits["validation"]))
-        validation.save_to_disk(str(building / "validation"))
-    del train, splits
+    counts = _tokenize_splits(building, splits, tokenizer, data_args, workers)
+    del splits
     shutil.rmtree(work)
     files = _files(building)
     record = {
@@ -520,6 +485,65 @@ def _build(
         "files": files,
     }
     (building / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
+def _read_splits(work: Path, data_args, raw: datasets.DatasetDict | None, corpus: dict) -> dict[str, datasets.Dataset]:
+    """The text splits to tokenize: `raw`'s (a `dataset_name`), or the corpus files (their resolved `corpus` files)
+    written to Arrow in `work`, in batches; the validation split cut to `max_eval_samples`."""
+    if raw is None:  # local files: read to Arrow on disk, in batches
+        train_file, validation_file = data_args.corpus_paths()
+        languages = (data_args.source_lang, data_args.target_lang)
+        train_files = corpus.get(train_file)
+        splits = {
+            "train": write_parallel_arrow(train_file, work / "train.arrow", "train_file", *languages, train_files)
+        }
+        if validation_file:
+            warn_if_validation_is_training(train_file, validation_file)
+            splits["validation"] = write_parallel_arrow(
+                validation_file, work / "validation.arrow", "validation_file", *languages, corpus.get(validation_file)
+            )
+    else:
+        splits = dict(raw)
+    if len(splits["train"]) == 0:
+        raise ValueError("The training data holds no sentence pairs; give a corpus with at least one.")
+    if "validation" in splits and data_args.max_eval_samples:
+        validation = splits["validation"]
+        splits["validation"] = validation.select(range(min(data_args.max_eval_samples, len(validation))))
+    return splits
+
+
+def _train_tokenizer(train: datasets.Dataset, model_args, seed: int) -> PreTrainedTokenizerBase:
+    """A joint tokenizer trained on a seeded sample of `tokenizer_train_pairs` training pairs."""
+    sample = tokenizer_train_pairs(model_args)
+    if len(train) > sample:
+        logger.warning(f"Training the tokenizer on {sample} of {len(train)} pairs (seed {seed}).")
+    return train_joint_tokenizer(
+        tokenizer_sample(train, sample, seed),
+        vocab_size=model_args.tokenizer_vocab_size,
+        model=model_args.tokenizer_model,
+    )
+
+
+def _tokenize_splits(building: Path, splits, tokenizer, data_args, workers: int) -> dict[str, dict[str, int]]:
+    """Tokenize the splits into `building` (`train/`: pairs over the length limits dropped; `validation/`: every
+    pair, truncated, with its text); returns their counts."""
+    work, limits = building / "work", (data_args.max_source_length, data_args.max_target_length)
+    train = tokenize_split(splits["train"], tokenizer, *limits, True, workers, work / "train-tokens.arrow")
+    counts = {"train": _token_counts(train, len(splits["train"]))}
+    if len(train) == 0:
+        raise ValueError(
+            f"No training pair is within `max_source_length={limits[0]}` / `max_target_length={limits[1]}` tokens "
+            f"({len(splits['train'])} pairs read); raise them."
+        )
+    train.save_to_disk(str(building / "train"))
+    if "validation" in splits:
+        # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
+        validation = tokenize_split(
+            splits["validation"], tokenizer, *limits, False, workers, work / "validation-tokens.arrow", keep_text=True
+        )
+        counts["validation"] = _token_counts(validation, len(splits["validation"]))
+        validation.save_to_disk(str(building / "validation"))
+    return counts
 
 
 def _versions() -> dict[str, str]:

@@ -64,7 +64,6 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import huggingface_hub
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
@@ -80,15 +79,18 @@ from hf_deep_nmt.data.corpus import (
     check_read_pairs,
     decode_line,
     jsonl_pair,
+    load_named_dataset,
     parallel_files,
     read_parallel_file,
     tsv_pair,
+    warn_if_validation_is_training,
 )
-from hf_deep_nmt.training.arguments import DEFAULT_STREAM_BUFFER_PAIRS
-from hf_deep_nmt.training.checkpoints import ChecksumRecorder, _write_json_atomically
+from hf_deep_nmt.folders import write_json_atomically
 
 logger = logging.get_logger(__name__)
 
+# pairs each process holds in its streaming buffer (`stream_buffer_pairs`)
+DEFAULT_STREAM_BUFFER_PAIRS = 100_000
 STREAM_STATE_FILE = "stream_state.json"
 STREAM_STATE_FORMAT = 1
 # pairs tokenized in one call (the batch `datasets.map` gives `tokenize_parallel`)
@@ -225,6 +227,14 @@ class FileSource:
                         "changed since the checkpoint. Restore the corpus it was written with, or start afresh."
                     )
 
+    def check_head(self) -> None:
+        """Before any work, what `load_parallel_dataset` refuses at once: an empty corpus or one holding only a
+        header; a first pair that looks like a header is warned about."""
+        head = self.first_pairs(2)
+        if not head[SOURCE]:
+            raise ValueError(f"`train_file` {self.name!r} holds no sentence pairs; give a corpus with at least one.")
+        check_read_pairs(self.name, "train_file", head, *self.languages)
+
     def first_pairs(self, count: int) -> dict[str, list[str]]:
         """The first `count` pairs of the corpus (every rank's), read from its start."""
         reader = self.reader()
@@ -236,23 +246,6 @@ class FileSource:
 
 
 # ---- a `datasets` name, streamed ------------------------------------------------------------------------------------
-
-
-def _stream_split(name: str, config: str | None, split: str) -> datasets.IterableDataset:
-    """`datasets.load_dataset(name, config, split=split, streaming=True)`, with the one-line error of
-    `hf_deep_nmt.data.corpus` when the Hub cannot be reached and the dataset is not in the local cache."""
-    offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
-    try:
-        return datasets.load_dataset(name, config, split=split, streaming=True)
-    except (ConnectionError, TimeoutError, OSError, ValueError) as error:
-        if not offline and not isinstance(error, (ConnectionError, TimeoutError)):
-            raise
-        state = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
-        raise ConnectionError(
-            f"Dataset {name!r} cannot be streamed: {state} and it is not in the local datasets cache "
-            f"({type(error).__name__}: {str(error)[:200]}). Stream it with network access, or train on local files "
-            "(`train_file`, `validation_file`)."
-        ) from None
 
 
 def _split_names(name: str, config: str | None) -> list[str]:
@@ -270,7 +263,7 @@ class _HubReader:
     counted (as `hf_deep_nmt.data.corpus` drops them)."""
 
     def __init__(self, source: HubSource, position, rank: int, world_size: int):
-        dataset = _stream_split(source.name, source.config, source.split)
+        dataset = load_named_dataset(source.name, source.config, source.split, streaming=True)
         if world_size > 1:
             from datasets.distributed import split_dataset_by_node
 
@@ -325,6 +318,9 @@ class HubSource:
 
     def check_position(self, position: dict[str, Any], where: str) -> None:
         pass  # `datasets` refuses a state that does not fit the stream
+
+    def check_head(self) -> None:
+        pass  # nothing read ahead from the Hub: an empty stream is refused where it is first read
 
     def first_pairs(self, count: int) -> dict[str, list[str]]:
         pairs = list(islice(self.reader(), count))
@@ -446,72 +442,92 @@ class StreamedPairs(IterableDataset):
     def batches(self, start: dict[str, Any] | None = None) -> Iterator[StreamBatch]:
         """Batches from `start` (a position a batch carried; None: the beginning), endlessly (pass after pass)."""
         start = start or {}
-        pass_number, buffer_number = start.get("pass", 0), start.get("buffer", 0)
-        reader_position, done, delivered = start.get("reader"), start.get("done", 0), start.get("batches", 0)
-        corpus_pairs = start.get("corpus_pairs")
         while True:
-            whole_pass = reader_position is None
-            reader = self.source.reader(reader_position, self.rank, self.world_size)
-            read = kept_in_pass = 0
-            try:
-                buffer_start = reader.position()
-                while True:
-                    numbered = []
-                    for source, target in islice(reader, self.buffer_pairs):
-                        numbered.append((reader.pair - 1, source, target))
-                    if not numbered:
-                        break
-                    buffer_end = reader.position()
-                    read += len(numbered)
-                    kept, indices = self.tokenize([(source, target) for _, source, target in numbered])
-                    numbers = [numbered[index][0] for index in indices]
-                    del numbered  # the text is not kept while the buffer's batches are handed out
-                    kept_in_pass += len(kept)
-                    lengths = [max(len(source), len(target)) for source, target in kept]
-                    order = self.buffer_batches(lengths, pass_number, buffer_number)
-                    for index in range(done, len(order)):
-                        delivered += 1
-                        last = index == len(order) - 1
-                        position = {
-                            "pass": pass_number,
-                            "buffer": buffer_number + 1 if last else buffer_number,
-                            "reader": buffer_end if last else buffer_start,
-                            "done": 0 if last else index + 1,
-                            "batches": delivered,
-                            "corpus_pairs": corpus_pairs,
-                        }
-                        rows = order[index]
-                        features = [
-                            {
-                                "input_ids": kept[row][0].tolist(),
-                                "attention_mask": [1] * len(kept[row][0]),
-                                "labels": kept[row][1].tolist(),
-                            }
-                            for row in rows
-                        ]
-                        yield StreamBatch(features, [numbers[row] for row in rows], position)
-                    buffer_number, done, buffer_start = buffer_number + 1, 0, buffer_end
-                corpus_pairs = reader.pair
-                dropped_rows = getattr(reader, "dropped", 0)
-            finally:
-                reader.close()
-            if read > kept_in_pass:
-                logger.warning(
-                    f"Streaming pass {pass_number + 1}: dropped {read - kept_in_pass} of {read} pairs longer than "
-                    f"{self.max_source_length} source / {self.max_target_length} target tokens"
-                    + (f" (process {self.rank} of {self.world_size})." if self.world_size > 1 else ".")
-                )
-            if dropped_rows:
-                logger.warning(f"Streaming pass {pass_number + 1}: dropped {dropped_rows} rows with an empty side.")
-            if whole_pass and kept_in_pass == 0:
-                share = f" for process {self.rank} of {self.world_size}" if self.world_size > 1 else ""
-                if read == 0:
-                    raise ValueError(f"The streamed corpus holds no sentence pairs{share}; give one with pairs.")
-                raise ValueError(
-                    f"No training pair{share} is within `max_source_length={self.max_source_length}` / "
-                    f"`max_target_length={self.max_target_length}` tokens ({read} pairs read); raise them."
-                )
-            pass_number, buffer_number, reader_position, done = pass_number + 1, 0, None, 0
+            ended: dict[str, Any] = {}  # what the pass read, filled in when it ends
+            yield from self._pass(start, ended)
+            self._end_pass(start.get("pass", 0), whole=start.get("reader") is None, **ended)
+            start = {"pass": start.get("pass", 0) + 1, "batches": ended["delivered"]}
+            start["corpus_pairs"] = ended["corpus_pairs"]
+
+    def _pass(self, start: dict[str, Any], ended: dict[str, Any]) -> Iterator[StreamBatch]:
+        """The batches of one pass over this process's share, from `start` to the end of the corpus, buffer by
+        buffer; `ended` gets the counts `_end_pass` reports."""
+        pass_number, buffer_number = start.get("pass", 0), start.get("buffer", 0)
+        done, delivered, corpus_pairs = start.get("done", 0), start.get("batches", 0), start.get("corpus_pairs")
+        reader = self.source.reader(start.get("reader"), self.rank, self.world_size)
+        read = kept_in_pass = 0
+        try:
+            buffer_start = reader.position()
+            while True:
+                numbered = [(reader.pair - 1, source, target) for source, target in islice(reader, self.buffer_pairs)]
+                if not numbered:
+                    break
+                buffer_end = reader.position()
+                read += len(numbered)
+                kept, indices = self.tokenize([(source, target) for _, source, target in numbered])
+                numbers = [numbered[index][0] for index in indices]
+                del numbered  # the text is not kept while the buffer's batches are handed out
+                kept_in_pass += len(kept)
+                place = {"pass": pass_number, "buffer": buffer_number, "start": buffer_start, "end": buffer_end}
+                for batch in self._buffer(kept, numbers, {**place, "corpus_pairs": corpus_pairs}, done, delivered):
+                    delivered = batch.position["batches"]
+                    yield batch
+                buffer_number, done, buffer_start = buffer_number + 1, 0, buffer_end
+            ended.update(corpus_pairs=reader.pair, dropped_rows=getattr(reader, "dropped", 0))
+        finally:
+            reader.close()
+        ended.update(read=read, kept=kept_in_pass, delivered=delivered)
+
+    def _buffer(self, kept, numbers: list[int], place: dict[str, Any], done: int, delivered: int):
+        """The batches of one buffer (`kept`: its tokenized pairs, `numbers`: their pair numbers) after the `done`
+        already handed out, each with the position after it (`delivered`: batches handed out before)."""
+        lengths = [max(len(source), len(target)) for source, target in kept]
+        order = self.buffer_batches(lengths, place["pass"], place["buffer"])
+        for index in range(done, len(order)):
+            delivered += 1
+            last = index == len(order) - 1
+            position = {
+                "pass": place["pass"],
+                "buffer": place["buffer"] + 1 if last else place["buffer"],
+                "reader": place["end"] if last else place["start"],
+                "done": 0 if last else index + 1,
+                "batches": delivered,
+                "corpus_pairs": place["corpus_pairs"],
+            }
+            rows = order[index]
+            features = [
+                {
+                    "input_ids": kept[row][0].tolist(),
+                    "attention_mask": [1] * len(kept[row][0]),
+                    "labels": kept[row][1].tolist(),
+                }
+                for row in rows
+            ]
+            yield StreamBatch(features, [numbers[row] for row in rows], position)
+
+    def _end_pass(self, pass_number: int, whole: bool, read: int, kept: int, dropped_rows: int, **_) -> None:
+        """What a pass says when it ends: the pairs it dropped; an error when a whole pass kept none."""
+        if read > kept:
+            logger.warning(
+                f"Streaming pass {pass_number + 1}: dropped {read - kept} of {read} pairs longer than "
+                f"{self.max_source_length} source / {self.max_target_length} target tokens"
+                + (f" (process {self.rank} of {self.world_size})." if self.world_size > 1 else ".")
+            )
+        if dropped_rows:
+            logger.warning(f"Streaming pass {pass_number + 1}: dropped {dropped_rows} rows with an empty side.")
+        if whole and kept == 0:
+            share = f" for process {self.rank} of {self.world_size}" if self.world_size > 1 else ""
+            if read == 0:
+                raise ValueError(f"The streamed corpus holds no sentence pairs{share}; give one with pairs.")
+            raise ValueError(
+                f"No training pair{share} is within `max_source_length={self.max_source_length}` / "
+                f"`max_target_length={self.max_target_length}` tokens ({read} pairs read); raise them."
+            )
+
+    def train_dataloader(self, trainer) -> StreamLoader:
+        """The Trainer's loader of this stream (`streaming_dataloader`): the training-data seam of
+        `hf_deep_nmt.data.training_data`, which a tokenized dataset offers too."""
+        return streaming_dataloader(trainer, self)
 
 
 class StreamedCorpus:
@@ -563,7 +579,8 @@ class StreamLoader:
 
 class StreamPositionRecorder(TrainerCallback):
     """Write the stream position of every process into each checkpoint (`stream_state.json`); `DeepNMTTrainer`
-    places it before `ChecksumRecorder`, so the file is among the checkpoint's recorded files."""
+    places it before its checksum recorder (`add_checkpoint_writer`), so the file is among the checkpoint's recorded
+    files."""
 
     def __init__(self, loader: StreamLoader):
         self.loader = loader
@@ -592,7 +609,7 @@ class StreamPositionRecorder(TrainerCallback):
             "source": stream.source.identity(),
             "processes": positions,
         }
-        _write_json_atomically(folder / STREAM_STATE_FILE, record)
+        write_json_atomically(folder / STREAM_STATE_FILE, record)
 
 
 def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str, Any]:
@@ -637,12 +654,12 @@ def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str
     return position
 
 
-def streaming_dataloader(trainer) -> StreamLoader:
-    """The training loader of a `DeepNMTTrainer` whose `train_dataset` is a `StreamedPairs`: the stream for this
-    process (rank, world size, seed and budget from the Trainer's arguments), continued from the position recorded
-    in the checkpoint the Trainer resumes from, with a `StreamPositionRecorder` placed before the checksums."""
+def streaming_dataloader(trainer, stream: StreamedPairs) -> StreamLoader:
+    """The training loader of `stream` for a `DeepNMTTrainer`: the stream for this process (rank, world size, seed
+    and budget from the Trainer's arguments), continued from the position recorded in the checkpoint the Trainer
+    resumes from, with a `StreamPositionRecorder` among the checkpoint's writers (before the checksums)."""
     args = trainer.args
-    stream = trainer.train_dataset.replace(
+    stream = stream.replace(
         max_tokens=args.max_tokens,
         max_sentences=None if args.max_tokens is not None else args.per_device_train_batch_size,
         seed=args.data_seed if args.data_seed is not None else args.seed,
@@ -661,36 +678,23 @@ def streaming_dataloader(trainer) -> StreamLoader:
             f"its batches ({start['batches']} batches trained)."
         )
     loader = StreamLoader(stream.replace(start=start), trainer.data_collator, args.dataloader_num_workers)
-    callbacks = trainer.callback_handler.callbacks
-    callbacks[:] = [callback for callback in callbacks if not isinstance(callback, StreamPositionRecorder)]
-    place = next((i for i, callback in enumerate(callbacks) if isinstance(callback, ChecksumRecorder)), len(callbacks))
-    callbacks.insert(place, StreamPositionRecorder(loader))
+    trainer.add_checkpoint_writer(StreamPositionRecorder(loader))
     return loader
 
 
 # ---- preparing a streamed run ---------------------------------------------------------------------------------------
 
 
-def stream_source(data_args, corpus: dict | None = None):
+def stream_source(data_args, corpus: dict):
     """The corpus a streamed run reads: `dataset_name`'s train split, else `train_file` (the precedence of
     `hf_deep_nmt.data.corpus.load_parallel_dataset`; `corpus`: its files as the run's plan checked them)."""
     languages = (data_args.source_lang, data_args.target_lang)
     if data_args.dataset_name:
         return HubSource(data_args.dataset_name, data_args.dataset_config, *languages)
-    return FileSource(data_args.train_file, *languages, (corpus or {}).get(data_args.train_file))
+    return FileSource(data_args.train_file, *languages, corpus.get(data_args.train_file))
 
 
-def _check_head(source, data_args) -> None:
-    """Before any work, what `load_parallel_dataset` refuses at once: an empty corpus or one holding only a header;
-    a first pair that looks like a header is warned about."""
-    head = source.first_pairs(2)
-    if not head[SOURCE]:
-        raise ValueError(f"`train_file` {source.name!r} holds no sentence pairs; give a corpus with at least one.")
-    if isinstance(source, FileSource):  # its first pair is its line 1: a blank line before text is an error
-        check_read_pairs(source.name, "train_file", head, data_args.source_lang, data_args.target_lang)
-
-
-def read_validation(data_args, corpus: dict | None = None) -> datasets.Dataset | None:
+def read_validation(data_args, corpus: dict) -> datasets.Dataset | None:
     """The validation pairs (`source`/`target` columns), read whole as without streaming: `validation_file`, or
     `dataset_name`'s `dataset_validation_split` (streamed and kept, at most `max_eval_samples` rows)."""
     if data_args.dataset_name:
@@ -703,7 +707,7 @@ def read_validation(data_args, corpus: dict | None = None) -> datasets.Dataset |
                 raise ValueError(f"Dataset {name!r} has no {split!r} split; it has {sorted(splits)}.")
             logger.warning(f"Dataset {name!r} has no 'validation' split: there will be no evaluation.")
             return None
-        streamed = _stream_split(name, data_args.dataset_config, split)
+        streamed = load_named_dataset(name, data_args.dataset_config, split, streaming=True)
         rows = list(islice(streamed, data_args.max_eval_samples))
         return _translation_pairs(
             datasets.Dataset.from_list(rows, features=streamed.features),
@@ -714,12 +718,8 @@ def read_validation(data_args, corpus: dict | None = None) -> datasets.Dataset |
     train_file, path = data_args.train_file, data_args.validation_file
     if path is None:
         return None
-    if Path(path).resolve() == Path(train_file).resolve():
-        logger.warning(
-            f"The validation file is the training file ({train_file}): the scores will not tell how the model does "
-            "on unseen text."
-        )
-    files = (corpus or {}).get(path)
+    warn_if_validation_is_training(train_file, path)
+    files = corpus.get(path)
     pairs = read_parallel_file(path, data_args.source_lang, data_args.target_lang, files)
     check_read_pairs(path, "validation_file", pairs, data_args.source_lang, data_args.target_lang)
     return datasets.Dataset.from_dict(pairs)

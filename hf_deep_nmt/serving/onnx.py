@@ -568,7 +568,7 @@ def onnx_folder(model: str | Path, int8: bool = False) -> Path:
         from huggingface_hub import snapshot_download
 
         path = Path(snapshot_download(str(model), allow_patterns=[f"{ONNX_SUBFOLDER}/*"]))
-    make = f"`hf-deep-nmt export-onnx {model} --into-model{' --int8' if int8 else ''}`"
+    make = f"`hf-deep-nmt export-onnx --model {model} --into-model{' --int8' if int8 else ''}`"
     found = next((folder for folder in (path, path / ONNX_SUBFOLDER) if (folder / LAYOUT_FILE).is_file()), None)
     if found is None:
         raise FileNotFoundError(

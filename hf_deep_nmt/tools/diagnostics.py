@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -309,19 +308,3 @@ __all__ = [
     "similarity_from_states",
     "stack_layers",
 ]
-
-
-def __getattr__(name: str):
-    if (
-        name == "inspect_model"
-    ):  # 0.1.0's import path, deprecated: it lives with its command, which imports this module
-        warnings.warn(
-            "`hf_deep_nmt.tools.diagnostics.inspect_model` is deprecated and will be removed in 0.3.0; import it from "
-            "`hf_deep_nmt.tools.inspection`.",
-            FutureWarning,
-            stacklevel=2,
-        )
-        from hf_deep_nmt.tools.inspection import inspect_model
-
-        return inspect_model
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

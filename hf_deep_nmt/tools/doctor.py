@@ -12,7 +12,6 @@ module (`tests/test_cuda.py`) runs the same functions.
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import sys
@@ -461,26 +460,23 @@ def print_table(rows: list[tuple[str, ...]], headers: tuple[str, ...]) -> None:
         print(line.format(*row))
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="hf-deep-nmt doctor",
-        description="Check this machine: versions, SDPA backends per attention path, exactness and bf16 numerics per "
-        "model family, a bf16 Trainer run and a short base-size training on the bundled sample (CUDA only).",
-    )
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda when available)")
-    parser.add_argument("--train-steps", type=int, default=300, help="steps of the base-size training (0: skip)")
-    parser.add_argument("--families", default=None, help=f"comma-separated, from {sorted(families())} (default: all)")
-    parser.add_argument("--output-dir", default=None, help="folder for the training run (default: a temporary one)")
-    args = parser.parse_args(argv)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+def check_machine(
+    requested_device: str | None = None,
+    train_steps: int = 300,
+    names: str | None = None,
+    output_dir: str | None = None,
+) -> int:
+    """`hf-deep-nmt doctor` (whose flags `hf_deep_nmt.cli` parses without importing torch): print the checks of the
+    comma-separated variant `names` (default: all) and return 1 when one failed, else 0."""
+    device = requested_device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"--device must be cpu or cuda[:N], got {args.device!r}.")
+        raise ValueError(f"--device must be cpu or cuda[:N], got {requested_device!r}.")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {device}: CUDA is not available on this machine (torch {torch.__version__}).")
-    if args.train_steps < 0:
-        raise ValueError(f"--train-steps must be >= 0, got {args.train_steps}.")
+    if train_steps < 0:
+        raise ValueError(f"--train-steps must be >= 0, got {train_steps}.")
     known = families()
-    chosen = [name.strip() for name in (args.families or ",".join(known)).split(",") if name.strip()]
+    chosen = [name.strip() for name in (names or ",".join(known)).split(",") if name.strip()]
     unknown = sorted(set(chosen) - set(known))
     if unknown or not chosen:
         raise ValueError(f"--families: unknown {unknown or chosen}; choose from {sorted(known)}.")
@@ -491,8 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     print_table(attention_backends(device), ("attention path", "backend taken", "without the cuDNN restriction"))
     print(f"\n== checks on {device}", flush=True)
     with tempfile.TemporaryDirectory() as scratch:
-        output_dir = Path(args.output_dir) if args.output_dir else Path(scratch)
-        results = run_checks(device, args.train_steps, output_dir, chosen)
+        results = run_checks(device, train_steps, Path(output_dir) if output_dir else Path(scratch), chosen)
     print_table([(r.status, r.name, r.detail) for r in results], ("result", "check", "detail"))
     failed = [r for r in results if r.status == "FAIL"]
     skipped = [r for r in results if r.status == "SKIP"]

@@ -25,6 +25,7 @@ from transformers import HfArgumentParser, Seq2SeqTrainingArguments
 
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.data.corpus import sample_corpus_dir
+from hf_deep_nmt.data.streaming import DEFAULT_STREAM_BUFFER_PAIRS
 from hf_deep_nmt.data.tokenizer import MAX_VOCAB_SIZE, MIN_VOCAB_SIZE, SUBWORD_MODELS
 from hf_deep_nmt.modeling.configuration_deep_nmt import describe_unknown_keys, unknown_config_keys
 from hf_deep_nmt.serving.options import LENGTH_PENALTY_FORMS, MAX_EVALUATION_OUTPUT_TOKENS, DecodingOptions
@@ -38,8 +39,6 @@ PRESETS = {config_class.model_type: config_class for config_class in MODEL_CLASS
 DEFAULT_PRESET = "deep_nmt_dlcl"
 # What a newly trained joint tokenizer is when the recipe does not say.
 DEFAULT_TOKENIZER_SETTINGS = {"tokenizer_vocab_size": 8000, "tokenizer_model": "bpe"}
-# pairs each process holds in its streaming buffer (`stream_buffer_pairs`, hf_deep_nmt.data.streaming)
-DEFAULT_STREAM_BUFFER_PAIRS = 100_000
 
 
 @dataclass
@@ -395,7 +394,8 @@ def parse_arguments(
 
 
 def _flag_names(argv: list[str]) -> set[str]:
-    return {item[2:].split("=")[0] for item in argv if item.startswith("--")}
+    """The settings named by flags, as recipe keys: `--output-dir` and `--output_dir` both name `output_dir`."""
+    return {item[2:].split("=")[0].replace("-", "_") for item in argv if item.startswith("--")}
 
 
 def check_explicit_run(argv: list[str] | None, command: str = "train", given: set[str] | None = None) -> None:
@@ -533,43 +533,14 @@ def check_arguments(
     """`ValueError` for a setting that would fail or give nonsense only after training (or at its end): naming the
     setting, its value and what is valid. Cheap: nothing is loaded or built, no file is looked at. Returns the final
     evaluation's decoding options (`evaluation_options`), built while checking them."""
-    problems = []
     options = None
-
-    def at_least_one(name: str, value) -> None:
-        if value is not None and value < 1:
-            problems.append(f"`{name}` must be >= 1, got {value}")
-
-    problems += empty_settings(
+    problems = empty_settings(
         (data_args, ("train_file", "validation_file", "dataset_name", "prepared_data_dir")),
         (export_args, ("export_dir",)),
     )
     problems += language_code_problems(data_args.source_lang, data_args.target_lang)
-    if export_args.translate_examples < 0:
-        problems.append(f"`translate_examples` must be >= 0 (0: show none), got {export_args.translate_examples}")
-    at_least_one("num_beams", export_args.num_beams)
-    at_least_one("max_eval_samples", data_args.max_eval_samples)
-    at_least_one("per_device_eval_batch_size", training_args.per_device_eval_batch_size)
-    at_least_one("per_device_train_batch_size", training_args.per_device_train_batch_size)
-    at_least_one("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
-    at_least_one("eval_max_tokens", export_args.eval_max_tokens)
-    at_least_one("max_source_length", data_args.max_source_length)
-    at_least_one("max_target_length", data_args.max_target_length)
-    at_least_one("preprocessing_num_workers", getattr(data_args, "preprocessing_num_workers", None))
-    for name in ("length_penalty", "max_length_a"):
-        value = getattr(export_args, name)
-        if not math.isfinite(value):
-            problems.append(f"`{name}` must be a finite number, got {value}")
-    if math.isfinite(export_args.max_length_a):
-        if export_args.max_length_a < 0:
-            problems.append(f"`max_length_a` must be >= 0, got {export_args.max_length_a}")
-        cap = export_args.max_length_a * data_args.max_source_length + export_args.max_length_b
-        if not 1 <= cap <= MAX_EVALUATION_OUTPUT_TOKENS:
-            problems.append(
-                f"the output cap `max_length_a * max_source_length + max_length_b` = {export_args.max_length_a} * "
-                f"{data_args.max_source_length} + {export_args.max_length_b} = {cap:g} tokens must be between 1 and "
-                f"{MAX_EVALUATION_OUTPUT_TOKENS}"
-            )
+    problems += _count_problems(data_args, export_args, training_args)
+    problems += _output_length_problems(data_args, export_args)
     if not problems:  # the final evaluation's decoding options, as `translate` will check them after training
         try:
             options = evaluation_options(export_args, training_args)
@@ -598,6 +569,49 @@ def check_arguments(
                 f"{export_args.average_checkpoints}` averages; raise it or unset it."
             )
     return options
+
+
+def _count_problems(data_args, export_args, training_args) -> list[str]:
+    """The counts and sizes that must be at least 1 (`translate_examples`: at least 0), each naming its value."""
+    problems = []
+
+    def at_least_one(name: str, value) -> None:
+        if value is not None and value < 1:
+            problems.append(f"`{name}` must be >= 1, got {value}")
+
+    if export_args.translate_examples < 0:
+        problems.append(f"`translate_examples` must be >= 0 (0: show none), got {export_args.translate_examples}")
+    at_least_one("num_beams", export_args.num_beams)
+    at_least_one("max_eval_samples", data_args.max_eval_samples)
+    at_least_one("per_device_eval_batch_size", training_args.per_device_eval_batch_size)
+    at_least_one("per_device_train_batch_size", training_args.per_device_train_batch_size)
+    at_least_one("gradient_accumulation_steps", training_args.gradient_accumulation_steps)
+    at_least_one("eval_max_tokens", export_args.eval_max_tokens)
+    at_least_one("max_source_length", data_args.max_source_length)
+    at_least_one("max_target_length", data_args.max_target_length)
+    at_least_one("preprocessing_num_workers", getattr(data_args, "preprocessing_num_workers", None))
+    return problems
+
+
+def _output_length_problems(data_args, export_args) -> list[str]:
+    """A length penalty or output-length factor that is not a finite number, and an output cap
+    `max_length_a * max_source_length + max_length_b` outside [1, MAX_EVALUATION_OUTPUT_TOKENS]."""
+    problems = []
+    for name in ("length_penalty", "max_length_a"):
+        value = getattr(export_args, name)
+        if not math.isfinite(value):
+            problems.append(f"`{name}` must be a finite number, got {value}")
+    if math.isfinite(export_args.max_length_a):
+        if export_args.max_length_a < 0:
+            problems.append(f"`max_length_a` must be >= 0, got {export_args.max_length_a}")
+        cap = export_args.max_length_a * data_args.max_source_length + export_args.max_length_b
+        if not 1 <= cap <= MAX_EVALUATION_OUTPUT_TOKENS:
+            problems.append(
+                f"the output cap `max_length_a * max_source_length + max_length_b` = {export_args.max_length_a} * "
+                f"{data_args.max_source_length} + {export_args.max_length_b} = {cap:g} tokens must be between 1 and "
+                f"{MAX_EVALUATION_OUTPUT_TOKENS}"
+            )
+    return problems
 
 
 def streaming_problems(data_args, training_args) -> list[str]:

@@ -23,7 +23,8 @@ from hf_deep_nmt.fingerprints import (
     folder_tokenizer_fingerprint,
     record_tokenizer_fingerprint,
 )
-from hf_deep_nmt.hub import check_export_folder, settle_output_cap, write_marked_folder
+from hf_deep_nmt.folders import check_export_folder, write_marked_folder
+from hf_deep_nmt.hub import settle_output_cap
 from hf_deep_nmt.memory import check_memory
 from hf_deep_nmt.model_folders import check_saved_json_files
 from hf_deep_nmt.training.checkpoints import (

@@ -30,7 +30,7 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging
 
-from hf_deep_nmt.folders import atomic_file
+from hf_deep_nmt.folders import write_json_atomically
 
 logger = logging.get_logger(__name__)
 
@@ -225,13 +225,6 @@ def read_checksum_record(output_dir: str | Path) -> dict[str, dict[str, str]] | 
     return checkpoints
 
 
-def _write_json_atomically(path: Path, content: dict) -> None:
-    """Write `content` to `path` through a temporary file in the same folder, renamed over it: a reader sees the old
-    record or the new one, never half of one."""
-    with atomic_file(path, encoding="utf-8") as stream:
-        json.dump(content, stream, indent=1, sort_keys=True)
-
-
 def record_checkpoint(folder: str | Path) -> dict[str, str]:
     """Hash every file of the finished checkpoint `folder` and add them to the record of its output folder (entries of
     checkpoints that no longer exist, removed by the Trainer's rotation, are dropped). Returns the checksums."""
@@ -244,7 +237,7 @@ def record_checkpoint(folder: str | Path) -> dict[str, str]:
         checkpoints = {}
     checkpoints = {name: files for name, files in checkpoints.items() if (output_dir / name).is_dir()}
     checkpoints[folder.name] = checkpoint_checksums(folder)
-    _write_json_atomically(output_dir / CHECKSUMS_FILE, {"format": CHECKSUMS_FORMAT, "checkpoints": checkpoints})
+    write_json_atomically(output_dir / CHECKSUMS_FILE, {"format": CHECKSUMS_FORMAT, "checkpoints": checkpoints})
     return checkpoints[folder.name]
 
 

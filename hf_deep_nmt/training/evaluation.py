@@ -120,21 +120,3 @@ def make_compute_metrics(
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     return compute_metrics
-
-
-def check_source_lengths(
-    sources: Sequence[str], tokenizer: PreTrainedTokenizerBase, limit: int, name: str, first_line: int = 1
-) -> None:
-    """`ValueError` naming `name` (the file or split), the first source over `limit` tokens, its length and the way
-    out; the final evaluation translates every source in full, as `translate` does with its own limit, so a source
-    beyond it is refused before training rather than after. `first_line`: the line number of `sources[0]`."""
-    encoded = tokenizer(list(sources), verbose=False)["input_ids"] if sources else []
-    overlong = [index for index, ids in enumerate(encoded) if len(ids) > limit]
-    if overlong:
-        first = overlong[0]
-        raise ValueError(
-            f"{name}: {len(overlong)} source sentence(s) are longer than {limit} tokens, the longest `translate` "
-            f"accepts (line {first + first_line} has {len(encoded[first])}); the final evaluation would translate "
-            "them in full, in time that grows with the square of the length. Split them into sentences or remove "
-            "them from the file."
-        )

@@ -18,45 +18,35 @@ multi-process training (`Seq2SeqTrainer` / `accelerate`), padding (`DataCollator
 from __future__ import annotations
 
 import json
-import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import datasets
 from transformers import (
-    AutoConfig,
     AutoModelForSeq2SeqLM,
-    AutoTokenizer,
     DataCollatorForSeq2Seq,
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
     TrainerState,
-    set_seed,
 )
 from transformers.utils import logging
 
 from hf_deep_nmt import MODEL_CLASSES
-from hf_deep_nmt.data.corpus import SOURCE, TARGET, sample_corpus_dir
-from hf_deep_nmt.data.prepared import ID_COLUMNS, PreparedData, prepare_data, tokenizer_digest
-from hf_deep_nmt.data.streaming import (
-    FileSource,
-    StreamedCorpus,
-    StreamedPairs,
-    _check_head,
-    read_validation,
-    stream_source,
+from hf_deep_nmt.data import preparation
+from hf_deep_nmt.data.corpus import SOURCE, sample_corpus_dir
+from hf_deep_nmt.data.preparation import (  # noqa: F401  (given_tokenizer, load_tokenizer: their earlier home)
+    Prepared,
+    check_tokenizer_vocabulary,
+    given_tokenizer,
+    load_tokenizer,
 )
-from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
-from hf_deep_nmt.folders import atomic_file, write_marked_folder
+from hf_deep_nmt.folders import atomic_file
 from hf_deep_nmt.hub import export_hub_folder
-from hf_deep_nmt.model_folders import check_local_path, check_saved_json_files
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTForConditionalGeneration
 from hf_deep_nmt.serving.options import DecodingOptions
-from hf_deep_nmt.serving.translate import MAX_SOURCE_TOKENS, translate
+from hf_deep_nmt.serving.translate import translate
 from hf_deep_nmt.training.arguments import (
     PRESETS,
     DataArguments,
@@ -64,16 +54,16 @@ from hf_deep_nmt.training.arguments import (
     EvalExportArguments,
     ModelArguments,
     check_explicit_run,
-    check_model_arguments,
     parse_arguments,
 )
 from hf_deep_nmt.training.averaging import average_checkpoints, last_checkpoints
 from hf_deep_nmt.training.callbacks import NonFiniteGuard, nonfinite_steps_skipped
 from hf_deep_nmt.training.checkpoints import TRAINER_STATE_FILE, resolve_resume_checkpoint, training_finished
 from hf_deep_nmt.training.curves import CURVES_FILE, plot_training_curves
-from hf_deep_nmt.training.evaluation import check_source_lengths, corpus_scores, make_compute_metrics
+from hf_deep_nmt.training.evaluation import corpus_scores, make_compute_metrics
 from hf_deep_nmt.training.plan import (  # noqa: F401  (check_saved_model, check_repo_id, ...: their old home)
     RunPlan,
+    as_plan,
     check_checkpoints_to_average,
     check_recipe_agrees_with_saved_model,
     check_repo_id,
@@ -82,7 +72,8 @@ from hf_deep_nmt.training.plan import (  # noqa: F401  (check_saved_model, check
     recipe_inputs,
 )
 from hf_deep_nmt.training.preemption import raise_if_preempted, signals_held
-from hf_deep_nmt.training.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.run_folder import RunFolder
+from hf_deep_nmt.training.run_record import claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 logger = logging.get_logger(__name__)
@@ -102,8 +93,8 @@ def _run(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
     training_args = plan.training_args
     resume = folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir, list(plan.inputs))
     prepared = prepare(plan)
-    model = build_model(plan.model_args, prepared.tokenizer, plan)
-    configure_generation(model, prepared.tokenizer, plan.data_args, plan.export_args, plan)
+    model = build_model(plan, prepared.tokenizer)
+    configure_generation(model, prepared.tokenizer, plan)
     trainer = make_trainer(model, training_args, prepared)
     started, cpu_started = time.perf_counter(), time.process_time()
     checkpoint = resolve_resume_checkpoint(resume, training_args.output_dir)
@@ -199,129 +190,23 @@ def check_before_work(
     return plan_run(model_args, data_args, export_args, training_args)
 
 
-@dataclass
-class Prepared:
-    """Everything a training run needs besides the model: the validation text (`raw["validation"]`), tokenizer,
-    tokenized splits (memory-mapped from the prepared-data folder), references, and that folder (`data`)."""
-
-    raw: Any
-    tokenizer: PreTrainedTokenizerBase
-    train_dataset: Any
-    eval_dataset: Any
-    references: list[str]
-    data: PreparedData | None = None
-
-    @property
-    def train_pairs(self) -> int:
-        """Training pairs read (before the length filter)."""
-        return self.data.record["counts"]["train"]["pairs_read"] if self.data else len(self.raw["train"])
-
-
 def prepare(
     model_args: ModelArguments | RunPlan,
     data_args: DataArguments | None = None,
     training_args: DeepNMTTrainingArguments | None = None,
     tokenizer_dir: Path | None = None,
 ) -> Prepared:
-    """The prepared data of this recipe (`hf_deep_nmt.data.prepared.prepare_data`: built once, then reused by every
-    run and rank): tokenizer, tokenized splits, validation text. Under `torchrun` / `accelerate launch` the main
-    process prepares while the others wait, then every rank memory-maps the same folder. Callers check the settings
-    first (`check_before_work`), or pass their `RunPlan` alone (`prepare(plan)`), whose corpus files, tokenizer checks
-    and saved model's config are then used as checked; `streaming: true` reads the corpus while training instead."""
-    plan = model_args if isinstance(model_args, RunPlan) else None
-    if plan is not None:
-        model_args, data_args, _, training_args = plan.arguments
-    if data_args.streaming:  # read while training (`hf_deep_nmt.data.streaming`)
-        return prepare_streaming(model_args, data_args, training_args, tokenizer_dir, plan)
-    set_seed(training_args.seed)
-    given = given_tokenizer(model_args, tokenizer_dir, plan)
-    corpus = plan.corpus if plan is not None else None
-    with training_args.main_process_first(desc="preparing the data"):
-        data = None
-        if given is not None and not model_args.saved_tokenizer():  # the tokenizer an earlier run of ours saved
-            data = prepare_data(model_args, data_args, training_args.seed, build=False, corpus=corpus)
-            if data is not None and tokenizer_digest(data.tokenizer) != tokenizer_digest(given):
-                data = None  # not the tokenizer these settings train now: the data is prepared with it
-        data = data or prepare_data(model_args, data_args, training_args.seed, given, corpus=corpus)
-    tokenizer = given or data.tokenizer
-    if given is None and tokenizer_dir is not None and training_args.process_index == 0:
-        claim_outputs(tokenizer_dir.parent, tokenizer_dir)
-        write_marked_folder(tokenizer_dir, tokenizer.save_pretrained)  # whole or absent, never half-written
-    raw = datasets.DatasetDict()
-    eval_dataset, references = None, []
-    if data.validation is not None:  # the final evaluation translates each source in full: checked before step 1
-        raw["validation"] = data.validation.select_columns([SOURCE, TARGET])
-        validation_file = data_args.corpus_paths()[1]
-        where = f"`validation_file` {validation_file!r}" if validation_file else f"{data_args.dataset_name!r}"
-        if not validation_file:
-            where += f" split {data_args.dataset_validation_split!r}, counting rows as lines from 1,"
-        check_source_lengths(raw["validation"][SOURCE], tokenizer, MAX_SOURCE_TOKENS, where)
-        references = raw["validation"][TARGET]
-        # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
-        eval_dataset = data.validation.select_columns(list(ID_COLUMNS))
-    return Prepared(raw, tokenizer, data.train, eval_dataset, references, data)
+    """The run's prepared data (`hf_deep_nmt.data.preparation.prepare`): tokenizer, training data (the prepared-data
+    folder's tokenized splits, built once and reused by every run and rank, or with `streaming: true` a stream read
+    while training), validation text and references. Pass the run's `RunPlan` (`prepare(plan)`); the recipe's argument
+    dataclasses in its place are checked into one first (`as_plan`)."""
+    plan = as_plan(*(given for given in (model_args, data_args, training_args) if given is not None))
+    return preparation.prepare(plan, tokenizer_dir, claim=_claim_beside)
 
 
-def prepare_streaming(model_args, data_args, training_args, tokenizer_dir: Path | None = None, plan=None):
-    """`prepare` for `streaming: true`: the tokenizer (the recipe's, the one saved in
-    `tokenizer_dir` by an earlier run, or one trained on the first `tokenizer_train_pairs` pairs of the stream and
-    saved there; default `output_dir/tokenizer`), the validation split tokenized as without streaming, and the
-    training data as a `StreamedPairs` (read while training). `plan`: the run's `hf_deep_nmt.training.plan.RunPlan`,
-    whose checked corpus files and saved model are used as they are."""
-    from transformers import set_seed
-
-    from hf_deep_nmt.data.corpus import tokenize_parallel
-    from hf_deep_nmt.data.prepared import tokenizer_train_pairs
-    from hf_deep_nmt.serving.translate import MAX_SOURCE_TOKENS
-    from hf_deep_nmt.training.evaluation import check_source_lengths
-
-    set_seed(training_args.seed)
-    corpus = plan.corpus if plan is not None else None
-    source = stream_source(data_args, corpus)
-    if isinstance(source, FileSource):
-        _check_head(source, data_args)
-    validation = read_validation(data_args, corpus)
-    if validation is not None and data_args.max_eval_samples:
-        validation = validation.select(range(min(data_args.max_eval_samples, len(validation))))
-    tokenizer_dir = Path(tokenizer_dir or Path(training_args.output_dir) / "tokenizer")
-    # one process trains and saves the tokenizer; the others then load it from `tokenizer_dir`
-    with training_args.main_process_first(local=False, desc="streaming tokenizer"):
-        sample: dict[str, Any] = {}
-        if not model_args.saved_tokenizer() and not (tokenizer_dir / "tokenizer.json").is_file():
-            head = source.first_pairs(tokenizer_train_pairs(model_args))
-            if not head[SOURCE]:
-                raise ValueError(f"The streamed corpus {source.name!r} holds no sentence pairs; give one with pairs.")
-            sample = {"train": {SOURCE: head[SOURCE], TARGET: head[TARGET]}}
-            logger.warning(f"Training the tokenizer on the first {len(head[SOURCE])} pairs of the stream.")
-        tokenizer = load_tokenizer(model_args, sample, tokenizer_dir, plan)
-    references, eval_dataset = [], None
-    if validation is not None:  # the final evaluation translates each source in full: checked before step 1
-        where = (
-            f"`validation_file` {data_args.validation_file!r}"
-            if not data_args.dataset_name
-            else f"{data_args.dataset_name!r} split {data_args.dataset_validation_split!r}, counting rows as lines "
-            "from 1,"
-        )
-        check_source_lengths(validation[SOURCE], tokenizer, MAX_SOURCE_TOKENS, where)
-        references = validation[TARGET]
-        # evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set
-        eval_dataset = tokenize_parallel(
-            validation, tokenizer, data_args.max_source_length, data_args.max_target_length, drop_long=False
-        )
-    stream = StreamedPairs(
-        source,
-        tokenizer,
-        data_args.stream_buffer_pairs,
-        data_args.max_source_length,
-        data_args.max_target_length,
-        max_tokens=training_args.max_tokens,
-        max_sentences=training_args.per_device_train_batch_size,
-        seed=training_args.data_seed if training_args.data_seed is not None else training_args.seed,
-    )
-    raw = {"train": StreamedCorpus(stream)}
-    if validation is not None:
-        raw["validation"] = validation
-    return Prepared(raw, tokenizer, stream, eval_dataset, references)
+def _claim_beside(path: Path) -> None:
+    """List `path` in the run record of the folder it is in, before it is written."""
+    claim_outputs(path.parent, path)
 
 
 def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
@@ -337,99 +222,25 @@ def run_prepare(argv: list[str] | None = None) -> dict[str, Any]:
             "`streaming: true` reads the corpus while training: there is nothing to prepare ahead (a streamed corpus "
             "may not fit the disk); train it directly, or remove `streaming` to prepare the data once."
         )
-    plan = plan_run(model_args, data_args, export_args, training_args, command="prepare")
-    given = given_tokenizer(model_args, plan=plan)
-    with training_args.main_process_first(desc="preparing the data"):
-        data = prepare_data(model_args, data_args, training_args.seed, given, corpus=plan.corpus)
-    return data.summary()
+    return preparation.prepare_ahead(plan_run(model_args, data_args, export_args, training_args, command="prepare"))
 
 
-def given_tokenizer(
-    model_args: ModelArguments, tokenizer_dir: Path | None = None, plan: RunPlan | None = None
-) -> PreTrainedTokenizerBase | None:
-    """The saved model's or the given tokenizer; else the one saved in `tokenizer_dir` by an earlier run; else None
-    (a joint tokenizer is trained with the prepared data). With a `plan` that starts from a saved model, its folders
-    were checked by `check_saved_model` and its config is the plan's."""
-    saved_tokenizer = model_args.saved_tokenizer()
-    if saved_tokenizer:
-        saved_config = plan.saved_config if plan is not None else None
-        if saved_config is None or model_args.tokenizer_name_or_path:  # the saved model's folder: checked there
-            check_local_path(saved_tokenizer, "Tokenizer folder")
-        if saved_config is None:  # `check_saved_model` read the JSON files of both
-            check_saved_json_files(saved_tokenizer, "Tokenizer folder")
-        tokenizer = AutoTokenizer.from_pretrained(saved_tokenizer)
-        check_tokenizer_vocabulary(model_args, tokenizer, saved_config)
-        return tokenizer
-    if tokenizer_dir is not None and (tokenizer_dir / "tokenizer.json").is_file():
-        check_saved_json_files(tokenizer_dir, "The tokenizer an earlier run trained,")
-        return AutoTokenizer.from_pretrained(tokenizer_dir)
-    if tokenizer_dir is not None and os.path.lexists(tokenizer_dir):
-        if not tokenizer_dir.is_dir() or any(tokenizer_dir.iterdir()):
-            raise FileExistsError(
-                f"{str(tokenizer_dir)!r}, where this run saves the tokenizer it trains, already holds files but no "
-                "tokenizer.json; move them away, or name a tokenizer with `tokenizer_name_or_path`."
-            )
-    return None
-
-
-def load_tokenizer(
-    model_args: ModelArguments, raw, tokenizer_dir: Path | None = None, plan: RunPlan | None = None
-) -> PreTrainedTokenizerBase:
-    """`given_tokenizer`, else a joint tokenizer trained on the training split of `raw` (and saved in
-    `tokenizer_dir`)."""
-    tokenizer = given_tokenizer(model_args, tokenizer_dir, plan)
-    if tokenizer is not None:
-        return tokenizer
-    tokenizer = train_joint_tokenizer(
-        zip(raw["train"][SOURCE], raw["train"][TARGET]),
-        vocab_size=model_args.tokenizer_vocab_size,
-        model=model_args.tokenizer_model,
-    )
-    if tokenizer_dir is not None:
-        claim_outputs(tokenizer_dir.parent, tokenizer_dir)
-        write_marked_folder(tokenizer_dir, tokenizer.save_pretrained)  # whole or absent, never half-written
-    return tokenizer
-
-
-def check_tokenizer_vocabulary(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, config=None) -> None:
-    """A saved model with a separately given tokenizer must have exactly its vocabulary: a smaller tokenizer (another
-    run's) never produces the model's other ids, and its ids mean other pieces. `config`: the saved model's, when
-    already read."""
-    if not (model_args.model_name_or_path and model_args.tokenizer_name_or_path):
-        return
-    config = config if config is not None else AutoConfig.from_pretrained(model_args.model_name_or_path)
-    vocab = getattr(config, "vocab_size", None)
-    if vocab is not None and len(tokenizer) != vocab:
-        raise ValueError(
-            f"The tokenizer {model_args.tokenizer_name_or_path!r} has {len(tokenizer)} tokens but the model "
-            f"{model_args.model_name_or_path!r} has a vocabulary of {vocab}: it is another model's tokenizer. Leave "
-            "`tokenizer_name_or_path` unset to use the one saved with the model."
-        )
-
-
-def build_model(
-    model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, plan: RunPlan | None = None
-) -> DeepNMTForConditionalGeneration:
-    """A fresh model from a named preset plus overrides, sized to the tokenizer; or the saved model of
-    `model_name_or_path` as saved (`check_saved_model`). With the run's `plan`, `model_args` were checked there."""
-    if model_args.model_name_or_path and plan is not None:
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-    if model_args.model_name_or_path:
-        check_local_path(model_args.model_name_or_path, "`model_name_or_path`")
-        config = AutoConfig.from_pretrained(model_args.model_name_or_path)
-        if type(config) in MODEL_CLASSES:  # anything else: AutoModelForSeq2SeqLM names what it cannot load
-            check_recipe_agrees_with_saved_model(model_args, config)
-        return AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path)
-    config = build_config(model_args, tokenizer, checked=plan is not None)
+def build_model(plan: RunPlan | ModelArguments, tokenizer: PreTrainedTokenizerBase) -> DeepNMTForConditionalGeneration:
+    """A fresh model from the plan's preset plus overrides, sized to the tokenizer (`build_config`); or the saved
+    model of `model_name_or_path` as saved (checked by the plan: `check_saved_model`). The recipe's `ModelArguments`
+    in place of the plan are checked into one first (`as_plan`)."""
+    plan = as_plan(plan)
+    if plan.model_args.model_name_or_path:
+        return AutoModelForSeq2SeqLM.from_pretrained(plan.model_args.model_name_or_path)
+    config = build_config(plan, tokenizer)
     return MODEL_CLASSES[type(config)](config)
 
 
-def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None, checked: bool = False):
-    """The preset's config with the overrides, sized to `tokenizer`; without one, to a joint tokenizer of
-    `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0, `<pad>`=1, `</s>`=2). `checked`: the
-    arguments were checked by the run's plan (`check_model_arguments`)."""
-    if not checked:
-        check_model_arguments(model_args)
+def build_config(plan: RunPlan | ModelArguments, tokenizer: PreTrainedTokenizerBase | None = None):
+    """The plan's preset config with the overrides (checked there: `check_model_arguments`), sized to `tokenizer`;
+    without one, to a joint tokenizer of `tokenizer_vocab_size` as `train_joint_tokenizer` makes it (`<s>`=0,
+    `<pad>`=1, `</s>`=2). The recipe's `ModelArguments` in place of the plan are checked into one first (`as_plan`)."""
+    model_args = as_plan(plan).model_args
     config_class = PRESETS[model_args.model_type]
     if tokenizer is None:
         settings = {"vocab_size": model_args.tokenizer_vocab_size, "pad_token_id": 1, "bos_token_id": 0}
@@ -448,20 +259,16 @@ def build_config(model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase 
     return config_class(**{**model_args.model_overrides, **settings})
 
 
-def configure_generation(
-    model, tokenizer, data_args: DataArguments, export_args: EvalExportArguments, plan: RunPlan | None = None
-) -> None:
-    """Beam size, length penalty and the recipe's output cap at the longest allowed source; the tokenizer must fit the
-    model (`check_tokenizer_matches`).
+def configure_generation(model, tokenizer, *plan: RunPlan | DataArguments | EvalExportArguments) -> None:
+    """The plan's generation settings: beam size, length penalty and the recipe's output cap at the longest allowed
+    source; the tokenizer must fit the model (`check_tokenizer_matches`). The recipe's `DataArguments` and
+    `EvalExportArguments` in place of the plan are checked into one first (`as_plan`).
 
     The cap is `max_length`, the start token + `max_length_a * max_source_length + max_length_b` tokens + `</s>` (what
     `translate` allows the longest source): not `max_new_tokens`, beside which `Seq2SeqTrainer` evaluation would fill
     in transformers' default `max_length` of 20, and which would override a caller's `generate(max_length=...)`."""
+    settings = as_plan(*plan).generation
     check_tokenizer_matches(model, tokenizer)
-    if plan is not None:  # built when the plan checked the recipe
-        settings = plan.generation
-    else:
-        settings = DecodingOptions.from_recipe(export_args).generation_settings(data_args.max_source_length)
     for name, value in settings.items():  # a GNMT-form alpha is kept as the recipe's value (the card says which)
         setattr(model.generation_config, name, value)
     logger.warning(

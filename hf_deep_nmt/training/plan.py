@@ -8,6 +8,9 @@ checkpoints to average, the corpus files, the Hub repository id, the run and exp
 training step fit the memory (`check_training_size`). It loads no weights and no data, and changes nothing. The
 later steps never check again: they take the resolved values (the saved model's config, the corpus files, the
 protected folders, the decoding options, the device) from the plan.
+
+Every step takes a plan. A Python caller that hands a step some of a recipe's argument dataclasses instead gets one
+built for it (`as_plan`), by the same checks, so that no step has a second, unchecked way in.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from hf_deep_nmt.memory import check_training_size
 from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder, check_saved_weights_finite
 from hf_deep_nmt.serving.options import DecodingOptions
 from hf_deep_nmt.training.arguments import (
+    ARGUMENT_CLASSES,
     PRESETS,
     DataArguments,
     DeepNMTTrainingArguments,
@@ -35,6 +39,9 @@ from hf_deep_nmt.training.arguments import (
     check_arguments,
     check_model_arguments,
 )
+
+# the commands that write a run folder: their plans check its folders, the export, the averaging and the memory
+RUN_COMMANDS = ("train", "train-staged")
 
 
 @dataclass(frozen=True)
@@ -84,17 +91,19 @@ def plan_run(
     stages: Any = None,
     command: str = "train",
 ) -> RunPlan:
-    """Check the recipe of `command` ("train", "train-staged" or "prepare") once, in the order of the module's
-    description, and return its `RunPlan`. `prepare` touches no output folder: its folders, export and memory are not
+    """Check the recipe of `command` ("train", "train-staged", "prepare", or "steps" for the steps called one by one
+    from Python, see `as_plan`) once, in the order of the module's description, and return its `RunPlan`. Only
+    `train` and `train-staged` write a run folder: for the others the folders, export, averaging and memory are not
     checked."""
     if command == "train-staged":
         check_staged(model_args, data_args)
     # The saved model first: a folder that is not there is the problem to name, not the settings beside it.
     saved = check_saved_model(model_args) if model_args.model_name_or_path else None
     check_model_arguments(model_args)
-    config = saved if saved is not None else (_sizes_of_preset(model_args) if command != "prepare" else None)
+    runs = command in RUN_COMMANDS
+    config = saved if saved is not None else (_sizes_of_preset(model_args) if runs else None)
     decoding = check_arguments(data_args, export_args, training_args)
-    if command != "prepare":
+    if runs:
         check_checkpoints_to_average(export_args, training_args)
     corpus_files = data_args.corpus_files()
     corpus = {  # each file there and readable; its text is checked when it is read
@@ -104,7 +113,7 @@ def plan_run(
     lengths = max(data_args.max_source_length, data_args.max_target_length)
     tokens = training_args.max_tokens or training_args.per_device_train_batch_size * lengths
     protected, device, writes = {}, "cpu", ()
-    if command != "prepare":
+    if runs:
         if export_args.repo_id is not None:
             check_repo_id(export_args.repo_id)
         protected = check_run_folders(training_args.output_dir, export_args.export_dir, corpus_files)
@@ -134,6 +143,29 @@ def plan_run(
         inputs=tuple(recipe_inputs(model_args, data_args)),
         writes=writes,
     )
+
+
+def as_plan(*given: Any) -> RunPlan:
+    """The plan a step runs on: `given` itself when it is a `RunPlan`; else the plan of the recipe made of the argument
+    dataclasses given (`ModelArguments`, `DataArguments`, `EvalExportArguments`, `DeepNMTTrainingArguments`, in any
+    order; the others take their defaults), checked by `plan_run` as `train` checks its recipe, but for the folders,
+    averaging and memory of a run (command "steps": a step called alone writes no run folder). So
+    `build_model(model_args, tokenizer)` refuses what `train` refuses, with the same message."""
+    if len(given) == 1 and isinstance(given[0], RunPlan):
+        return given[0]
+    groups: dict[type, Any] = {}
+    for value in given:
+        kind = next((kind for kind in ARGUMENT_CLASSES if isinstance(value, kind)), None)
+        if kind is None or kind in groups:
+            raise TypeError(
+                f"A step takes the run's `RunPlan` (`plan_run`), or some of the recipe's argument dataclasses "
+                f"{tuple(kind.__name__ for kind in ARGUMENT_CLASSES)}, each at most once; got {type(value).__name__}."
+            )
+        groups[kind] = value
+    model_args, data_args, export_args, training_args = (
+        groups[kind] if kind in groups else kind() for kind in ARGUMENT_CLASSES
+    )
+    return plan_run(model_args, data_args, export_args, training_args, command="steps")
 
 
 def check_staged(model_args: ModelArguments, data_args: DataArguments) -> None:

@@ -49,7 +49,8 @@ from hf_deep_nmt.training.pipeline import (
 )
 from hf_deep_nmt.training.plan import RunPlan, plan_run
 from hf_deep_nmt.training.preemption import raise_if_preempted
-from hf_deep_nmt.training.run_folder import RunFolder, claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.run_folder import RunFolder
+from hf_deep_nmt.training.run_record import claim_outputs, run_recipe, run_shape
 from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler, stage_start_step
 from hf_deep_nmt.training.trainer import DeepNMTTrainer
 from hf_deep_nmt.weights import safetensors_header, saved_weight_files
@@ -88,82 +89,111 @@ def run_staged(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 def _run_staged(plan: RunPlan, folder: RunFolder) -> dict[str, Any]:
-    model_args, data_args, export_args, training_args = plan.arguments
-    stages = plan.stages
+    training_args, stages = plan.training_args, plan.stages
     # finished stages are kept and interrupted ones resumed only in a folder of this same recipe
     folder.start(training_args.resume_from_checkpoint, training_args.overwrite_output_dir, list(plan.inputs))
     root = Path(training_args.output_dir)
+    depths = list(enumerate(stages.stage_depths, start=1))
     finished = {  # read before anything is trained: a damaged record stops the run before step 1
-        number: finished_stage(root / f"stage-{number}-{depth}-layers", number, depth)
-        for number, depth in enumerate(stages.stage_depths, start=1)
+        number: finished_stage(stage_folder(root, number, depth), number, depth) for number, depth in depths
     }
     prepared = prepare(plan, tokenizer_dir=root / "tokenizer")
     completed_steps, previous, trainer, summary = 0, None, None, {"stages": []}
     started = time.perf_counter()
-    for number, depth in enumerate(stages.stage_depths, start=1):
-        stage_dir = root / f"stage-{number}-{depth}-layers"
-        record = stage_dir / "stage.json"
-        if finished[number] is not None:  # finished in an earlier run
-            done = finished[number]
-            completed_steps += done["steps"]
-            previous = stage_dir / "model"
-            summary["stages"].append(done)
-            continue
-        if previous is None:
-            overrides = {**model_args.model_overrides, "encoder_layers": depth}
-            model = build_model(dataclasses.replace(model_args, model_overrides=overrides), prepared.tokenizer, plan)
-        else:
-            previous_depth = stages.stage_depths[number - 2]
-            model = grow_encoder(
-                previous, depth - previous_depth, stages.growth_strategy, stages.reset_previous_block_norm
-            ).train()
-        configure_generation(model, prepared.tokenizer, data_args, export_args, plan)
-        stage_args = dataclasses.replace(training_args, output_dir=str(stage_dir), max_steps=stages.stage_max_steps)
-        start_step = stage_start_step(completed_steps, stages.schedule_warmup_steps) if previous else 0
-        trainer = make_trainer(
-            model, stage_args, prepared, StageTrainer, schedule_start_step=start_step, stage_arguments=stages
-        )
-        checkpoint = last_complete_checkpoint(stage_dir)
-        if checkpoint:
-            verify_checkpoint(checkpoint)  # its files are those the stage recorded
-        claim_outputs(root, stage_dir)
-        if checkpoint and training_finished(checkpoint, stage_args):
-            # stopped after the stage's last step, before its record: its model is saved, nothing trained again
-            logger.warning(f"Stage {number} ({depth} layers): {checkpoint} ends the stage; saving its model.")
-            state = load_finished_training(trainer, checkpoint)
-            steps, skipped = state.global_step, skipped_steps_in_state(state)
-        else:
-            if checkpoint:
-                logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
-            result = trainer.train(resume_from_checkpoint=checkpoint)
-            raise_if_preempted(trainer)  # before stage.json: a preempted stage is not finished
-            steps, skipped = result.global_step, nonfinite_steps_skipped(trainer)
-        done = {"stage": number, "encoder_layers": depth, "steps": steps, "schedule_start": start_step}
-        done["nonfinite_steps_skipped"] = skipped
-        if trainer.is_world_process_zero():
-            model_dir = stage_dir / "model"
-            if model_dir.is_dir():  # left half-written by an interrupted save (the stage has no record yet)
-                shutil.rmtree(model_dir)
-            write_marked_folder(model_dir, trainer.save_model)
-            # written beside and renamed into place: a run killed meanwhile leaves no half-written record
-            with atomic_file(record, encoding="utf-8") as stream:
-                stream.write(json.dumps(done, indent=2) + "\n")
-        trainer.accelerator.wait_for_everyone()
-        completed_steps += steps
+    for number, depth in depths:
+        stage_dir = stage_folder(root, number, depth)
+        done = finished[number]  # None: not finished in an earlier run
+        if done is None:
+            model = stage_model(plan, prepared.tokenizer, number, depth, previous)
+            start_step = stage_start_step(completed_steps, stages.schedule_warmup_steps) if previous else 0
+            trainer, done = train_stage(plan, prepared, model, stage_dir, number, depth, start_step)
+        completed_steps += done["steps"]
         previous = stage_dir / "model"
         summary["stages"].append(done)
     if trainer is None:  # every stage was already done: evaluate the last one
-        model = AutoModelForSeq2SeqLM.from_pretrained(previous)
-        configure_generation(model, prepared.tokenizer, data_args, export_args, plan)
-        trainer = make_trainer(model, training_args, prepared)
-        last = last_complete_checkpoint(stage_dir)
-        if last:  # the last stage's log history, for the curves, as the run that trained it had it
-            trainer.state = TrainerState.load_from_json(str(Path(last) / TRAINER_STATE_FILE))
+        trainer = last_stage_trainer(plan, prepared, stage_dir)
     summary.update(train_seconds=round(time.perf_counter() - started, 1), train_steps=completed_steps)
     summary["nonfinite_steps_skipped"] = sum(stage.get("nonfinite_steps_skipped", 0) for stage in summary["stages"])
     # the SDT paper averages the newest checkpoints of the last stage; the same step `train` takes on its run
-    average_last_checkpoints(trainer, stage_dir, export_args.average_checkpoints, summary)
+    average_last_checkpoints(trainer, stage_dir, plan.export_args.average_checkpoints, summary)
     return evaluate_and_export(trainer, prepared, plan, summary, finish=folder.finish)
+
+
+def stage_folder(root: Path, number: int, depth: int) -> Path:
+    """Where stage `number` (`depth` encoder layers) writes its checkpoints, final model and record."""
+    return root / f"stage-{number}-{depth}-layers"
+
+
+def stage_model(plan: RunPlan, tokenizer, number: int, depth: int, previous: Path | None):
+    """The model stage `number` trains: the preset at the first depth, else the previous stage's final model
+    (`previous`) grown by the layers this stage adds; its generation settings the plan's."""
+    stages = plan.stages
+    if previous is None:
+        overrides = {**plan.model_args.model_overrides, "encoder_layers": depth}
+        first = dataclasses.replace(plan.model_args, model_overrides=overrides)
+        model = build_model(dataclasses.replace(plan, model_args=first), tokenizer)
+    else:
+        previous_depth = stages.stage_depths[number - 2]
+        model = grow_encoder(
+            previous, depth - previous_depth, stages.growth_strategy, stages.reset_previous_block_norm
+        ).train()
+    configure_generation(model, tokenizer, plan)
+    return model
+
+
+def train_stage(plan: RunPlan, prepared, model, stage_dir: Path, number: int, depth: int, start_step: int):
+    """Train one stage from its last complete checkpoint, if any (or take a checkpoint that ends it, without training
+    again), then save its final model and record. Returns the stage's trainer and record."""
+    stages = plan.stages
+    stage_args = dataclasses.replace(plan.training_args, output_dir=str(stage_dir), max_steps=stages.stage_max_steps)
+    trainer = make_trainer(
+        model, stage_args, prepared, StageTrainer, schedule_start_step=start_step, stage_arguments=stages
+    )
+    checkpoint = last_complete_checkpoint(stage_dir)
+    if checkpoint:
+        verify_checkpoint(checkpoint)  # its files are those the stage recorded
+    claim_outputs(stage_dir.parent, stage_dir)
+    if checkpoint and training_finished(checkpoint, stage_args):
+        # stopped after the stage's last step, before its record: its model is saved, nothing trained again
+        logger.warning(f"Stage {number} ({depth} layers): {checkpoint} ends the stage; saving its model.")
+        state = load_finished_training(trainer, checkpoint)
+        steps, skipped = state.global_step, skipped_steps_in_state(state)
+    else:
+        if checkpoint:
+            logger.warning(f"Stage {number} ({depth} layers): resuming from {checkpoint}.")
+        result = trainer.train(resume_from_checkpoint=checkpoint)
+        raise_if_preempted(trainer)  # before stage.json: a preempted stage is not finished
+        steps, skipped = result.global_step, nonfinite_steps_skipped(trainer)
+    done = {"stage": number, "encoder_layers": depth, "steps": steps, "schedule_start": start_step}
+    done["nonfinite_steps_skipped"] = skipped
+    save_stage(trainer, stage_dir, done)
+    return trainer, done
+
+
+def save_stage(trainer, stage_dir: Path, done: dict[str, Any]) -> None:
+    """The stage's final model (`model/`, which the next stage grows from) and then its record (`stage.json`), on the
+    main process; every process waits for them."""
+    if trainer.is_world_process_zero():
+        model_dir = stage_dir / "model"
+        if model_dir.is_dir():  # left half-written by an interrupted save (the stage has no record yet)
+            shutil.rmtree(model_dir)
+        write_marked_folder(model_dir, trainer.save_model)
+        # written beside and renamed into place: a run killed meanwhile leaves no half-written record
+        with atomic_file(stage_dir / "stage.json", encoding="utf-8") as stream:
+            stream.write(json.dumps(done, indent=2) + "\n")
+    trainer.accelerator.wait_for_everyone()
+
+
+def last_stage_trainer(plan: RunPlan, prepared, stage_dir: Path):
+    """A trainer holding the final model of the last stage, finished in an earlier run, with that stage's log history
+    (for the curves, as the run that trained it had it)."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(stage_dir / "model")
+    configure_generation(model, prepared.tokenizer, plan)
+    trainer = make_trainer(model, plan.training_args, prepared)
+    last = last_complete_checkpoint(stage_dir)
+    if last:
+        trainer.state = TrainerState.load_from_json(str(Path(last) / TRAINER_STATE_FILE))
+    return trainer
 
 
 def finished_stage(stage_dir: Path, number: int, depth: int) -> dict[str, Any] | None:

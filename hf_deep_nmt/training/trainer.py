@@ -4,15 +4,12 @@ guard that skips non-finite steps, and the record of checkpoint checksums."""
 from __future__ import annotations
 
 import inspect
-from functools import cache, partial
+from functools import cache
 
-import datasets
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer
-from transformers.trainer_utils import seed_worker
+from transformers import Seq2SeqTrainer, TrainerCallback
 
-from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths
-from hf_deep_nmt.data.streaming import StreamedPairs, streaming_dataloader
+from hf_deep_nmt.data.training_data import as_training_data
 from hf_deep_nmt.training.callbacks import DEFAULT_MAX_CONSECUTIVE_NONFINITE_STEPS, NonFiniteGuard
 from hf_deep_nmt.training.checkpoints import ChecksumRecorder
 from hf_deep_nmt.training.preemption import PreemptionCallback
@@ -63,43 +60,26 @@ class DeepNMTTrainer(Seq2SeqTrainer):
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
-        # a streamed corpus continues from the position recorded in this checkpoint (`hf_deep_nmt.data.streaming`)
+        # the training data may continue from what it recorded in this checkpoint (a stream: its position)
         self.resuming_from = resume_from_checkpoint
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
-        if isinstance(self.train_dataset, StreamedPairs):  # `streaming: true`: batches made while reading
-            return streaming_dataloader(self)
-        max_tokens = getattr(self.args, "max_tokens", None)
-        if max_tokens is None:
-            return super().get_train_dataloader()
-        if not isinstance(self.train_dataset, datasets.Dataset):
-            raise TypeError(f"`max_tokens` needs a tokenized `datasets.Dataset`, got {type(self.train_dataset)}.")
-        sampler = TokenBudgetBatchSampler(
-            pair_lengths(self.train_dataset),
-            max_tokens,
-            num_replicas=max(1, self.args.world_size),
-            rank=self.args.process_index,
-            seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
-        )
-        dataset = self._remove_unused_columns(self.train_dataset, description="Training")
-        workers = self.args.dataloader_num_workers
-        loader = DataLoader(
-            dataset,
-            batch_sampler=sampler,
-            collate_fn=self.data_collator,
-            num_workers=workers,
-            pin_memory=self.args.dataloader_pin_memory,
-            persistent_workers=self.args.dataloader_persistent_workers if workers else False,
-            worker_init_fn=partial(seed_worker, num_workers=workers, rank=self.args.process_index),
-        )
-        loader = self.accelerator.prepare(loader)
-        # The sampler already gives this process its own share; `accelerate` wraps it in a `BatchSamplerShard` that
-        # would share it out again (dropping or repeating batches): make that wrapper pass everything through.
-        shard = getattr(loader, "batch_sampler", None)
-        if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
-            shard.num_processes, shard.process_index = 1, 0
-        return loader
+        # the training data makes its own loader: token-budget batches of a tokenized dataset, or a stream's
+        return as_training_data(self.train_dataset).train_dataloader(self)
+
+    def library_train_dataloader(self) -> DataLoader:
+        """`Seq2SeqTrainer`'s own training loader (sentence-count batches), for the training data that uses it."""
+        return super().get_train_dataloader()
+
+    def add_checkpoint_writer(self, writer: TrainerCallback) -> None:
+        """Place `writer`, a callback that writes a file into each checkpoint (a stream's position), before the
+        `ChecksumRecorder`, so that its file is among the checkpoint's recorded files; one of its kind placed by an
+        earlier loader is replaced."""
+        callbacks = self.callback_handler.callbacks
+        callbacks[:] = [callback for callback in callbacks if not isinstance(callback, type(writer))]
+        checksums = [i for i, callback in enumerate(callbacks) if isinstance(callback, ChecksumRecorder)]
+        callbacks.insert(checksums[0] if checksums else len(callbacks), writer)
 
     def create_scheduler(self, num_training_steps: int, optimizer=None):
         scheduler = self._create_scheduler(num_training_steps, optimizer)
