@@ -71,8 +71,9 @@ def worker_environment(**settings) -> dict:
 
 
 def start_worker(arguments: list[str], **settings):
-    """The run in a process of its own (forked from `fault_worker`'s fork server), with its output log."""
-    log = Path(arguments[arguments.index("--output_dir") + 1]).parent / f"worker-{time.monotonic_ns()}.log"
+    """The run in a process of its own (forked from `fault_worker`'s fork server), with its output log (beside the
+    recipe, outside the run's folder)."""
+    log = Path(arguments[1]).parent / f"worker-{time.monotonic_ns()}.log"
     return fault_worker.start(arguments, worker_environment(**settings), log), log
 
 
