@@ -18,6 +18,7 @@ whole; the fork only spares each run the 5 CPU seconds a fresh interpreter spend
 
 import multiprocessing
 import os
+import resource
 import sys
 import time
 from collections.abc import Mapping
@@ -69,12 +70,15 @@ def run(arguments: list[str]) -> int:
     return cli.main(arguments)
 
 
-def _forked_run(arguments: list[str], environment: dict[str, str], log: str) -> None:
-    # the fork server's child: its own environment, its output (both streams) into `log`, the command's exit status
-    descriptor = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(descriptor, 1)
-    os.dup2(descriptor, 2)
-    os.close(descriptor)
+def _forked_run(arguments: list[str], environment: dict[str, str], log: str, error_log: str, limit: int) -> None:
+    # the fork server's child: its own environment, its output into `log` (standard error into `error_log` when it is
+    # given), at most `limit` bytes of address space when it is given, the command's exit status
+    for stream, path in ((1, log), (2, error_log or log)):
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(descriptor, stream)
+        os.close(descriptor)
+    if limit:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     os.environ.clear()
     os.environ.update(environment)
     sys.exit(run(arguments))
@@ -86,9 +90,18 @@ _FORK_SERVER = multiprocessing.get_context("forkserver")
 _FORK_SERVER.set_forkserver_preload(["torch", "transformers.trainer", "hf_deep_nmt.cli", pipeline.__name__])
 
 
-def start(arguments: list[str], environment: dict[str, str], log: Path) -> multiprocessing.Process:
-    """The run as a started process (`pid`, `exitcode`: negative for a signal, `join`), its output going to `log`."""
-    process = _FORK_SERVER.Process(target=_forked_run, args=(arguments, environment, str(log)), daemon=False)
+def start(
+    arguments: list[str], environment: dict[str, str], log: Path, error_log: Path | None = None, limit: int = 0
+) -> multiprocessing.Process:
+    """The run as a started process (`pid`, `exitcode`: negative for a signal, `join`), its output going to `log`
+    (standard error to `error_log` if given), under an address-space limit of `limit` bytes if given (what a fresh
+    interpreter with these imports maps: the server's mappings are the child's)."""
+    Path(log).write_bytes(b"")
+    if error_log is not None:
+        Path(error_log).write_bytes(b"")
+    process = _FORK_SERVER.Process(
+        target=_forked_run, args=(arguments, environment, str(log), str(error_log or ""), limit), daemon=False
+    )
     process.start()
     return process
 

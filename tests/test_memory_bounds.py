@@ -1,16 +1,17 @@
 """Sizes are bounded before memory is allocated: a config that claims more than its weights, a model or a beam search
 that cannot fit the machine, a CTranslate2 position table too large, each refused with its estimate. The end-to-end
-checks run in a subprocess under an address-space limit (RLIMIT_AS), so that a regression fails instead of taking the
-machine's memory."""
+checks run in a process of their own under an address-space limit (RLIMIT_AS), so that a regression fails instead of
+taking the machine's memory."""
 
 import json
 import os
 import re
-import resource
 import shutil
 import subprocess
-import sys
+import tempfile
+from pathlib import Path
 
+import fault_worker
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -25,20 +26,17 @@ LIMIT = 3 << 30  # address space of the subprocesses: torch and a tiny model tak
 
 
 def run_limited(*arguments: str) -> subprocess.CompletedProcess:
-    """`hf-deep-nmt ARGUMENTS` in a subprocess that cannot map more than `LIMIT` bytes."""
-
-    def limit():
-        resource.setrlimit(resource.RLIMIT_AS, (LIMIT, LIMIT))
-
+    """`hf-deep-nmt ARGUMENTS` in a process of its own that cannot map more than `LIMIT` bytes (forked from
+    `fault_worker`'s fork server, which has the package's imports mapped as a fresh interpreter would)."""
     environment = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(
-        [sys.executable, "-m", "hf_deep_nmt.cli", *arguments],
-        preexec_fn=limit,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    with tempfile.TemporaryDirectory() as folder:
+        out, error = Path(folder) / "out", Path(folder) / "error"
+        process = fault_worker.start(list(arguments), environment, out, error_log=error, limit=LIMIT)
+        process.join(timeout=300)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+        return subprocess.CompletedProcess(arguments, process.exitcode, out.read_text(), error.read_text())
 
 
 def test_the_parameter_estimate_is_exact_for_plain_stacks_and_a_lower_bound_otherwise():
