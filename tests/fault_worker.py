@@ -1,6 +1,5 @@
-"""Child process of the kill tests: runs the real command line (`hf_deep_nmt.cli.main`) with `train|train-staged
-ARGS...`, with test-only slow-downs set by environment variables so that a SIGKILL from the test lands where it is
-meant to:
+"""Child process of the kill, signal and memory-limit tests: runs the real command line (`hf_deep_nmt.cli.main`),
+with test-only slow-downs set by environment variables so that a SIGKILL from the test lands where it is meant to:
 
 - FAULT_STEP_DELAY: seconds to sleep after every optimizer step (so a kill after checkpoint N lands before N + 1);
 - FAULT_HANG_AT_STEP / FAULT_MARKER: while writing the checkpoint of that step, after its weights, optimizer and
@@ -12,8 +11,9 @@ meant to:
 
 Two ways in: `python fault_worker.py ARGS...` (a fresh interpreter), or `start(arguments, environment, log)`, which
 forks the run from a multiprocessing fork server that imported torch, transformers and the package once per test
-process (`set_forkserver_preload`). Either way the run is a process of its own that the test kills or signals as a
-whole; the fork only spares each run the 5 CPU seconds a fresh interpreter spends importing.
+process (`set_forkserver_preload`); `start_script` forks a `python -c` script the same way. Either way the run is a
+process of its own that the test kills, signals or limits as a whole; the fork only spares each run the 5 CPU seconds
+a fresh interpreter spends importing.
 """
 
 import multiprocessing
@@ -70,9 +70,9 @@ def run(arguments: list[str]) -> int:
     return cli.main(arguments)
 
 
-def _forked_run(arguments: list[str], environment: dict[str, str], log: str, error_log: str, limit: int) -> None:
+def _enter_child(environment: dict[str, str], log: str, error_log: str, limit: int) -> None:
     # the fork server's child: its own environment, its output into `log` (standard error into `error_log` when it is
-    # given), at most `limit` bytes of address space when it is given, the command's exit status
+    # given), at most `limit` bytes of address space when it is given
     for stream, path in ((1, log), (2, error_log or log)):
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(descriptor, stream)
@@ -81,7 +81,17 @@ def _forked_run(arguments: list[str], environment: dict[str, str], log: str, err
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     os.environ.clear()
     os.environ.update(environment)
+
+
+def _forked_run(arguments: list[str], environment: dict[str, str], limit: int, log: str, error_log: str) -> None:
+    _enter_child(environment, log, error_log, limit)
     sys.exit(run(arguments))
+
+
+def _forked_script(source: str, arguments: list[str], environment: dict[str, str], log: str, error_log: str) -> None:
+    _enter_child(environment, log, error_log, 0)
+    sys.argv = ["-c", *arguments]
+    exec(compile(source, "<string>", "exec"), {"__name__": "__main__"})
 
 
 # What the fork server imports before it forks any run: this module's heavy imports, by their installed names (the
@@ -90,20 +100,29 @@ _FORK_SERVER = multiprocessing.get_context("forkserver")
 _FORK_SERVER.set_forkserver_preload(["torch", "transformers.trainer", "hf_deep_nmt.cli", pipeline.__name__])
 
 
+def _started(target, arguments: tuple, log: Path, error_log: Path | None) -> multiprocessing.Process:
+    for path in (log, error_log):
+        if path is not None:
+            Path(path).write_bytes(b"")
+    process = _FORK_SERVER.Process(target=target, args=(*arguments, str(log), str(error_log or "")), daemon=False)
+    process.start()
+    return process
+
+
 def start(
     arguments: list[str], environment: dict[str, str], log: Path, error_log: Path | None = None, limit: int = 0
 ) -> multiprocessing.Process:
     """The run as a started process (`pid`, `exitcode`: negative for a signal, `join`), its output going to `log`
     (standard error to `error_log` if given), under an address-space limit of `limit` bytes if given (what a fresh
     interpreter with these imports maps: the server's mappings are the child's)."""
-    Path(log).write_bytes(b"")
-    if error_log is not None:
-        Path(error_log).write_bytes(b"")
-    process = _FORK_SERVER.Process(
-        target=_forked_run, args=(arguments, environment, str(log), str(error_log or ""), limit), daemon=False
-    )
-    process.start()
-    return process
+    return _started(_forked_run, (arguments, environment, limit), log, error_log)
+
+
+def start_script(
+    source: str, arguments: list[str], environment: dict[str, str], log: Path, error_log: Path | None = None
+) -> multiprocessing.Process:
+    """`python -c SOURCE ARGUMENTS...` as a started process forked from the server (see `start`)."""
+    return _started(_forked_script, (source, arguments, environment), log, error_log)
 
 
 if __name__ == "__main__":

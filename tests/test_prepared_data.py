@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import fault_worker
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
@@ -296,28 +297,27 @@ def test_two_concurrent_preparers_build_once(tmp_path):
     folder = tmp_path / "shared"
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     logs = [tmp_path / f"preparer{index}.log" for index in range(2)]
+    outputs = [tmp_path / f"preparer{index}.out" for index in range(2)]
     with prepared_data._lock(folder):
+        # two processes of their own, forked from fault_worker's fork server (the package imported once)
         processes = [
-            subprocess.Popen(
-                [sys.executable, "-c", CONCURRENT, str(corpus), str(folder)],
-                env=environment,
-                stdout=subprocess.PIPE,
-                stderr=log.open("w"),
-                text=True,
-            )
-            for log in logs
+            fault_worker.start_script(CONCURRENT, [str(corpus), str(folder)], environment, output, error_log=log)
+            for output, log in zip(outputs, logs)
         ]
         deadline = time.monotonic() + 120
         while not all("Another process is preparing" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline and all(process.poll() is None for process in processes), [
+            assert time.monotonic() < deadline and all(process.exitcode is None for process in processes), [
                 log.read_text()[-2000:] for log in logs
             ]
             time.sleep(0.2)
     results = []
-    for process, log in zip(processes, logs):
-        output, _ = process.communicate(timeout=300)
-        assert process.returncode == 0, log.read_text()[-3000:]
-        results.append(json.loads(output.strip().splitlines()[-1]))
+    for process, output, log in zip(processes, outputs, logs):
+        process.join(timeout=300)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+        assert process.exitcode == 0, log.read_text()[-3000:]
+        results.append(json.loads(output.read_text().strip().splitlines()[-1]))
     assert sorted(result["reused"] for result in results) == [False, True]
     assert results[0]["folder"] == results[1]["folder"] == str(folder)
     assert results[0]["tokenizer"] == results[1]["tokenizer"]
