@@ -5,10 +5,7 @@ token budget, restores the input order, caps outputs and writes text, and hands 
 `Decoder`. What differs between backends lives behind this interface alone: which settings a backend cannot honour
 (refused by name before anything is loaded), whether the batches fit its memory, and how a batch is decoded.
 `hf_deep_nmt.serving.torch_decoder.TorchDecoder` runs the model's `generate()`; `hf_deep_nmt.serving.onnx.OnnxDecoder`
-runs exported graphs on ONNX Runtime.
-
-This module imports neither torch nor transformers: the command line refuses a backend's settings before it loads
-them.
+runs exported graphs on ONNX Runtime; `hf_deep_nmt.serving.backends.DECODERS` names them for the command line.
 """
 
 from __future__ import annotations

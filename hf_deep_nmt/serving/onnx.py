@@ -343,8 +343,3 @@ def load_onnx_model(model: str | Path, int8: bool = False, threads: int | None =
     folder = onnx_folder(model, int8)
     decoder = OnnxDecoder(folder, int8=int8, threads=threads)
     return decoder, AutoTokenizer.from_pretrained(folder)
-
-
-def saved_generation_config(decoder: OnnxDecoder):
-    """The generation config saved beside the graphs (`export_for_serving`), else transformers' defaults."""
-    return decoder.generation_config
