@@ -21,7 +21,7 @@ from hf_deep_nmt import registration  # noqa: F401  (models load through the Aut
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
 from hf_deep_nmt.memory import check_memory, check_saved_model_size
 from hf_deep_nmt.model_folders import check_saved_json_files
-from hf_deep_nmt.modeling.modeling_deep_nmt import decoding_memory
+from hf_deep_nmt.modeling.sizes_deep_nmt import decoding_memory
 from hf_deep_nmt.serving.compiled import compiled_decoding
 from hf_deep_nmt.serving.decoder import Decoder
 from hf_deep_nmt.serving.options import DecodingOptions, length_penalty
