@@ -387,7 +387,7 @@ def _check_standard_streams(source: str, target: str) -> None:
         )
 
 
-def _translate(argv: list[str]) -> int:
+def _translate_parser() -> _Parser:
     parser = _Parser(prog="hf-deep-nmt translate", description="Translate lines of text.")
     parser.add_argument(
         "--model", type=_path, required=True, help="saved model folder or Hub repo id (with its tokenizer)"
@@ -426,22 +426,12 @@ def _translate(argv: list[str]) -> int:
         "folder, or a model folder holding them in onnx/), same decoding, on the CPU",
     )
     parser.add_argument("--int8", action="store_true", help="with --backend onnxruntime: the int8 graphs")
-    args = parser.parse_args(argv)
-    _check_standard_streams(args.input, args.output)
-    onnx = args.backend == "onnxruntime"
-    if onnx:
-        for flag, given in (
-            ("--compile", args.compile),
-            (f"--device {args.device}", args.device not in (None, "cpu")),
-        ):
-            if given:
-                raise UsageError(
-                    f"{flag} is for --backend torch; --backend onnxruntime runs the exported graphs on the CPU: "
-                    "drop it."
-                )
-    elif args.int8:
-        raise UsageError("--int8 picks the int8 graphs of --backend onnxruntime; add that, or drop --int8.")
+    return parser
 
+
+def _translate(argv: list[str]) -> int:
+    args = _translate_parser().parse_args(argv)
+    _check_standard_streams(args.input, args.output)
     from hf_deep_nmt.serving.options import DecodingOptions
 
     # Everything the user named is checked, and the input read, before the model is loaded; the decoding options
@@ -451,26 +441,34 @@ def _translate(argv: list[str]) -> int:
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
+    from hf_deep_nmt.serving.backends import DECODERS
     from hf_deep_nmt.serving.translate import check_output_path, read_lines, set_threads, write_translations
 
+    DECODERS[args.backend].check_settings(device=args.device, compile=args.compile, int8=args.int8)
     check_output_path(args.output, args.input, args.overwrite)
-    threads = set_threads(args.threads)
-    if onnx:
-        from hf_deep_nmt.serving.onnx import (
-            load_onnx_model,
-            onnx_folder,
-            require_onnxruntime,
-            saved_generation_config,
-        )
+    load = _locate_decoder(args, set_threads(args.threads))
+    lines = read_lines(args.input)
+    decoder, tokenizer = load()
+    options = DecodingOptions.from_arguments(args, decoder.generation_config)
+    progress = not args.no_progress
+    write_translations(decoder, tokenizer, lines, args.output, options, overwrite=args.overwrite, progress=progress)
+    return 0
+
+
+def _locate_decoder(args, threads: int):
+    """What the decoder of `--backend` needs before the input is read, checked (the folder of graphs; the device);
+    returns the function that loads (decoder, tokenizer) once it is read."""
+    if args.backend == "onnxruntime":
+        from hf_deep_nmt.serving.onnx import load_onnx_model, onnx_folder, require_onnxruntime
 
         require_onnxruntime()
         graphs = onnx_folder(args.model, args.int8)  # before stdin is read
-        lines = read_lines(args.input)
-        model, tokenizer = load_onnx_model(graphs, args.int8, threads)
-        generation_config = saved_generation_config(model)
-    else:
-        device = _device(args.device)
-        lines = read_lines(args.input)
+        return lambda: load_onnx_model(graphs, args.int8, threads)
+    device = _device(args.device)
+
+    def load():
+        from hf_deep_nmt.serving.torch_decoder import TorchDecoder
+
         _check_model_source(args.model)
         from transformers.utils import logging
 
@@ -482,18 +480,9 @@ def _translate(argv: list[str]) -> int:
         finally:
             if bars:
                 logging.enable_progress_bar()
-        generation_config = model.generation_config
-    write_translations(
-        model,
-        tokenizer,
-        lines,
-        args.output,
-        DecodingOptions.from_arguments(args, generation_config),
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        compile=args.compile,
-    )
-    return 0
+        return TorchDecoder(model, compile=args.compile), tokenizer
+
+    return load
 
 
 def _average(argv: list[str]) -> int:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hf_deep_nmt.cli import main
-from hf_deep_nmt.serving import translate
+from hf_deep_nmt.serving import threads
 
 
 @pytest.fixture
@@ -49,11 +49,11 @@ def test_the_default_thread_count_leaves_out_busy_cores(monkeypatch, environment
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", environment)
-    monkeypatch.setattr(translate, "usable_cores", lambda: cores)
-    monkeypatch.setattr(translate.os, "getloadavg", lambda: (load, 0.0, 0.0))
-    assert translate.default_threads() == expected
+    monkeypatch.setattr(threads, "usable_cores", lambda: cores)
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (load, 0.0, 0.0))
+    assert threads.default_threads() == expected
 
 
 def test_set_threads_refuses_a_bad_count(restored_threads):
     with pytest.raises(ValueError, match=r"`threads` must be a positive integer, got 0\."):
-        translate.set_threads(0)
+        threads.set_threads(0)

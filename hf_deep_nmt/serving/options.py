@@ -23,10 +23,21 @@ MAX_SOURCE_TOKENS = 1024  # a longer input line is refused before anything is tr
 # holds the two equal)
 MAX_OUTPUT_TOKENS = 1024
 MAX_LENGTH_A = 10.0  # an output/source length ratio above this is a mistake, not a translation setting
-LENGTH_PENALTY_FORMS = ("fairseq", "gnmt")  # see `hf_deep_nmt.training.evaluation.length_penalty`
+LENGTH_PENALTY_FORMS = ("fairseq", "gnmt")  # see `length_penalty`
 # A recipe's final evaluation: an output cap above this many tokens per sentence (max_length_a * max_source_length +
 # max_length_b) is refused, no sentence of a translation corpus needs it, and decoding up to it would run for hours.
 MAX_EVALUATION_OUTPUT_TOKENS = 4096
+
+
+def length_penalty(length: int, alpha: float, form: str = "fairseq") -> float:
+    """The divisor of a hypothesis' summed log-probability: `length^alpha` (fairseq, and `generate()`'s own) or
+    `((5 + length) / 6)^alpha` (GNMT, Wu et al. 2016). `length` counts the output tokens including `</s>`. Here, with
+    the options that choose the form, because decoding applies it and the evaluation of a training run states it."""
+    if form not in LENGTH_PENALTY_FORMS:
+        raise ValueError(f"Length penalty form must be one of {LENGTH_PENALTY_FORMS}, got {form!r}.")
+    if length < 1:
+        raise ValueError(f"`length` must be >= 1, got {length}.")
+    return float(length) ** alpha if form == "fairseq" else ((5.0 + length) / 6.0) ** alpha
 
 
 def _option(default, help: str, **flag):

@@ -6,7 +6,8 @@
   `a ##AT##-##AT## b`, the `get_ende_bleu.sh` / `compound_split_bleu.sh` rule), lowercases when asked, and scores
   the tokens with `tokenize="none"` and no smoothing (multi-bleu.perl does not smooth).
 * Length penalties of beam search, in the two forms the papers use: fairseq/transformers (`score / |Y|^alpha`,
-  DLCL, SDT) and GNMT (`score / ((5 + |Y|) / 6)^alpha`, DS-Init, MSC); see `hf_deep_nmt.serving.translate`.
+  DLCL, SDT) and GNMT (`score / ((5 + |Y|) / 6)^alpha`, DS-Init, MSC): `length_penalty`, defined with the
+  decoding options (`hf_deep_nmt.serving.options`) that choose the form, and importable from here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 import sacrebleu
 from transformers import EvalPrediction, PreTrainedTokenizerBase
 
-from hf_deep_nmt.serving.options import LENGTH_PENALTY_FORMS
+from hf_deep_nmt.serving.options import length_penalty  # noqa: F401  (decoding applies it; stated here too)
 
 
 def corpus_scores(
@@ -45,16 +46,6 @@ def corpus_scores(
 
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
-
-
-def length_penalty(length: int, alpha: float, form: str = "fairseq") -> float:
-    """The divisor of a hypothesis' summed log-probability: `length^alpha` (fairseq, and `generate()`'s own) or
-    `((5 + length) / 6)^alpha` (GNMT, Wu et al. 2016). `length` counts the output tokens including `</s>`."""
-    if form not in LENGTH_PENALTY_FORMS:
-        raise ValueError(f"Length penalty form must be one of {LENGTH_PENALTY_FORMS}, got {form!r}.")
-    if length < 1:
-        raise ValueError(f"`length` must be >= 1, got {length}.")
-    return float(length) ** alpha if form == "fairseq" else ((5.0 + length) / 6.0) ** alpha
 
 
 def split_compounds(text: str) -> str:
