@@ -281,10 +281,16 @@ def test_the_onnx_export_computes_what_torch_computes_on_a_padded_batch(family, 
 # ---- translate --compile --------------------------------------------------------------------------------------------
 
 
-def test_translate_with_compiled_decoding_gives_the_same_translations(tiny_export, tmp_path):
+def test_translate_with_compiled_decoding_gives_the_same_translations(tiny_export, tmp_path, monkeypatch):
+    """The route of `translate(compile=True)` and `--compile`, traced by Dynamo without Inductor's code generation:
+    that Inductor's step decodes as eager is `test_inductor_compiled_decoding_equals_eager`'s (and doctor's) check."""
+    from functools import partial
+
     from hf_deep_nmt.cli import main
+    from hf_deep_nmt.serving import compiled, torch_decoder
     from hf_deep_nmt.serving.translate import translate
 
+    monkeypatch.setattr(torch_decoder, "compiled_decoding", partial(compiled.compiled_decoding, backend="eager"))
     folder, model, tokenizer = tiny_export
     lines = ["el sol sale", "", "la mar no se llena hola", "hola mundo", "el sol"]
     eager = translate(model, tokenizer, lines, num_beams=2, batch_size=2)
