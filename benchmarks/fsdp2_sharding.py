@@ -9,8 +9,10 @@ a CUDA device per process it shards over NCCL on the GPUs; otherwise (one GPU fo
 or none) over gloo on the CPU, which shards all the same.
 
 `generate()` calls the encoder directly, outside the root's forward, so the parameters of the root group (the final
-norms, DLCL's layer weights) would still be shards: the root is unsharded for the call (`model.unshard()`), and
-`synced_gpus=True` keeps the ranks' collectives in step while their batches finish at different lengths.
+norms, DLCL's layer weights) would still be shards: the root is unsharded for the call
+(`hf_deep_nmt.training.sharded.root_unsharded`, what the Trainer's evaluation does), and `synced_gpus=True` keeps the
+ranks' collectives in step while their batches finish at different lengths. The main process then gathers a whole
+copy (`whole_model`, what the final evaluation and the export read).
 
 Expected output (torch 2.13, CPU or one H100/H200; the numbers are the model's, not the machine's):
     rank 0: device cpu, 4496 of 8989 parameters (50.0%), loss 5.0000, generated (1, 6)
@@ -29,6 +31,7 @@ from torch.distributed.fsdp import fully_shard
 
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTDecoderLayer, DeepNMTEncoderLayer
+from hf_deep_nmt.training.sharded import root_unsharded, whole_model
 
 
 def main() -> None:
@@ -65,10 +68,9 @@ def main() -> None:
         optimizer.zero_grad()
     local = sum(parameter.to_local().numel() for parameter in model.parameters())
     model.eval()
-    model.unshard()
-    with torch.no_grad():  # a batch of another size on each rank: they finish at different steps
-        generated = model.generate(sources[: rank + 1], max_length=6, num_beams=2, synced_gpus=True)
-    model.reshard()
+    with torch.no_grad(), root_unsharded(model) as synced:  # another batch size on each rank: they finish apart
+        generated = model.generate(sources[: rank + 1], max_length=6, num_beams=2, synced_gpus=synced)
+    whole = whole_model(model, rank == 0)
     shares = [None] * world
     distributed.all_gather_object(shares, local)
     print(
@@ -78,7 +80,12 @@ def main() -> None:
     )
     distributed.barrier()
     if rank == 0:
-        print(f"shards add up to the model: {sum(shares) == full}; embeddings tied: {tied}", flush=True)
+        whole_tied = whole.get_input_embeddings().weight is whole.get_output_embeddings().weight
+        print(
+            f"shards add up to the model: {sum(shares) == full}; embeddings tied: {tied}; whole copy on rank 0: "
+            f"{sum(parameter.numel() for parameter in whole.parameters())} parameters, tied: {whole_tied}",
+            flush=True,
+        )
         print(json.dumps({"shares": shares, "full": full, "tied": tied}), flush=True)
     distributed.barrier()
     distributed.destroy_process_group()
