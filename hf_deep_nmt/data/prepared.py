@@ -14,16 +14,17 @@ The fingerprint (sha256) covers everything the contents depend on: the corpus fi
 length limits, `max_eval_samples` and `FORMAT_VERSION`. The folder is `$HF_DEEP_NMT_PREPARED_DATA/<fingerprint[:16]>`
 (default root: `<HF_HOME or ~/.cache/huggingface>/hf_deep_nmt/prepared`), or the recipe's `prepared_data_dir`.
 
-A folder is built under a temporary name beside its final one and renamed when complete, while holding an exclusive
-lock (`<folder>.lock`, `fcntl.flock`): a second preparer of the same data waits for the first and then reuses its
-folder; a half-written folder is never read. A folder whose record does not match (another fingerprint, a missing or
-resized file) is refused, naming the folder and what differs.
+A folder is built under a temporary name beside its final one (named by host and process id) and renamed when
+complete, while holding the preparation lock (`hf_deep_nmt.data.prepared_lock`: an owner record with a lease, valid
+across hosts): a second preparer of the same data waits for the first and then reuses its folder; a silent owner is
+taken over; a half-written folder is never read. Each tokenized split is written once, straight into its place. A
+folder whose record does not match (another fingerprint, a missing or resized file) is refused, naming the folder
+and what differs.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
+import dataclasses
 import hashlib
 import json
 import os
@@ -47,6 +48,12 @@ from hf_deep_nmt.data.corpus import (
     warn_if_validation_is_training,
     write_parallel_arrow,
 )
+from hf_deep_nmt.data.prepared_lock import (
+    PreparationLock,
+    building_folder,
+    cleaned_on_sigterm,
+    remove_abandoned_building_folders,
+)
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 
 logger = logging.get_logger(__name__)
@@ -57,6 +64,9 @@ ENVIRONMENT_VARIABLE = "HF_DEEP_NMT_PREPARED_DATA"
 DEFAULT_TOKENIZER_TRAIN_PAIRS = 1_000_000
 PAIRS_PER_WORKER = 5_000  # fewer pairs than this per worker are tokenized in fewer processes (starting one costs more)
 ID_COLUMNS = ("input_ids", "labels")
+SPLIT_DATA = "data.arrow"  # a tokenized split's rows, written where the prepared folder keeps them
+# what `datasets.Dataset.save_to_disk` keeps of a dataset's state besides its files (`load_from_disk` reads them back)
+STATE_KEYS = ("_fingerprint", "_format_columns", "_format_kwargs", "_format_type", "_output_all_columns")
 
 
 class PreparedDataError(ValueError):
@@ -279,21 +289,10 @@ def open_prepared(folder: Path, expected: str, inputs: dict[str, Any], reused: b
 # ---- building one --------------------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def _lock(folder: Path):
-    """An exclusive `fcntl.flock` on `<folder>.lock` (released when the holder ends, however it ends)."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    lock = folder.parent / f"{folder.name}.lock"
-    with open(lock, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            logger.warning(f"Another process is preparing {folder}; waiting for it.")
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+def _lock(folder: Path) -> PreparationLock:
+    """The preparation lock of `folder` (`hf_deep_nmt.data.prepared_lock`: an owner record with a lease, valid
+    across the hosts that share the root)."""
+    return PreparationLock(folder)
 
 
 def prepare_data(
@@ -320,14 +319,14 @@ def prepare_data(
         return _log_use(open_prepared(folder, expected, inputs, True, started))
     if not build:
         return None
-    with _lock(folder):
+    with _lock(folder) as lock:
         if (folder / RECORD).is_file():  # built by another process while this one waited
             return _log_use(open_prepared(folder, expected, inputs, True, started))
-        for stale in folder.parent.glob(f".{folder.name}.building-*"):  # left by a preparer that was killed
-            shutil.rmtree(stale, ignore_errors=True)
-        building = folder.parent / f".{folder.name}.building-{os.getpid()}"
+        remove_abandoned_building_folders(folder, lock.taken_over)  # left by preparers that were killed
+        building = building_folder(folder)  # named by host and pid: no other node's work is ever removed
         try:
-            _build(building, model_args, data_args, seed, tokenizer, raw, inputs, expected, started, corpus)
+            with cleaned_on_sigterm():  # a SIGTERM leaves no building folder behind
+                _build(building, model_args, data_args, seed, tokenizer, raw, inputs, expected, started, corpus)
             if folder.is_dir():
                 folder.rmdir()  # an empty folder named by `prepared_data_dir`
             os.rename(building, folder)
@@ -527,23 +526,40 @@ def _train_tokenizer(train: datasets.Dataset, model_args, seed: int) -> PreTrain
 def _tokenize_splits(building: Path, splits, tokenizer, data_args, workers: int) -> dict[str, dict[str, int]]:
     """Tokenize the splits into `building` (`train/`: pairs over the length limits dropped; `validation/`: every
     pair, truncated, with its text); returns their counts."""
-    work, limits = building / "work", (data_args.max_source_length, data_args.max_target_length)
-    train = tokenize_split(splits["train"], tokenizer, *limits, True, workers, work / "train-tokens.arrow")
+    limits = (data_args.max_source_length, data_args.max_target_length)
+    (building / "train").mkdir()
+    train = tokenize_split(splits["train"], tokenizer, *limits, True, workers, building / "train" / SPLIT_DATA)
     counts = {"train": _token_counts(train, len(splits["train"]))}
     if len(train) == 0:
         raise ValueError(
             f"No training pair is within `max_source_length={limits[0]}` / `max_target_length={limits[1]}` tokens "
             f"({len(splits['train'])} pairs read); raise them."
         )
-    train.save_to_disk(str(building / "train"))
+    write_split_state(train, building / "train")
     if "validation" in splits:
         # Evaluation keeps every pair (truncating, never dropping), so BLEU is computed on the whole set.
-        validation = tokenize_split(
-            splits["validation"], tokenizer, *limits, False, workers, work / "validation-tokens.arrow", keep_text=True
-        )
+        (building / "validation").mkdir()
+        cache_file = building / "validation" / SPLIT_DATA
+        validation = tokenize_split(splits["validation"], tokenizer, *limits, False, workers, cache_file, True)
         counts["validation"] = _token_counts(validation, len(splits["validation"]))
-        validation.save_to_disk(str(building / "validation"))
+        write_split_state(validation, building / "validation")
     return counts
+
+
+def write_split_state(dataset: datasets.Dataset, folder: Path) -> None:
+    """Make `folder`, which holds the Arrow files `dataset` was just written to (`tokenize_split`'s cache files), a
+    folder `datasets.load_from_disk` opens, as `save_to_disk` would leave it but without writing the rows a second
+    time (peak disk: the text once and the tokens once). The state names the files in the dataset's order."""
+    files = [Path(item["filename"]) for item in dataset.cache_files]
+    if not files or any(path.parent.resolve() != folder.resolve() for path in files):
+        raise RuntimeError(f"The tokenized split is not in {folder} alone ({[str(path) for path in files]}).")
+    state = {key: dataset.__dict__[key] for key in STATE_KEYS}
+    state["_split"] = str(dataset.split) if dataset.split is not None else None
+    state["_data_files"] = [{"filename": path.name} for path in files]
+    (folder / datasets.config.DATASET_STATE_JSON_FILENAME).write_text(json.dumps(state, indent=2, sort_keys=True))
+    info = dataclasses.asdict(dataset.info)
+    text = json.dumps({key: info[key] for key in sorted(info)}, indent=2)
+    (folder / datasets.config.DATASET_INFO_FILENAME).write_text(text)
 
 
 def _versions() -> dict[str, str]:

@@ -15,7 +15,6 @@ What the folder holds and whether it may be written is the run record's question
 from __future__ import annotations
 
 import json
-import math
 import os
 import socket
 import threading
@@ -26,18 +25,22 @@ from typing import Any
 
 from transformers.utils import logging
 
+from hf_deep_nmt.leases import (  # noqa: F401  (the names this module held before the prepared data had a lease)
+    CLOCK_SKEW_SECONDS,
+    DEFAULT_LEASE_SECONDS,
+    LEASE_LIMITS,
+    LEASE_VARIABLE,
+    MAX_PID,
+    lease_from_environment,
+    lock_problem,
+    take_over,
+)
+from hf_deep_nmt.leases import process_alive as _process_alive
+
 logger = logging.get_logger(__name__)
 
 LOCK_FILE = ".hf-deep-nmt.lock"
-# seconds a lock stays valid without a heartbeat (`HF_DEEP_NMT_LOCK_LEASE`, read when a folder is locked); the holder
-# renews it every quarter of that
-LEASE_VARIABLE = "HF_DEEP_NMT_LOCK_LEASE"
-DEFAULT_LEASE_SECONDS = 120.0
-LEASE_LIMITS = (1.0, 86400.0)  # what the variable admits, and so the longest lease a lock of this version carries
 LEASE_SECONDS: float | None = None  # None: from `LEASE_VARIABLE` (tests set a number)
-# how far in the future another host's heartbeat may lie (its clock ahead of ours) and still be believed
-CLOCK_SKEW_SECONDS = 60.0
-MAX_PID = 1 << 22  # no system's process ids go beyond this (Linux's largest pid_max)
 LOCK_SIZE = 1024  # the lock is rewritten in place at this fixed size, so that a reader never sees a shorter file
 
 
@@ -45,73 +48,12 @@ class RunFolderError(FileExistsError):
     """The output folder is in use or holds a run this command must not write over."""
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether process `pid` of this host runs: never for 0 or a negative number (`kill` would signal a process
-    group), nor for a zombie (ended, not yet reaped by its parent)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        pass
-    try:
-        status = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:  # no /proc (macOS): kill() is all there is
-        return True
-    return status.rpartition(")")[2].split()[:1] != ["Z"]
-
-
 def lease_seconds() -> float:
     """The lease this process writes into its locks: `HF_DEEP_NMT_LOCK_LEASE` seconds (120 when unset), `ValueError`
     naming the variable and what it admits for anything but a number from 1 to 86400."""
     if LEASE_SECONDS is not None:
         return LEASE_SECONDS
-    text = os.environ.get(LEASE_VARIABLE, "")
-    if not text.strip():
-        return DEFAULT_LEASE_SECONDS
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    low, high = LEASE_LIMITS
-    if not (math.isfinite(value) and low <= value <= high):
-        raise ValueError(
-            f"{LEASE_VARIABLE}={text!r} is not a lock lease: give a number of seconds from {low:g} to {high:g} "
-            f"(default {DEFAULT_LEASE_SECONDS:g}), or unset it."
-        )
-    return value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def lock_problem(holder: dict[str, Any], now: float) -> str | None:
-    """Why the parsed lock `holder` is not one a run of hf-deep-nmt wrote (None when it may be): the field that holds
-    a value no run writes (a process id out of range, a lease that is not a number of seconds up to the longest one
-    this version writes, a heartbeat in the future beyond `CLOCK_SKEW_SECONDS` or not finite). Such a lock is never
-    trusted for a wait nor taken over."""
-    pid, host = holder.get("pid"), holder.get("host")
-    if not isinstance(pid, int) or isinstance(pid, bool) or not 0 < pid <= MAX_PID:
-        return f"its `pid` is {pid!r}, not a process id (an integer from 1 to {MAX_PID})"
-    if not isinstance(host, str) or not host:
-        return f"its `host` is {host!r}, not a host name"
-    heartbeat, lease = holder.get("heartbeat"), holder.get("lease_seconds")
-    if heartbeat is None and lease is None:
-        return None  # a lock of a version without leases
-    high = LEASE_LIMITS[1]
-    if not _is_number(lease) or not 0 < lease <= high:
-        return f"its `lease_seconds` is {lease!r}, not a number of seconds above 0 and at most {high:g}"
-    if not _is_number(heartbeat) or heartbeat <= 0:
-        return f"its `heartbeat` is {heartbeat!r}, not a time"
-    if heartbeat > now + CLOCK_SKEW_SECONDS:
-        return (
-            f"its `heartbeat` lies {heartbeat - now:.0f} s in the future (clocks of two hosts may differ by "
-            f"{CLOCK_SKEW_SECONDS:g} s at most)"
-        )
-    return None
+    return lease_from_environment()
 
 
 class FolderLock:
@@ -283,20 +225,5 @@ class FolderLock:
         return None
 
     def _take_over(self, lock: Path, seen: str) -> bool:
-        """Move the stale lock whose text was `seen` out of the way, atomically: renamed to a name of this process, and
-        put back when its text changed meanwhile (its holder renewed it: it lives). True when it is gone."""
-        stale = lock.with_name(f"{LOCK_FILE}.stale-{socket.gethostname()}-{os.getpid()}")
-        try:
-            os.rename(lock, stale)
-        except FileNotFoundError:
-            return True  # another run took it first; the exclusive create decides who gets it
-        try:
-            if stale.read_text(encoding="utf-8") != seen:
-                try:
-                    os.link(stale, lock)
-                except FileExistsError:
-                    pass
-                return False
-            return True
-        finally:
-            stale.unlink(missing_ok=True)
+        """`hf_deep_nmt.leases.take_over`: the stale lock moved away atomically, unless its holder renewed it."""
+        return take_over(lock, seen)

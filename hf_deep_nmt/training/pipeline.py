@@ -74,6 +74,7 @@ from hf_deep_nmt.training.plan import (  # noqa: F401  (check_saved_model, check
 from hf_deep_nmt.training.preemption import raise_if_preempted, signals_held
 from hf_deep_nmt.training.run_folder import RunFolder
 from hf_deep_nmt.training.run_record import claim_outputs, run_recipe, run_shape
+from hf_deep_nmt.training.sharded import load_whole_state, whole_model
 from hf_deep_nmt.training.trainer import DeepNMTTrainer
 
 logger = logging.get_logger(__name__)
@@ -152,7 +153,7 @@ def load_finished_training(trainer, checkpoint: str | Path):
     as `trainer.train()` would leave them had it run to that checkpoint. Returns the state."""
     state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_FILE))
     saved = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
-    trainer.model.load_state_dict(saved.state_dict())
+    load_whole_state(trainer.model, saved.state_dict())  # every rank: its shards under FSDP2
     trainer.state = state
     return state
 
@@ -302,11 +303,12 @@ def average_last_checkpoints(trainer, checkpoint_dir: str | Path, count: int, su
     if not count:
         return
     trainer.accelerator.wait_for_everyone()  # every checkpoint written before it is read
+    averaged = None
     if trainer.is_world_process_zero():
         checkpoints = last_checkpoints(checkpoint_dir, count)
-        averaged = average_checkpoints(checkpoints)
-        trainer.model.load_state_dict(averaged.state_dict())
+        averaged = average_checkpoints(checkpoints).state_dict()
         summary["averaged_checkpoints"] = [path.name for path in checkpoints]
+    load_whole_state(trainer.model, averaged)  # the main process's model; every rank's shards under FSDP2
 
 
 def evaluate_and_export(
@@ -318,14 +320,16 @@ def evaluate_and_export(
 ) -> dict[str, Any]:
     """sacreBLEU/chrF on the validation split (decoded with the plan's options), a few translations, the curves, the
     Hub-ready folder (never replacing the plan's protected folders) and `results.json`, all on the main process;
-    then `finish()` (the run folder's, marking the run finished). Other processes only call `finish()`."""
+    then `finish()` (the run folder's, marking the run finished). Other processes only call `finish()` (and send
+    their shards of an FSDP2 model, which the main process decodes and exports whole: `whole_model`)."""
+    model = whole_model(trainer.model, trainer.is_world_process_zero())
     if not trainer.is_world_process_zero():
         if finish is not None:
             finish()
         return summary
     _, data_args, export_args, training_args = plan.arguments
     if prepared.eval_dataset is not None:
-        summary.update(score_validation(trainer.model, prepared, export_args, plan.decoding))
+        summary.update(score_validation(model, prepared, export_args, plan.decoding))
     output_dir = Path(training_args.output_dir)
     if export_args.plot_curves:
         claim_outputs(output_dir, output_dir / CURVES_FILE)
@@ -338,7 +342,7 @@ def evaluate_and_export(
         if export_args.export_dir:
             train_file = data_args.corpus_paths()[0]
             export_hub_folder(
-                trainer.model,
+                model,
                 prepared.tokenizer,
                 export_args.export_dir,
                 overwrite=export_args.overwrite_export,

@@ -3,14 +3,20 @@ into one `output_dir` at once) and applies its run record (`hf_deep_nmt.training
 before any work, whether a folder holding earlier checkpoints is resumed, cleared or refused), with SIGTERM / SIGUSR1
 handled as requests to save and stop (`hf_deep_nmt.training.preemption`).
 
+Under a multi-process launch (`torchrun`, `accelerate launch`) only the main process reads the folder, decides
+(start, resume or refuse) and writes; the others wait for its decision, sent through `torch.distributed`
+(`main_decides`), and follow it, refusal included. Left to read the folder themselves, a rank that looked between two
+writes of the main one saw a record-less run and refused a fresh folder.
+
 The names of both modules are importable from here too, where code written before they were split imports them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import pickle
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hf_deep_nmt.training.lock import (  # noqa: F401  (imported from here before the lock had its own module)
     CLOCK_SKEW_SECONDS,
@@ -45,13 +51,61 @@ from hf_deep_nmt.training.run_record import (  # noqa: F401  (imported from here
     run_shape,
 )
 
+T = TypeVar("T")
+
+
+def _process_group():
+    """`torch.distributed` when the launch initialised a group of several processes (the Trainer's arguments do, as
+    they are parsed), else None: a single process decides alone."""
+    try:
+        import torch.distributed as distributed
+    except ImportError:
+        return None
+    if distributed.is_available() and distributed.is_initialized() and distributed.get_world_size() > 1:
+        return distributed
+    return None
+
+
+def _portable(error: BaseException) -> BaseException:
+    """`error` as the other ranks can receive it: itself when it survives pickling (a `RunFolderError`, a
+    `ValueError`: the same class and message on every rank), else a `RuntimeError` carrying its text."""
+    if isinstance(error, Exception):
+        try:
+            return pickle.loads(pickle.dumps(error))
+        except Exception:  # an exception whose arguments do not pickle
+            pass
+    return RuntimeError(f"The main process stopped deciding about the run folder: {type(error).__name__}: {error}")
+
+
+def main_decides(decide: Callable[[], T], main_process: bool) -> T:
+    """`decide()` on the main process, its outcome on every process: the others wait for it (a broadcast from rank
+    0) and return the same value or raise the same error, so that no rank reads a folder the main one is writing.
+    Without a process group of several ranks, each process calls `decide()` itself."""
+    distributed = _process_group()
+    if distributed is None:
+        return decide()
+    if not main_process:
+        received: list[Any] = [None]
+        distributed.broadcast_object_list(received, src=0)
+        refused, outcome = received[0]
+        if refused:
+            raise outcome
+        return outcome
+    try:
+        value = decide()
+    except BaseException as error:
+        distributed.broadcast_object_list([(True, _portable(error))], src=0)
+        raise
+    distributed.broadcast_object_list([(False, value)], src=0)
+    return value
+
 
 class RunFolder:
     """`with RunFolder(output_dir, command, recipe, shape):` holds the folder's lock for the block (released on error
     and on a preemption signal too; see `hf_deep_nmt.training.lock` for taking over a lock left behind), with SIGTERM /
     SIGUSR1 handled as requests to save and stop (`hf_deep_nmt.training.preemption`); `start` and `finish` are the run
-    record's (`RunRecord`). Only the main process of a multi-process launch (`RANK` 0) locks and writes; the others
-    only read the same decision."""
+    record's (`RunRecord`). Only the main process of a multi-process launch (`RANK` 0) locks, reads the folder and
+    writes; the others receive its decisions (`main_decides`): the lock refused, what to resume from, the refusal."""
 
     def __init__(
         self, output_dir: str | Path, command: str, recipe: dict[str, Any], shape: dict[str, Any] | None = None
@@ -69,8 +123,7 @@ class RunFolder:
     def __enter__(self) -> RunFolder:
         self._signals.__enter__()
         try:
-            if self.main_process:
-                self._lock.acquire()
+            main_decides(self._lock.acquire if self.main_process else lambda: None, self.main_process)
         except BaseException:
             self._signals.__exit__(None, None, None)
             raise
@@ -88,8 +141,12 @@ class RunFolder:
         overwrite_output_dir: bool,
         inputs: Iterable[str | Path | None] = (),
     ) -> str | bool | None:
-        """`RunRecord.start`: what to resume from, or `RunFolderError` naming the folder and the ways out."""
-        return self.run_record.start(resume_from_checkpoint, overwrite_output_dir, inputs)
+        """`RunRecord.start` on the main process, its outcome on every one (`main_decides`): what to resume from, or
+        `RunFolderError` naming the folder and the ways out."""
+        inputs = list(inputs)
+        return main_decides(
+            lambda: self.run_record.start(resume_from_checkpoint, overwrite_output_dir, inputs), self.main_process
+        )
 
     def finish(self) -> None:
         """Mark the run finished (re-running the same command is then refused as having nothing to train)."""

@@ -15,6 +15,7 @@ from hf_deep_nmt.training.checkpoints import ChecksumRecorder
 from hf_deep_nmt.training.preemption import PreemptionCallback
 from hf_deep_nmt.training.run_folder import RunOutputsCallback
 from hf_deep_nmt.training.schedules import inverse_sqrt_scheduler, noam_scheduler
+from hf_deep_nmt.training.sharded import root_unsharded
 
 
 class DeepNMTTrainer(Seq2SeqTrainer):
@@ -58,6 +59,14 @@ class DeepNMTTrainer(Seq2SeqTrainer):
             outputs = model(**inputs, label_smoothing=self.label_smoother.epsilon)
             return (outputs["loss"], outputs) if return_outputs else outputs["loss"]
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """The library's, with the root unit of an FSDP2 model whole while it generates and every rank generating in
+        step (`hf_deep_nmt.training.sharded`: `generate` calls the encoder outside the root's forward)."""
+        with root_unsharded(model) as sharded:
+            if sharded:
+                gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", None) or {}), "synced_gpus": True}
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         # the training data may continue from what it recorded in this checkpoint (a stream: its position)
