@@ -276,3 +276,17 @@ def test_inspect_refuses_the_model_folder_its_inside_and_the_corpus_folder(expor
     with pytest.raises(ValueError, match="is inside the model folder"):
         inspect_model(str(folder), folder / "figures")
     assert not (folder / "figures").exists() and sorted(p.name for p in corpus.iterdir()) == ["pairs.tsv"]
+
+
+def test_average_and_convert_marian_refuse_an_output_inside_what_they_read(exported, tmp_path, capsys):
+    from hf_deep_nmt.training.averaging import average_checkpoints
+
+    first, second = (shutil.copytree(exported[0], tmp_path / name) for name in ("checkpoint-1", "checkpoint-2"))
+    with pytest.raises(ValueError, match="is inside the checkpoint"):
+        average_checkpoints([first, second], save_to=second / "averaged")
+    marian = tmp_path / "opus-mt"
+    marian.mkdir()
+    (marian / "config.json").write_text("{}")
+    assert main(["convert-marian", "--model", str(marian), "--output", str(marian / "converted")]) == 2
+    assert f"is inside the Marian model folder {str(marian)!r}" in capsys.readouterr().err
+    assert not (second / "averaged").exists() and not (marian / "converted").exists()
