@@ -335,12 +335,14 @@ def translate_lines(
 
 def onnx_folder(model: str | Path, int8: bool = False) -> Path:
     """The folder of graphs that `model` names: an `export-onnx` folder itself, or a model folder's `onnx/`
-    subfolder; a name that is no local path is taken as a Hub repository id, and its `onnx/` folder downloaded.
-    `FileNotFoundError` naming the folder and the command that writes the graphs when there are none (or no int8
-    graphs where `int8`)."""
+    subfolder; a name that is no local path is taken as a Hub repository id, and its `onnx/` folder downloaded (with
+    the config and tokenizer the graphs are checked against). `FileNotFoundError` naming the model when it is written
+    as a path that does not exist or is no Hub id either (before any Hub lookup), and naming the folder and the
+    command that writes the graphs when there are none (or no int8 graphs where `int8`)."""
     from hf_deep_nmt.model_folders import check_model_name
 
-    path = check_model_name(model, "Model")  # a path that does not exist is named before any Hub lookup
+    # a path that does not exist is named before any Hub lookup (a cached repository may hold the graphs alone)
+    path = check_model_name(model, "Model", check_hub_id=False)
     local = path is not None
     if not local:
         from huggingface_hub import snapshot_download
