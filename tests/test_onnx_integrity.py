@@ -260,6 +260,9 @@ def test_export_onnx_refuses_an_output_inside_its_model_folder(saved, tmp_path, 
     assert f"is inside the model folder {str(folder)!r}" in capsys.readouterr().err
     with pytest.raises(ValueError, match="is inside the model folder"):
         export_for_serving(model, tokenizer, folder / "graphs", source=folder)
+    loaded = type(model).from_pretrained(folder)  # the folder it was loaded from, when no source is named
+    with pytest.raises(ValueError, match="is inside the model folder"):
+        export_for_serving(loaded, tokenizer, folder / "graphs")
     assert not (folder / "graphs").exists()
 
 

@@ -434,7 +434,8 @@ def export_for_serving(
     folder = Path(folder)
     if os.path.lexists(folder):
         raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
-    check_onnx_output(folder, source)
+    # the folder the model was loaded from, when no source is named: the graphs go beside it all the same
+    check_onnx_output(folder, source if source is not None else getattr(model, "name_or_path", None) or None)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-partial-", dir=folder.parent))
     try:
