@@ -728,10 +728,13 @@ def _export_onnx(argv: list[str]) -> int:
         raise UsageError(f"{args.output} exists; give a new folder for the ONNX export (nothing is overwritten).")
     _check_model_source(args.model)
     from hf_deep_nmt.serving.onnx import export_for_serving, require_onnxruntime
+    from hf_deep_nmt.serving.onnx_export import check_onnx_output
 
+    source = args.model if Path(args.model).expanduser().is_dir() else None  # a local folder: its digests recorded
+    check_onnx_output(args.output, source)
     require_onnxruntime()
     model, tokenizer = _load(args.model, "cpu")
-    export_for_serving(model, tokenizer, Path(args.output).expanduser(), quantize=args.int8)
+    export_for_serving(model, tokenizer, Path(args.output).expanduser(), quantize=args.int8, source=source)
     print(args.output)
     return 0
 

@@ -192,6 +192,27 @@ def check_writable_location(folder: str | Path, what: str) -> None:
         )
 
 
+def check_apart(folder: str | Path, sources: dict[str, str | Path]) -> None:
+    """`ValueError` when `folder` is inside one of the `sources` (description -> path: the model folder a command
+    reads) or holds one: the result would become part of the folder it is made from (uploaded by `push` with it, in
+    the way of the folder's next export) or take it along when replaced. The folders themselves are left to the
+    caller (`check_export_folder`'s `protected`)."""
+    folder = Path(folder)
+    for description, path in sources.items():
+        source, target = Path(path).resolve(), folder.resolve()
+        if target != source and source in target.parents:
+            raise ValueError(
+                f"{str(folder)!r} is inside {description} {str(path)!r}: the result would become part of the folder "
+                f"it is made from (uploaded with it by `push`, in the way of its next export); write it beside it, "
+                f"e.g. {str(source.parent / (source.name + '-' + target.name))!r}."
+            )
+        if target in source.parents:
+            raise ValueError(
+                f"{str(folder)!r} holds {description} {str(path)!r}: replacing it would take that folder along; write "
+                "the result to a folder of its own."
+            )
+
+
 def check_export_folder(
     folder: str | Path,
     overwrite: bool = False,
@@ -211,19 +232,7 @@ def check_export_folder(
     replaced. `PermissionError` when it cannot be written.
     """
     folder = Path(folder)
-    for description, path in (sources or {}).items():
-        source, target = Path(path).resolve(), folder.resolve()
-        if target != source and source in target.parents:
-            raise ValueError(
-                f"{str(folder)!r} is inside {description} {str(path)!r}: the result would become part of the folder "
-                f"it is made from (uploaded with it by `push`, in the way of its next export); write it beside it, "
-                f"e.g. {str(source.parent / (source.name + '-' + target.name))!r}."
-            )
-        if target in source.parents:
-            raise ValueError(
-                f"{str(folder)!r} holds {description} {str(path)!r}: replacing it would take that folder along; write "
-                "the result to a folder of its own."
-            )
+    check_apart(folder, sources or {})
     here = Path.cwd().resolve()
     if folder.resolve() == here or folder.resolve() in here.parents:
         raise ValueError(

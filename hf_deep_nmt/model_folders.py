@@ -31,14 +31,11 @@ _LOCAL_PREFIXES = ("/", "./", "../", "~", ".\\", "..\\")
 
 def check_local_path(value: str | None, what: str) -> None:
     """`FileNotFoundError` naming `what` when `value` is written as a local path (absolute, `./`, `../`, `~`) that does
-    not exist; anything else is left to `from_pretrained` as a Hub id."""
+    not exist, or is neither a local path nor a Hub id (`check_model_name`); anything else is left to
+    `from_pretrained` as a Hub id."""
     if value is None:
         return
-    text = str(value)
-    if text.startswith(_LOCAL_PREFIXES) and not Path(text).expanduser().exists():
-        raise FileNotFoundError(
-            f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id); check the path."
-        )
+    check_model_name(value, what, check_hub_id=False)
 
 
 # A folder holds a tokenizer `AutoTokenizer` can load when it has one of these (a fast tokenizer's `tokenizer.json`;
@@ -87,14 +84,7 @@ def check_model_folder(
     if not folder.exists():
         if not hub_ids:
             raise FileNotFoundError(f"{what} {text!r} does not exist ({config_hint}).")
-        if text.startswith(_LOCAL_PREFIXES):
-            raise FileNotFoundError(
-                f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id); check the "
-                f"path ({config_hint})."
-            )
-        if check_hub_id:
-            _check_hub_id(text, folder)
-        return None
+        return check_model_name(text, what, check_hub_id=check_hub_id, hint=f" ({config_hint})")
     if not folder.is_dir():
         raise NotADirectoryError(f"{what} {text!r} is a file; name the model folder (the one holding config.json).")
     if not (folder / "config.json").is_file():
@@ -109,15 +99,36 @@ def check_model_folder(
     return folder
 
 
-def _check_hub_id(text: str, folder: Path) -> None:
+def check_model_name(
+    value: str | Path, what: str = "Model folder", *, check_hub_id: bool = True, hint: str = ""
+) -> Path | None:
+    """The local path `value` names when it exists, else None for a Hub repository id, checked before any Hub lookup:
+    `FileNotFoundError` naming `what` for a name written as a local path (absolute, `./`, `../`, `~`) that does not
+    exist, a name that is no Hub id either (`runs/a/b`), and, with `check_hub_id` in offline mode, a repository
+    that is not in the local cache. The one answer of every command to a model name that names nothing."""
+    text = str(value)
+    folder = Path(text).expanduser()
+    if folder.exists():
+        return folder
+    if text.startswith(_LOCAL_PREFIXES):
+        raise FileNotFoundError(
+            f"{what} {text!r} does not exist (a local folder was given, not a Hub repository id); check the "
+            f"path{hint}."
+        )
+    if check_hub_id or not _HUB_ID.fullmatch(text):
+        _check_hub_id(text, folder, what.removesuffix(" folder"))
+    return None
+
+
+def _check_hub_id(text: str, folder: Path, what: str = "Model") -> None:
     from huggingface_hub import constants, try_to_load_from_cache  # here, not at start-up: a Hub id is rare
 
     where = f"no such folder: {folder.absolute()}"
     if not _HUB_ID.fullmatch(text):
-        raise FileNotFoundError(f"Model {text!r} is neither a local folder ({where}) nor a Hub repository id.")
+        raise FileNotFoundError(f"{what} {text!r} is neither a local folder ({where}) nor a Hub repository id.")
     if constants.is_offline_mode() and not isinstance(try_to_load_from_cache(text, "config.json"), str):
         raise FileNotFoundError(
-            f"Model {text!r} is not a local folder ({where}), and in offline mode (HF_HUB_OFFLINE is set) it is "
+            f"{what} {text!r} is not a local folder ({where}), and in offline mode (HF_HUB_OFFLINE is set) it is "
             "not a Hub repository in the local cache; give the folder's path, or unset HF_HUB_OFFLINE to download."
         )
 

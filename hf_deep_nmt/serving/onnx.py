@@ -7,8 +7,8 @@ The exporter's names stay importable from here.
 
 from __future__ import annotations
 
-import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -128,8 +128,14 @@ class OnnxDecoder(Decoder):
     def __init__(self, folder: str | Path, int8: bool = False, threads: int = 1):
         import onnxruntime
 
+        from hf_deep_nmt.serving import onnx_checks
+
+        threads = check_threads(threads)
         folder = Path(folder)
-        info = json.loads((folder / LAYOUT_FILE).read_text())
+        info = onnx_checks.read_layout(folder)  # a missing or damaged layout named, with the way to write it again
+        start, step = onnx_checks.checked_graphs(folder, info, int8)
+        onnx_checks.check_source(folder, info)  # the graphs belong to the tokenizer and model folder around them
+        self.config = onnx_checks.decoding_config(folder, info)
         self.layout = [tuple(entry) for entry in info["layout"]]
         self.fields = info["encoder_fields"]
         self.eos, self.pad = info["eos_token_id"], info["pad_token_id"]
@@ -139,11 +145,8 @@ class OnnxDecoder(Decoder):
         self.early_stopping = False if info.get("early_stopping") is None else info["early_stopping"]
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = options.inter_op_num_threads = threads
-        suffix = ".int8.onnx" if int8 else ".onnx"
-        if not (folder / f"start{suffix}").exists():
-            raise FileNotFoundError(f"{folder / f'start{suffix}'} is missing; export with quantize=True for int8.")
-        self.start = onnxruntime.InferenceSession(str(folder / f"start{suffix}"), options)
-        self.step = onnxruntime.InferenceSession(str(folder / f"step{suffix}"), options)
+        self.start = onnx_checks.open_session(start, options, folder, int8)
+        self.step = onnx_checks.open_session(step, options, folder, int8)
         self.folder, self.names = folder, [_slot_name(entry) for entry in self.layout]
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
 
@@ -274,6 +277,29 @@ class OnnxDecoder(Decoder):
                     "saved with the graphs."
                 )
 
+    def check_fits(self, batches: Sequence[tuple[int, int]], options: DecodingOptions) -> None:
+        """The largest batch by the torch backend's estimate (the model code's `decoding_memory`: the graphs hold the
+        same encoder states, cache slots and scores, in float32), against the CPU's memory; nothing is refused
+        where the graphs carry no config to estimate with."""
+        if self.config is None or not batches:
+            return
+        from hf_deep_nmt.memory import check_memory
+        from hf_deep_nmt.modeling.sizes_deep_nmt import decoding_memory
+
+        def needed(batch):
+            sentences, source = batch
+            return decoding_memory(self.config, sentences * options.num_beams, source, options.output_cap(source) + 2)
+
+        sentences, source = max(batches, key=needed)
+        check_memory(
+            needed((sentences, source)),
+            f"Beam search over a batch of {sentences} sentence(s) x {options.num_beams} beam(s) = "
+            f"{sentences * options.num_beams} hypotheses, up to {source} source and {options.output_cap(source) + 2} "
+            "output tokens (ONNX Runtime)",
+            "lower --num-beams (`num_beams`), --batch-size or --max-tokens",
+            "cpu",
+        )
+
     def translate_batch(self, tokenizer, sources: list[list[int]], options: DecodingOptions) -> list[str]:
         """Decoded as `TorchDecoder` decodes it with `generate()`: greedy or beam search, each sentence capped at
         `options.output_limits` of its length, the fairseq length penalty `options.length_penalty`."""
@@ -309,25 +335,38 @@ def translate_lines(
 
 def onnx_folder(model: str | Path, int8: bool = False) -> Path:
     """The folder of graphs that `model` names: an `export-onnx` folder itself, or a model folder's `onnx/`
-    subfolder; a name that is no local path is taken as a Hub repository id, and its `onnx/` folder downloaded.
-    `FileNotFoundError` naming the folder and the command that writes the graphs when there are none (or no int8
-    graphs where `int8`)."""
-    path = Path(str(model)).expanduser()
-    if not path.exists():
+    subfolder; a name that is no local path is taken as a Hub repository id, and its `onnx/` folder downloaded (with
+    the config and tokenizer the graphs are checked against). `FileNotFoundError` naming the model when it is written
+    as a path that does not exist or is no Hub id either (before any Hub lookup), and naming the folder and the
+    command that writes the graphs when there are none (or no int8 graphs where `int8`)."""
+    from hf_deep_nmt.model_folders import check_model_name
+
+    # a path that does not exist is named before any Hub lookup (a cached repository may hold the graphs alone)
+    path = check_model_name(model, "Model", check_hub_id=False)
+    local = path is not None
+    if not local:
         from huggingface_hub import snapshot_download
 
-        path = Path(snapshot_download(str(model), allow_patterns=[f"{ONNX_SUBFOLDER}/*"]))
-    make = f"`hf-deep-nmt export-onnx --model {model} --into-model{' --int8' if int8 else ''}`"
+        # the config and tokenizer beside the graphs too (small), for the check that the graphs are theirs
+        patterns = [f"{ONNX_SUBFOLDER}/*", "config.json", "tokenizer.json"]
+        path = Path(snapshot_download(str(model), allow_patterns=patterns))
     found = next((folder for folder in (path, path / ONNX_SUBFOLDER) if (folder / LAYOUT_FILE).is_file()), None)
+    flags = " --int8" if int8 else ""
+    if local and found != path:  # a model folder: its onnx/ subfolder
+        make = f"`hf-deep-nmt export-onnx --model {model} --into-model{flags}`"
+    else:  # a repo id or a folder of graphs is no model folder to export into: the graphs go to a new local folder
+        name = model if not local else "MODEL"
+        make = f"`hf-deep-nmt export-onnx --model {name} --output NEW{flags}`, then translate with --model NEW"
     if found is None:
         raise FileNotFoundError(
             f"{model} holds no ONNX graphs (no {LAYOUT_FILE} in it or in its {ONNX_SUBFOLDER}/ folder); write them "
             f"with {make}."
         )
     if int8 and not (found / "start.int8.onnx").is_file():
+        again = f"remove {found} first, then {make}" if local and found != path else make
         raise FileNotFoundError(
-            f"{found} has no int8 graphs (start.int8.onnx); export again with --int8 (remove {found} first, then "
-            f"{make}), or translate without --int8."
+            f"{found} has no int8 graphs (start.int8.onnx); export again with --int8 ({again}), or translate without "
+            "--int8."
         )
     return found
 

@@ -8,11 +8,17 @@ the family's cache layers fill (`keys`/`values`, MAtt/AAN `running_sum`, MSC `co
 every family exports through the same code. `quantize=True` adds the int8 graphs of `quantize_dynamic`.
 `export_for_serving` and `export_into_model` put the graphs where `hf-deep-nmt translate --backend onnxruntime` looks.
 The decoder that runs them is `hf_deep_nmt.serving.onnx.OnnxDecoder`.
+
+The layout file ties the graphs to what they were made from, because they are found by where they sit: it records the
+size and SHA-256 of every graph written (`graphs`), the fingerprint of the tokenizer and, when the model was read from
+a saved folder, the SHA-256 of that folder's weight files and config (`source`), and the model's config (what the
+decoder's memory estimate reads). `OnnxDecoder` refuses graphs whose folder holds anything else.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -24,11 +30,19 @@ import numpy as np
 import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
+from hf_deep_nmt.fingerprints import tokenizer_fingerprint
+from hf_deep_nmt.folders import check_apart, written_file_record
+from hf_deep_nmt.weights import saved_weight_files
+
 LAYOUT_FILE = "onnx_layout.json"
 ENCODER_FIELDS = ("last_hidden_state", "block_outputs", "context_states")  # the tensors of a DeepNMTEncoderOutput
 SLOTS = ("keys", "values", "running_sum", "context_keys", "context_values")
 ONNX_SUBFOLDER = "onnx"  # a model folder (and its Hub repository) carries its graphs here
 PREPROCESSING_HINT = "Please consider to run pre-processing before quantization"
+LAYOUT_FORMAT = 2  # 2: the layout records the graphs' and the source's digests (1: the slots and special ids only)
+# What a config.json holds that says where and by which version it was saved, not what the model computes: left out of
+# its digest, so that saving the same config again (`upgrade-code`, another transformers release) keeps the graphs.
+CONFIG_BOOKKEEPING = ("transformers_version", "_name_or_path", "auto_map", "architectures")
 
 
 def _empty_cache(config) -> EncoderDecoderCache:
@@ -225,24 +239,30 @@ def _transposed_weights(source: Path, target: Path) -> None:
     onnx.save(model, target)
 
 
-def export_onnx(model, folder: str | Path, quantize: bool = False, tokenizer=None) -> Path:
+def export_onnx(
+    model, folder: str | Path, quantize: bool = False, tokenizer=None, source: str | Path | None = None
+) -> Path:
     """Write `start.onnx`, `step.onnx` and the layout to a new `folder` (an existing one is refused); with
     `quantize`, also `start.int8.onnx` and `step.int8.onnx` (dynamic int8 quantization of the matrix products); with
-    `tokenizer`, the tokenizer too (what `translate_lines` reads)."""
+    `tokenizer`, the tokenizer too (what `translate_lines` reads). `source`: the saved model folder `model` was loaded
+    from, whose weights and config the layout records (`source_digests`), so that the graphs are refused beside
+    others."""
     folder = Path(folder)
     if folder.exists():
         raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
     model = model.eval()
+    origin = source_digests(source, tokenizer)  # what the graphs are made from, read as the export starts
     layout, fields, encoder_output = _layout(model)
     folder.mkdir(parents=True)
-    source = torch.tensor([[5, 9, 14, 3, 22, 2], [7, 11, 2, 1, 1, 1]]) % model.config.vocab_size
-    mask = source.ne(model.config.pad_token_id).long()
+    sample = torch.tensor([[5, 9, 14, 3, 22, 2], [7, 11, 2, 1, 1, 1]]) % model.config.vocab_size
+    mask = sample.ne(model.config.pad_token_id).long()
     with torch.no_grad():
-        outputs = _export_start(_Start(model, layout).eval(), source, mask, fields, folder / "start.onnx")
+        outputs = _export_start(_Start(model, layout).eval(), sample, mask, fields, folder / "start.onnx")
         encoder, slots = list(outputs[1 : 1 + len(fields)]), list(outputs[1 + len(fields) :])
         step = _Step(model, layout, fields, type(encoder_output)).eval()
         _export_step(step, mask, encoder, slots, folder / "step.onnx")
     info = {
+        "format": LAYOUT_FORMAT,
         "layout": [list(entry) for entry in layout],
         "encoder_fields": fields,
         "decoder_start_token_id": model.config.decoder_start_token_id,
@@ -250,14 +270,49 @@ def export_onnx(model, folder: str | Path, quantize: bool = False, tokenizer=Non
         "pad_token_id": model.config.pad_token_id,
         "length_penalty": model.generation_config.length_penalty,
         "early_stopping": model.generation_config.early_stopping,
+        "model_config": model.config.to_dict(),
     }
-    (folder / LAYOUT_FILE).write_text(json.dumps(info, indent=1))
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     if quantize:
         for name in ("start", "step"):
             _quantize(folder, name)
+    # last, once every graph is there: the layout is what makes the folder one that `OnnxDecoder` reads
+    graphs = sorted(path.name for path in folder.iterdir() if path.name.endswith((".onnx", ".onnx.data")))
+    info["graphs"] = written_file_record(folder, graphs)
+    info["source"] = origin
+    (folder / LAYOUT_FILE).write_text(json.dumps(info, indent=1))
     return folder
+
+
+def config_digest(values: dict) -> str:
+    """The SHA-256 of a config's settings (a parsed `config.json`), its bookkeeping keys (`CONFIG_BOOKKEEPING`) left
+    out and the rest in a fixed order: the same for the same model whatever saved it."""
+    kept = {key: value for key, value in values.items() if key not in CONFIG_BOOKKEEPING}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The weight files of a saved model folder: its safetensors files, else a `pytorch_model.bin`."""
+    files = saved_weight_files(folder)
+    return files or [path for path in (folder / "pytorch_model.bin",) if path.is_file()]
+
+
+def source_digests(source: str | Path | None, tokenizer=None) -> dict:
+    """What the graphs were made from, for `OnnxDecoder` to compare with the folder it finds them in: the
+    `tokenizer`'s fingerprint, and, for a saved model folder `source`, the SHA-256 of each weight file (streamed) and
+    the `config_digest` of its config.json."""
+    record: dict = {}
+    if tokenizer is not None:
+        record["tokenizer_fingerprint"] = tokenizer_fingerprint(tokenizer)
+    folder = Path(source).expanduser() if source is not None else None
+    if folder is not None and (folder / "config.json").is_file():
+        record["config"] = config_digest(json.loads((folder / "config.json").read_text(encoding="utf-8")))
+        files = weight_files(folder)
+        record["weights"] = {
+            name: entry["sha256"] for name, entry in written_file_record(folder, [f.name for f in files]).items()
+        }
+    return record
 
 
 def _export_start(start: _Start, source, mask, fields: list[str], path: Path) -> tuple:
@@ -357,17 +412,34 @@ def quiet_preprocessing_hint():
         root.removeFilter(hint)
 
 
-def export_for_serving(model, tokenizer, folder: str | Path, quantize: bool = False) -> Path:
+def check_onnx_output(folder: str | Path, source: str | Path | None) -> None:
+    """`ValueError` when the new graph `folder` lies inside the model folder `source` (or holds it) anywhere but its
+    `onnx/` subfolder (`export_into_model`'s place): the graphs would be uploaded with the model by `push`, where
+    nothing reads them. The check `grow` and `export-ctranslate2` make of their output."""
+    if source is None or not Path(source).expanduser().is_dir():
+        return
+    source = Path(source).expanduser()
+    if Path(folder).expanduser().resolve() != (source / ONNX_SUBFOLDER).resolve():
+        check_apart(Path(folder).expanduser(), {"the model folder": source})
+
+
+def export_for_serving(
+    model, tokenizer, folder: str | Path, quantize: bool = False, source: str | Path | None = None
+) -> Path:
     """`export_onnx` with the tokenizer and the model's generation config (the default beams and length penalty of
     `translate --backend onnxruntime`) into the new `folder`, written beside it and renamed into place when
-    complete, so that a failed export leaves nothing behind. An existing `folder` is refused."""
+    complete, so that a failed export leaves nothing behind. An existing `folder` is refused, and so is one inside
+    the model folder `source` (the saved folder `model` was loaded from, whose digests the layout records) other than
+    its `onnx/` subfolder (`check_onnx_output`)."""
     folder = Path(folder)
     if os.path.lexists(folder):
         raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
+    # the folder the model was loaded from, when no source is named: the graphs go beside it all the same
+    check_onnx_output(folder, source if source is not None else getattr(model, "name_or_path", None) or None)
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-partial-", dir=folder.parent))
     try:
-        export_onnx(model, staging / "graphs", quantize=quantize, tokenizer=tokenizer)
+        export_onnx(model, staging / "graphs", quantize=quantize, tokenizer=tokenizer, source=source)
         model.generation_config.save_pretrained(staging / "graphs")
         if os.path.lexists(folder):
             raise FileExistsError(f"{folder} appeared during the export; the new graphs are not put in its place.")
@@ -379,9 +451,11 @@ def export_for_serving(model, tokenizer, folder: str | Path, quantize: bool = Fa
 
 def export_into_model(model, tokenizer, model_folder: str | Path, quantize: bool = False) -> Path:
     """`export_for_serving` into `model_folder/onnx`, the place `onnx_folder` (and so `translate --backend
-    onnxruntime --model MODEL_FOLDER`) looks, and which `push` uploads with the model. An existing one is refused."""
+    onnxruntime --model MODEL_FOLDER`) looks, and which `push` uploads with the model. An existing one is refused.
+    `model` is the model saved in `model_folder`: the layout records that folder's weights and config as the graphs'
+    source."""
     model_folder = Path(model_folder)
     target = model_folder / ONNX_SUBFOLDER
     if os.path.lexists(target):
         raise FileExistsError(f"{target} exists; nothing is overwritten: remove it first to export the graphs again.")
-    return export_for_serving(model, tokenizer, target, quantize)
+    return export_for_serving(model, tokenizer, target, quantize, source=model_folder)

@@ -34,12 +34,25 @@ def default_threads() -> int:
     return max(1, min(cores, cores - round(busy)))
 
 
+def thread_limit() -> int:
+    """The most threads `check_threads` admits: 4 per usable core (at least 16). More only wait on each other, and
+    each reserves a stack: a million, asked of torch or ONNX Runtime, runs out of memory while the pool is made."""
+    return max(16, 4 * usable_cores())
+
+
 def check_threads(threads) -> int:
-    """`threads` itself when it is a positive integer, `default_threads()` when None; `ValueError` otherwise."""
+    """`threads` itself when it is a positive integer up to `thread_limit()`, `default_threads()` when None;
+    `ValueError` otherwise, before any pool is made."""
     if threads is None:
         return default_threads()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ValueError(f"`threads` must be a positive integer, got {threads!r}.")
+    if threads > thread_limit():
+        raise ValueError(
+            f"`threads` (--threads) is {threads}, but this machine has {usable_cores()} usable core(s): more than "
+            f"{thread_limit()} threads only wait on each other; give at most {thread_limit()}, or leave it unset "
+            "(the cores other work leaves free)."
+        )
     return threads
 
 

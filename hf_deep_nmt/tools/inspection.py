@@ -11,7 +11,8 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSe
 
 from hf_deep_nmt import MODEL_CLASSES  # its first use registers the model classes
 from hf_deep_nmt.data.corpus import read_parallel_file, sample_corpus_dir
-from hf_deep_nmt.model_folders import check_saved_json_files
+from hf_deep_nmt.folders import check_apart
+from hf_deep_nmt.model_folders import check_model_name, check_saved_json_files
 from hf_deep_nmt.plots import plot_combination_weights, plot_gradient_norms, plot_layer_similarity
 from hf_deep_nmt.tools.diagnostics import STACKS, combination_weights, layer_gradient_norms, layer_similarity
 from hf_deep_nmt.weights import safetensors_header, saved_weight_files
@@ -39,8 +40,9 @@ def inspect_model(
     if isinstance(num_sentences, bool) or not isinstance(num_sentences, int) or num_sentences < 1:
         raise ValueError(f"`num_sentences` must be a positive integer, got {num_sentences!r}.")
     name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-    model, tokenizer = _model_and_tokenizer(model, tokenizer)
     output_dir = Path(output_dir)
+    _check_output_dir(output_dir, model, data)
+    model, tokenizer = _model_and_tokenizer(model, tokenizer)
     _check_earlier_files(output_dir, model, overwrite)
     batch = _first_pairs(tokenizer, data, source_lang, target_lang, num_sentences, max_length)
 
@@ -79,6 +81,28 @@ def inspect_model(
     }
     (output_dir / INSPECT_JSON).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+def _check_output_dir(output_dir: Path, model, data) -> None:
+    """`ValueError`, before the model is loaded, when the figures would land in the model folder or inside it (and be
+    uploaded with it by `push`), or in the corpus's folder; a model named by a path that does not exist is named as
+    such here, before any Hub lookup."""
+    folder = check_model_name(model, "Model folder") if isinstance(model, (str, Path)) else None
+    corpus = Path(data).expanduser().absolute().parent if data is not None else sample_corpus_dir()
+    if folder is not None and output_dir.resolve() == folder.resolve():
+        beside = folder.resolve().parent / (folder.resolve().name + "-inspect")
+        raise ValueError(
+            f"The output folder (--output) {str(output_dir)!r} is the model folder: the figures would be uploaded "
+            f"with the model by `push`; write them beside it, e.g. {str(beside)!r}."
+        )
+    if folder is not None:
+        check_apart(output_dir, {"the model folder": folder})
+    if output_dir.resolve() == corpus.resolve():
+        raise ValueError(
+            f"The output folder (--output) {str(output_dir)!r} is the folder of the corpus ({str(corpus)!r}); write "
+            "the figures to a "
+            "folder of their own."
+        )
 
 
 def _model_and_tokenizer(model, tokenizer):

@@ -267,7 +267,8 @@ def convert_marian(source: str | Path, out: str | Path, *, overwrite: bool = Fal
     this package did not write. Everything is checked before anything is written: what cannot be converted is
     refused by name (`ValueError`), and the converted model must give the source's logits on a probe batch. The config
     records the source (`converted_from`, see `origin_record`) for the model card."""
-    check_export_folder(out, overwrite, flag=OVERWRITE_FLAG)
+    local = {"the Marian model folder": source} if Path(str(source)).expanduser().is_dir() else {}
+    check_export_folder(out, overwrite, flag=OVERWRITE_FLAG, protected=local, sources=local)
     marian = _load_marian(source)
     model = convert_marian_model(marian)
     model.config.converted_from = origin_record(source, marian)

@@ -189,7 +189,8 @@ def average_checkpoints(
         if numbered_checkpoints(path.parent):
             protected[f"the Trainer output folder holding the checkpoint {str(path)!r}"] = path.parent
     if save_to is not None:
-        check_export_folder(save_to, overwrite, flag=AVERAGE_FLAG, protected=protected)
+        inputs = {f"the checkpoint {str(path)!r}": path for path in paths}  # the result inside one: saved with it
+        check_export_folder(save_to, overwrite, flag=AVERAGE_FLAG, protected=protected, sources=inputs)
     averaged = average_state_dicts([finite_weights(path) for path in paths])
     model = AutoModelForSeq2SeqLM.from_pretrained(paths[-1])
     missing, unexpected = model.load_state_dict(averaged, strict=False)

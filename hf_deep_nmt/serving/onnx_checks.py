@@ -1,0 +1,215 @@
+"""What `OnnxDecoder` checks before it decodes with a folder of graphs, because the graphs are found by where they sit
+and nothing else says which model they are: the layout file readable and whole; every graph it names there, of the
+size the export wrote, with the SHA-256 it recorded, and readable by ONNX Runtime; the tokenizer beside the graphs and,
+for graphs in a model folder's `onnx/` subfolder, that folder's weights, config and tokenizer the ones the graphs
+were exported from (`onnx_export.source_digests`). Each refusal names the file and the command that writes the
+graphs again. A layout of an earlier version records no digests: it is read with a warning that nothing could be
+checked. Hashing streams each file once per load (the weights and the two graphs loaded).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers.utils import logging
+
+from hf_deep_nmt.fingerprints import fingerprint_version, folder_tokenizer_fingerprint
+from hf_deep_nmt.folders import written_file_record
+from hf_deep_nmt.serving.onnx_export import (
+    LAYOUT_FILE,
+    ONNX_SUBFOLDER,
+    config_digest,
+    weight_files,
+)
+
+logger = logging.get_logger(__name__)
+
+# What a layout of every version holds; a file without one of these is not a layout `OnnxDecoder` can read.
+LAYOUT_KEYS = ("layout", "encoder_fields", "decoder_start_token_id", "eos_token_id", "pad_token_id")
+# The smallest graph ONNX Runtime could read holds a header, an opset and a node: anything shorter is cut off.
+MIN_GRAPH_BYTES = 64
+_warned: set[str] = set()
+
+
+def model_folder_of(folder: Path) -> Path | None:
+    """The model folder whose graphs `folder` holds: its parent when `folder` is a saved model's `onnx/` subfolder."""
+    folder = Path(folder)
+    if folder.name == ONNX_SUBFOLDER and (folder.parent / "config.json").is_file():
+        return folder.parent
+    return None
+
+
+def export_again(folder: Path, int8: bool = False) -> str:
+    """The way to write the graphs of `folder` again, as a user types it."""
+    folder = Path(folder)
+    model = model_folder_of(folder)
+    flags = " --int8" if int8 else ""
+    if model is not None:
+        return f"remove {folder}, then run `hf-deep-nmt export-onnx --model {model} --into-model{flags}`"
+    return f"export the model again into a new folder: `hf-deep-nmt export-onnx --model MODEL --output NEW{flags}`"
+
+
+def read_layout(folder: Path) -> dict:
+    """The parsed layout file of `folder`; `FileNotFoundError` / `ValueError` naming it when it is missing, not
+    JSON, or without what every layout holds."""
+    path = Path(folder) / LAYOUT_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: {folder} is no folder of ONNX graphs; {export_again(folder)}.")
+    try:
+        info = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise ValueError(
+            f"{path} is damaged (not JSON: {' '.join(str(error).split())}); {export_again(folder)}."
+        ) from None
+    missing = [key for key in LAYOUT_KEYS if key not in info] if isinstance(info, dict) else list(LAYOUT_KEYS)
+    if missing:
+        raise ValueError(f"{path} is damaged (it lacks {', '.join(missing)}); {export_again(folder)}.")
+    return info
+
+
+def checked_graphs(folder: Path, info: dict, int8: bool) -> list[Path]:
+    """The start and step graphs of `folder` (`int8`: the quantized ones), each there, of the size and SHA-256 the
+    layout records (every graph of an earlier layout: there and not cut off)."""
+    suffix = ".int8.onnx" if int8 else ".onnx"
+    paths = [Path(folder) / f"{name}{suffix}" for name in ("start", "step")]
+    recorded = info.get("graphs")
+    if int8 and not paths[0].is_file() and (not isinstance(recorded, dict) or paths[0].name not in recorded):
+        raise FileNotFoundError(f"{paths[0]} is missing; export with quantize=True (--int8) for int8 graphs.")
+    for path in paths:
+        entry = recorded.get(path.name) if isinstance(recorded, dict) else None
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}, a graph of {LAYOUT_FILE}, is missing; {export_again(folder, int8)}.")
+        size = path.stat().st_size
+        expected = entry.get("size") if isinstance(entry, dict) else None
+        if size < MIN_GRAPH_BYTES or (expected is not None and size != expected):
+            wrote = f"the export wrote {expected:,}" if expected is not None else "too few for a graph"
+            raise ValueError(
+                f"{path} has {size:,} bytes, {wrote}: it is cut off or replaced; {export_again(folder, int8)}."
+            )
+        if isinstance(entry, dict) and written_file_record(folder, [path.name])[path.name]["sha256"] != entry.get(
+            "sha256"
+        ):
+            raise ValueError(
+                f"{path} is not the graph the export wrote (its SHA-256 differs from the one {LAYOUT_FILE} records): "
+                f"another export's graph? {export_again(folder, int8)}."
+            )
+    return paths
+
+
+def open_session(path: Path, options, folder: Path, int8: bool):
+    """An ONNX Runtime session of the graph `path`; a graph it cannot read is named, with the way to write it again."""
+    import onnxruntime
+
+    try:
+        return onnxruntime.InferenceSession(str(path), options)
+    except Exception as error:  # onnxruntime raises its own exception types (Fail, InvalidProtobuf, ...)
+        reason = " ".join(str(error).split())[:300]
+        raise ValueError(
+            f"{path} is not a graph ONNX Runtime can read ({reason}); {export_again(folder, int8)}."
+        ) from None
+
+
+def check_source(folder: Path, info: dict) -> None:
+    """Refuse graphs whose folder holds another tokenizer, or (in a model folder's `onnx/`) whose model folder holds
+    other weights, another config or another tokenizer than the ones they were exported from; warn once where the
+    layout records nothing to compare."""
+    folder = Path(folder)
+    source = info.get("source") if isinstance(info.get("source"), dict) else None
+    model = model_folder_of(folder)
+    if source is None:
+        _warn_once(
+            folder,
+            f"The ONNX graphs in {folder} were exported by an earlier version, whose {LAYOUT_FILE} records no "
+            "digests: that they belong to the tokenizer beside them"
+            + (f" and to the weights and config of {model}" if model is not None else "")
+            + f" could not be checked; to have it checked, {export_again(folder)}.",
+        )
+        return
+    recorded = source.get("tokenizer_fingerprint")
+    for place in (folder, model):
+        if place is not None and isinstance(recorded, str):
+            _check_tokenizer(place, folder, recorded)
+    if model is None:
+        return
+    if "config" not in source and "weights" not in source:
+        _warn_once(
+            folder,
+            f"The ONNX graphs in {folder} were exported from a model object, not from a saved folder: that they were "
+            f"made from the weights and config of {model} could not be checked; to have it checked, "
+            f"{export_again(folder)}.",
+        )
+        return
+    _check_config(model, folder, source.get("config"))
+    _check_weights(model, folder, source.get("weights"))
+
+
+def _check_tokenizer(place: Path, folder: Path, recorded: str) -> None:
+    version = fingerprint_version(recorded)
+    actual = folder_tokenizer_fingerprint(place, version) if version in (1, 2) else None
+    if actual is not None and actual != recorded:
+        raise ValueError(
+            f"{place / 'tokenizer.json'} is not the tokenizer the ONNX graphs in {folder} were exported with (its "
+            f"fingerprint is {actual[:19]}..., {LAYOUT_FILE} records {recorded[:19]}...): the same text would become "
+            f"other ids. Restore the tokenizer saved with the graphs, or {export_again(folder)}."
+        )
+
+
+def _check_config(model: Path, folder: Path, recorded) -> None:
+    if not isinstance(recorded, str):
+        return
+    path = model / "config.json"
+    try:
+        actual = config_digest(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, AttributeError):
+        actual = None  # a damaged config: not the one recorded
+    if actual != recorded:
+        raise ValueError(
+            f"{path} is not the config the ONNX graphs in {folder} were exported from (its settings' SHA-256 "
+            f"differs from the one {LAYOUT_FILE} records): the graphs compute another model than the folder "
+            f"describes; {export_again(folder)}."
+        )
+
+
+def _check_weights(model: Path, folder: Path, recorded) -> None:
+    files = weight_files(model)
+    if not isinstance(recorded, dict) or not files:
+        return  # nothing to compare: the graphs are the only model here
+    actual = written_file_record(model, [path.name for path in files])
+    for name in sorted(set(actual) | set(recorded)):
+        if recorded.get(name) != actual.get(name, {}).get("sha256"):
+            what = f"{model / name}" if name in actual else f"{model} (which has no {name})"
+            raise ValueError(
+                f"The ONNX graphs in {folder} were exported from other weights than {what} holds (the SHA-256 "
+                f"{LAYOUT_FILE} records differs): the weights were replaced since, or the graphs are another model's; "
+                f"the torch backend would translate with the new weights; {export_again(folder)}."
+            )
+
+
+def _warn_once(folder: Path, message: str) -> None:
+    key = str(Path(folder).resolve())
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning(message)
+
+
+def decoding_config(folder: Path, info: dict):
+    """The config of the model the graphs compute (the layout's; an earlier layout's model folder's config.json),
+    for the decoding-memory estimate; None when there is none to read."""
+    from transformers import CONFIG_MAPPING
+
+    from hf_deep_nmt import registration  # noqa: F401  (registers the config classes)
+
+    values = info.get("model_config")
+    model = model_folder_of(folder)
+    if not isinstance(values, dict) and model is not None:
+        try:
+            values = json.loads((model / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+    if not isinstance(values, dict) or values.get("model_type") not in CONFIG_MAPPING:
+        return None
+    try:
+        return CONFIG_MAPPING[values["model_type"]].from_dict(values)
+    except (TypeError, ValueError, KeyError):
+        return None
