@@ -366,6 +366,9 @@ def test_ctranslate2_backend_translates_as_torch_and_ships_with_the_model(served
     other = train_joint_tokenizer([("uno dos", "one two")] * 10, vocab_size=len(tokenizer), min_frequency=1)
     with pytest.raises(ValueError, match="The tokenizer is not the one this model was exported with"):
         decoder.check(other, DecodingOptions())
+    decoder.check_fits([(3, 20), (1, 600)], DecodingOptions())  # 600 source rows; 910 tokens + 2 decoding rows
+    with pytest.raises(ValueError, match=r"A batch needs 1100 positions \(its longest source\), and .* 1026 rows"):
+        decoder.check_fits([(3, 20), (1, 1100)], DecodingOptions(max_output_tokens=100))
     for options, named in (
         (("--compile",), "--compile"),
         (("--device", "cuda"), "--device cuda is for --backend torch"),

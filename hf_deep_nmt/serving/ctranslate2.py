@@ -380,15 +380,14 @@ def _set_feed_forward(spec, layer, scales: Scales) -> None:
     _set_linear(spec.linear_1, layer.fc2, output=scales.output)
 
 
-def model_identity(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> dict[str, Any]:
+def model_identity(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_positions: int) -> dict[str, Any]:
     """What `IDENTITY_FILE` records: the fingerprint of the tokenizer written with the export, and the model's
-    vocabulary size and special ids: the config fields `check_tokenizer_matches` compares a tokenizer with."""
+    vocabulary size and special ids (the config fields `check_tokenizer_matches` compares a tokenizer with), and the
+    rows of the position table (which bound the source and output lengths the decoder accepts)."""
     config = model.config
     names = ("vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "model_type")
-    return {
-        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        **{name: getattr(config, name) for name in names},
-    }
+    fields = {name: getattr(config, name) for name in names}
+    return {"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), **fields, "max_positions": max_positions}
 
 
 def export_ctranslate2(
@@ -426,6 +425,8 @@ def export_ctranslate2(
         Converter().convert(str(staging), quantization=quantization, force=True)
         tokenizer.save_pretrained(staging)
         model.generation_config.save_pretrained(staging)  # the decoding defaults `translate` starts from
-        (staging / IDENTITY_FILE).write_text(json.dumps(model_identity(model, tokenizer), indent=2) + "\n")
+        (staging / IDENTITY_FILE).write_text(
+            json.dumps(model_identity(model, tokenizer, max_positions), indent=2) + "\n"
+        )
 
     return write_marked_folder(folder, write, overwrite=overwrite, flag=flag, protected=protected)

@@ -18,6 +18,7 @@ chosen to follow the model's `early_stopping`, so that most sentences, not alway
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -108,6 +109,7 @@ class CTranslate2Decoder(Decoder):
         # a folder exported before the identity file was written: checked on what a config without a fingerprint
         # allows (`check_tokenizer_matches` warns that the tokenizer itself was not)
         fields = json.loads(identity.read_text()) if identity.is_file() else {}
+        self.max_positions = fields.pop("max_positions", None)
         self.identity = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(self.folder), **fields))
         saved = self.generation_config
         self.mapped = {
@@ -180,6 +182,22 @@ class CTranslate2Decoder(Decoder):
                 f"{self.folder / 'generation_config.json'}."
             )
         check_tokenizer_matches(self.identity, tokenizer)
+
+    def check_fits(self, batches: Sequence[tuple[int, int]], options: DecodingOptions) -> None:
+        """Refuse, before the first batch, a source or an output cap the export's position table has no rows for
+        (CTranslate2 would stop mid-translation: "No position encodings are defined for positions >= N"). Memory is
+        not estimated: CTranslate2 allocates its own."""
+        if self.max_positions is None or not batches:  # an export from before the table's size was recorded
+            return
+        source = max(longest for _, longest in batches)
+        output = options.output_cap(source) + 2  # the start token and `</s>`, as the exporter counts
+        for what, needed in (("its longest source", source), ("the start token, its output cap and </s>", output)):
+            if needed > self.max_positions:
+                raise ValueError(
+                    f"A batch needs {needed} positions ({what}), and the CTranslate2 export's position table has "
+                    f"{self.max_positions} rows: export again with a larger --max-positions, or lower "
+                    "--max-source-tokens, --max-length-a/b or --max-output-tokens."
+                )
 
     def _search(self, tokens: list[list[str]], cap: int, options: DecodingOptions) -> list[list[str]]:
         """The best hypothesis of each source (tokens, without `</s>`), at most `cap` tokens long."""
