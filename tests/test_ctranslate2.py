@@ -4,11 +4,13 @@ written over; `translate --backend ctranslate2` decodes the export as the torch 
 search on most lines) and names what it cannot do. The parity tests need the optional `ctranslate2` package (`pip
 install -e ".[bench]"`) and are skipped without it."""
 
+import ast
 import importlib.util
 import json
 import re
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -389,7 +391,14 @@ def test_ctranslate2_backend_translates_as_torch_and_ships_with_the_model(served
 
 
 def test_ctranslate2_backend_names_why_it_cannot_run_a_model(tokenizer, tmp_path, capsys, monkeypatch):
+    from hf_deep_nmt.serving import ctranslate2_decoder
     from hf_deep_nmt.serving.ctranslate2_decoder import CTranslate2Decoder
+
+    # naming the backend (`DECODERS`) imports no ctranslate2: only making a decoder does
+    tree = ast.parse(Path(ctranslate2_decoder.__file__).read_text(encoding="utf-8"))
+    imported = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]
+    assert not [name for name in imported if name.split(".")[0] == "ctranslate2"], imported
 
     for settings, named in ((dict(compile=True), "`compile=True` (`--compile`)"), (dict(device="cuda"), "cuda")):
         with pytest.raises(ValueError, match=re.escape(named)):
