@@ -5,6 +5,7 @@ search on most lines) and names what it cannot do. The parity tests need the opt
 install -e ".[bench]"`) and are skipped without it."""
 
 import ast
+import copy
 import importlib.util
 import json
 import re
@@ -322,6 +323,31 @@ def served(tokenizer, tmp_path_factory):
 LINES = [source for source, _ in PAIRS] + ["el mundo es grande", "", "gracias perro", "noches", "la casa come perro"]
 
 
+def assert_generation_settings_are_honoured_or_refused(model, tokenizer, export, tmp_path) -> None:
+    """A saved generation setting CTranslate2 has no counterpart for is refused by name; those it has are decoded
+    as the torch backend decodes them."""
+    from hf_deep_nmt.serving.ctranslate2_decoder import CTranslate2Decoder
+    from hf_deep_nmt.serving.options import DecodingOptions
+    from hf_deep_nmt.serving.translate import translate
+
+    forced = tmp_path / "forced"
+    shutil.copytree(export, forced)
+    settings = json.loads((forced / "generation_config.json").read_text())
+    (forced / "generation_config.json").write_text(json.dumps({**settings, "forced_bos_token_id": 5}))
+    with pytest.raises(ValueError, match=r"sets forced_bos_token_id=5, which CTranslate2's decoding has no"):
+        CTranslate2Decoder(forced).check(tokenizer, DecodingOptions())
+    # what converted Marian models set: a banned token (their padding) and the end token forced at the cap
+    with torch.no_grad():
+        banned = int(model.generate(**tokenizer(LINES[:1], return_tensors="pt"), max_length=4)[0, 1])
+    marian_like = copy.deepcopy(model)
+    marian_like.generation_config.update(bad_words_ids=[[banned]], forced_eos_token_id=tokenizer.eos_token_id)
+    shutil.copytree(export, tmp_path / "banned")
+    marian_like.generation_config.save_pretrained(tmp_path / "banned")  # in the export's place
+    expected = translate(marian_like, tokenizer, LINES, num_beams=1)
+    assert expected != translate(model, tokenizer, LINES, num_beams=1)
+    assert translate(CTranslate2Decoder(tmp_path / "banned"), tokenizer, LINES, num_beams=1) == expected
+
+
 @needs_ctranslate2
 def test_ctranslate2_backend_translates_as_torch_and_ships_with_the_model(served, tokenizer, tmp_path, capsys):
     from hf_deep_nmt.hub import upload_operations
@@ -378,13 +404,8 @@ def test_ctranslate2_backend_translates_as_torch_and_ships_with_the_model(served
     ):
         assert main([*base, *options]) == 2
         assert named in capsys.readouterr().err
-    copy = tmp_path / "forced"
-    shutil.copytree(folder / "ctranslate2", copy)
-    settings = json.loads((copy / "generation_config.json").read_text())
-    (copy / "generation_config.json").write_text(json.dumps({**settings, "forced_bos_token_id": 5}))
-    with pytest.raises(ValueError, match=r"sets forced_bos_token_id=5, which CTranslate2's decoding has no"):
-        CTranslate2Decoder(copy).check(tokenizer, DecodingOptions())
     assert json.loads((folder / "ctranslate2" / IDENTITY_FILE).read_text())["eos_token_id"] == tokenizer.eos_token_id
+    assert_generation_settings_are_honoured_or_refused(model, tokenizer, folder / "ctranslate2", tmp_path)
 
     uploaded = {operation.path_in_repo for operation in upload_operations(folder)}
     assert {"ctranslate2/model.bin", "ctranslate2/tokenizer.json", f"ctranslate2/{IDENTITY_FILE}"} <= uploaded

@@ -40,9 +40,7 @@ PURPOSE = "decoding with CTranslate2"
 # `translate_batch` has no option for: refused by name where a model sets them, since the torch backend honours them.
 UNSUPPORTED_GENERATION = (
     "forced_bos_token_id",
-    "forced_eos_token_id",
-    "bad_words_ids",
-    "suppress_tokens",
+    "forced_eos_token_id",  # unless it is the end token, which `translate`'s output cap forces anyway
     "begin_suppress_tokens",
     "sequence_bias",
     "encoder_no_repeat_ngram_size",
@@ -50,8 +48,26 @@ UNSUPPORTED_GENERATION = (
     "min_new_tokens",
     "diversity_penalty",
 )
-# Settings of a saved generation config that CTranslate2 applies the same way, under its own names.
+# Settings of a saved generation config that CTranslate2 applies the same way, under its own names (`bad_words_ids`
+# and `suppress_tokens`, which converted Marian models set, become its `suppress_sequences`; `min_length` counts the
+# start token, CTranslate2's `min_decoding_length` does not).
 MAPPED_GENERATION = {"repetition_penalty": "repetition_penalty", "no_repeat_ngram_size": "no_repeat_ngram_size"}
+
+
+def _translator_settings(saved) -> dict:
+    """The options of `Translator.translate_batch` that the generation config `saved` decides, as `generate()`
+    applies them; `suppress_sequences` as token ids (made token strings per batch, with the tokenizer)."""
+    settings = {ours: getattr(saved, theirs) for theirs, ours in MAPPED_GENERATION.items() if getattr(saved, theirs)}
+    # CTranslate2's defaults differ from generate()'s: at least one token before `</s>`, inputs cut at 1024 tokens
+    settings["min_decoding_length"] = max(0, (saved.min_length or 0) - 1)
+    settings["max_input_length"] = 0  # no cut: `check_fits` refuses what the position table cannot hold
+    banned = [list(ids) for ids in saved.bad_words_ids or []] + [[token] for token in saved.suppress_tokens or []]
+    settings["suppress_sequences"] = banned or None
+    # generate()'s stopping rule, as near as CTranslate2's patience comes: `early_stopping=True` ends a sentence once
+    # it has `num_beams` finished hypotheses (patience 1); otherwise (transformers' default) it goes on while a
+    # running one may still win, which patience 2 (2 x num_beams finished) followed on every sentence tried
+    settings["patience"] = 1 if saved.early_stopping is True else 2
+    return settings
 
 
 def _is_ctranslate2_model(folder: Path) -> bool:
@@ -111,14 +127,7 @@ class CTranslate2Decoder(Decoder):
         fields = json.loads(identity.read_text()) if identity.is_file() else {}
         self.max_positions = fields.pop("max_positions", None)
         self.identity = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(self.folder), **fields))
-        saved = self.generation_config
-        self.mapped = {
-            ours: getattr(saved, theirs) for theirs, ours in MAPPED_GENERATION.items() if getattr(saved, theirs)
-        }
-        # generate()'s stopping rule, as near as CTranslate2's patience comes: `early_stopping=True` ends a sentence
-        # once it has `num_beams` finished hypotheses (patience 1); otherwise (transformers' default) it goes on while
-        # a running one may still win, which patience 2 (2 x num_beams finished) follows on every test sentence
-        self.patience = 1 if saved.early_stopping is True else 2
+        self.settings = _translator_settings(self.generation_config)
 
     @classmethod
     def check_settings(cls, *, device: str | None = None, compile: bool = False, int8: bool = False) -> None:
@@ -170,10 +179,13 @@ class CTranslate2Decoder(Decoder):
         from transformers import GenerationConfig
 
         saved, defaults = self.generation_config, GenerationConfig()
+        end = saved.eos_token_id if isinstance(saved.eos_token_id, list) else [saved.eos_token_id]
+        allowed = {name: [getattr(defaults, name, None)] for name in UNSUPPORTED_GENERATION}
+        allowed["forced_eos_token_id"] += end  # what the output cap forces anyway
         unsupported = [
             f"{name}={getattr(saved, name)!r}"
             for name in UNSUPPORTED_GENERATION
-            if getattr(saved, name, None) != getattr(defaults, name, None)
+            if getattr(saved, name, None) not in allowed[name]
         ]
         if unsupported:
             raise ValueError(
@@ -199,16 +211,20 @@ class CTranslate2Decoder(Decoder):
                     "--max-source-tokens, --max-length-a/b or --max-output-tokens."
                 )
 
-    def _search(self, tokens: list[list[str]], cap: int, options: DecodingOptions) -> list[list[str]]:
+    def _search(self, tokenizer, tokens: list[list[str]], cap: int, options: DecodingOptions) -> list[list[str]]:
         """The best hypothesis of each source (tokens, without `</s>`), at most `cap` tokens long."""
+        settings = dict(self.settings)
+        if settings["suppress_sequences"]:
+            settings["suppress_sequences"] = [
+                tokenizer.convert_ids_to_tokens(ids) for ids in settings["suppress_sequences"]
+            ]
         results = self.translator.translate_batch(
             tokens,
             beam_size=options.num_beams,
             length_penalty=options.length_penalty,
             max_decoding_length=cap,
-            patience=self.patience,
             return_scores=False,
-            **self.mapped,
+            **settings,
         )
         return [result.hypotheses[0] for result in results]
 
@@ -217,11 +233,11 @@ class CTranslate2Decoder(Decoder):
         length penalty `options.length_penalty`."""
         limits = options.output_limits(torch.tensor([len(ids) for ids in sources])).tolist()
         tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in sources]
-        outputs = self._search(tokens, max(limits), options)
+        outputs = self._search(tokenizer, tokens, max(limits), options)
         if options.num_beams > 1:
             for cap in sorted({cap for cap, output in zip(limits, outputs) if len(output) > cap}):
                 again = [i for i, output in enumerate(outputs) if limits[i] == cap and len(output) > cap]
-                for index, output in zip(again, self._search([tokens[i] for i in again], cap, options)):
+                for index, output in zip(again, self._search(tokenizer, [tokens[i] for i in again], cap, options)):
                     outputs[index] = output
         ids = [tokenizer.convert_tokens_to_ids(output[:cap]) for output, cap in zip(outputs, limits)]
         return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
