@@ -145,10 +145,12 @@ class CTranslate2Decoder(Decoder):
     @classmethod
     def unavailable_reason(cls, model: str | Path, *, int8: bool = False) -> str | None:
         """Why this backend cannot run `model` here (None: it can): no ctranslate2 package, a family CTranslate2
-        cannot express (each setting named), or no exported model (naming the command that writes it). `int8` needs
-        nothing more: CTranslate2 converts the weights as they load."""
+        cannot express (each setting named), no exported model (naming the command that writes it), or, with `int8`,
+        a CPU CTranslate2 has no int8 compute type for (the weights themselves are converted as they load)."""
         try:
-            require_ctranslate2(PURPOSE)
+            ctranslate2 = require_ctranslate2(PURPOSE)
+            if int8 and "int8" not in ctranslate2.get_supported_compute_types("cpu"):
+                return "CTranslate2 has no int8 compute type on this CPU: drop --int8."
             blockers = _family_blockers(model)
             if blockers:
                 return f"CTranslate2 cannot express this model: {'; '.join(blockers)}."
