@@ -82,9 +82,19 @@ def tokenizer():
     return train_joint_tokenizer(PAIRS * 10, vocab_size=300, min_frequency=1)
 
 
+_TRAINED = {}  # (config class, overrides, tokenizer) -> model: the tests only read these, so they share them
+
+
 def trained(config_class, overrides, tokenizer):
     """A tiny model trained until it translates the pairs, so that its greedy outputs differ from sentence to
-    sentence and end with `</s>`."""
+    sentence and end with `</s>` (trained once per config and tokenizer)."""
+    key = (config_class, json.dumps(overrides, sort_keys=True), id(tokenizer))
+    if key not in _TRAINED:
+        _TRAINED[key] = _train(config_class, overrides, tokenizer), tokenizer  # the tokenizer kept: its id stays its
+    return _TRAINED[key][0]
+
+
+def _train(config_class, overrides, tokenizer):
     torch.manual_seed(0)
     model = MODEL_CLASSES[config_class](config_class(**{**SIZES, "vocab_size": len(tokenizer), **overrides}))
     batch = tokenizer([s for s, _ in PAIRS], text_target=[t for _, t in PAIRS], padding=True, return_tensors="pt")
