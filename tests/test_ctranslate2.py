@@ -440,6 +440,13 @@ def test_ctranslate2_backend_names_why_it_cannot_run_a_model(tokenizer, tmp_path
     DeepNMTConfig(**SIZES, vocab_size=len(tokenizer)).save_pretrained(plain)
     DlclConfig(**SIZES, vocab_size=len(tokenizer)).save_pretrained(dlcl)
     command = f"`hf-deep-nmt export-ctranslate2 --model {plain} --into-model`"
+    for arguments, named in (
+        (["--model", str(plain)], "give either --output (a folder for the CTranslate2 model) or --into-model"),
+        (["--model", str(plain), "--into-model", "--output", str(tmp_path / "out")], "or --into-model, not both"),
+        (["--model", "org/hub-model", "--into-model"], "--into-model writes into a local model folder"),
+    ):
+        assert main(["export-ctranslate2", *arguments]) == 2
+        assert named in capsys.readouterr().err
     if importlib.util.find_spec("ctranslate2") is not None:
         assert command in CTranslate2Decoder.unavailable_reason(plain)
         assert "`encoder_layer_aggregation='dlcl'`" in CTranslate2Decoder.unavailable_reason(dlcl)
