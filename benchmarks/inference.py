@@ -23,7 +23,10 @@ One warm-up, then the median of `repeats` runs.
 
 The end-to-end row translates `lines` sentences of the sample corpus with `hf-deep-nmt translate` (in-process,
 `--threads 1`, beam 4, batch 32, model loading included) and with the plain model's CTranslate2 export (tokenizer,
-`translate_batch`, detokenisation, the same caps), and reports whether the two outputs are the same.
+`translate_batch`, detokenisation, the same caps), and reports whether the two outputs are the same; beside them
+`hf-deep-nmt translate --backend ctranslate2` on that export (in-process, and whether its output is the torch
+backend's), and, except at the quick size, both backends' `translate` as whole processes (the CPU seconds of the
+process tree, `RUSAGE_CHILDREN`: interpreter start, imports and model loading included, as a user pays them).
 
 `--profile FAMILY` instead breaks one beam-4 batch-32 `generate()` of that family down (cProfile): the model's forward
 against the search around it (top-k, finished beams, cache reordering, logits processors).
@@ -46,8 +49,10 @@ import json
 import math
 import os
 import pstats
+import resource
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -64,15 +69,15 @@ from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
 SIZES = {
     "quick": dict(
         d_model=32, ffn=64, heads=4, layers=2, vocab=300, batch=4, source_length=8, new_tokens=4,
-        single_sentences=2, lines=12, repeats=1, warm_up=False, tokenizer_pairs=400,
+        single_sentences=2, lines=12, repeats=1, warm_up=False, tokenizer_pairs=400, whole_process=False,
     ),
     "reduced": dict(
         d_model=256, ffn=1024, heads=4, layers=3, vocab=8000, batch=32, source_length=24, new_tokens=24,
-        single_sentences=4, lines=200, repeats=3, warm_up=True, tokenizer_pairs=None,
+        single_sentences=4, lines=200, repeats=3, warm_up=True, tokenizer_pairs=None, whole_process=True,
     ),
     "base": dict(
         d_model=512, ffn=2048, heads=8, layers=6, vocab=32000, batch=32, source_length=24, new_tokens=24,
-        single_sentences=4, lines=1000, repeats=3, warm_up=True, tokenizer_pairs=None,
+        single_sentences=4, lines=1000, repeats=3, warm_up=True, tokenizer_pairs=None, whole_process=True,
     ),
 }  # fmt: skip
 FAMILIES = ("plain", "dlcl", "matt", "sdt_relative", "msc", "deepnorm")
@@ -230,11 +235,57 @@ def torchao_int8(model):
     return model
 
 
+def translate_arguments(model: Path, source: Path, output: Path, new: int, backend: list[str]) -> list[str]:
+    """The end-to-end rows' `hf-deep-nmt translate` arguments: 1 thread, beam 4, batch 32, `new` tokens at most."""
+    arguments = ["translate", "--model", str(model), "--input", str(source), "--output", str(output)]
+    options = ["--overwrite", "--threads", "1", "--no-progress", "--device", "cpu", "--num-beams", "4"]
+    caps = ["--batch-size", "32", "--max-length-a", "0", "--max-length-b", str(new), "--length-penalty", "1"]
+    return [*arguments, *options, *caps, *backend]
+
+
+def process_seconds(arguments: list[str], repeats: int, warm_up: bool = True) -> tuple[float, float]:
+    """Median CPU seconds of the whole process tree (user + system of the finished children, `RUSAGE_CHILDREN`: the
+    interpreter's start, the imports, the model's loading and the decoding, as a user of the command pays them) and
+    wall seconds of `hf-deep-nmt ARGUMENTS` run as a process of its own at one thread; one warm-up unless not
+    `warm_up`."""
+    command = [sys.executable, "-m", "hf_deep_nmt_cli", *arguments]
+    environment = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def once() -> tuple[float, float]:
+        before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+        subprocess.run(command, check=True, env=environment, stdout=subprocess.DEVNULL)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+        return cpu, time.perf_counter() - start
+
+    if warm_up:
+        once()
+    runs = [once() for _ in range(repeats)]
+    return statistics.median(cpu for cpu, _ in runs), statistics.median(wall for _, wall in runs)
+
+
+def ctranslate2_backend_figures(folder: Path, ct2_folder: Path, source: Path, size: dict, workdir: Path, ours: Path):
+    """Whether `translate --backend ctranslate2` (its output in `e2e.ct2-backend`) gave the torch backend's lines
+    (`ours`); where the size says `whole_process`, both backends' `translate` as processes of their own."""
+    backend = workdir / "e2e.ct2-backend"
+    figures = {
+        "ctranslate2_backend_same_output": backend.read_text(encoding="utf-8") == ours.read_text(encoding="utf-8")
+    }
+    if size["whole_process"]:
+        for name, flags, model in (("torch", [], folder), ("ctranslate2", ["--backend", "ctranslate2"], ct2_folder)):
+            arguments = translate_arguments(model, source, workdir / f"e2e.process-{name}", size["new_tokens"], flags)
+            cpu, wall = process_seconds(arguments, size["repeats"], size["warm_up"])
+            figures[f"process_translate_{name}"] = dict(cpu_seconds=cpu, wall_seconds=wall)
+    return figures
+
+
 def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path, onnx: bool = False) -> dict:
     """`hf-deep-nmt translate` against the CTranslate2 export on the same lines, both in this process at 1 thread,
     model loading included: CPU and wall seconds, and whether the outputs are the same. With `onnx` (the folder holds
     `onnx/`, `export-onnx --into-model`) also `translate --backend onnxruntime` in fp32 (against CTranslate2 fp32,
-    same output expected) and int8 (against CTranslate2 int8)."""
+    same output expected) and int8 (against CTranslate2 int8). `translate --backend ctranslate2` on `ct2_folder`
+    always; where the size says `whole_process`, the torch and CTranslate2 backends' commands as processes of their
+    own (`process_seconds`)."""
     import ctranslate2
     from transformers import AutoTokenizer
 
@@ -246,11 +297,8 @@ def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path, onnx: 
     ours, theirs = workdir / "e2e.ours", workdir / "e2e.ct2"
     new = size["new_tokens"]
 
-    def translate_command(output: Path = ours, backend: list[str] = ()):
-        arguments = ["translate", "--model", str(folder), "--input", str(source), "--output", str(output)]
-        options = ["--overwrite", "--threads", "1", "--no-progress", "--device", "cpu", "--num-beams", "4"]
-        caps = ["--batch-size", "32", "--max-length-a", "0", "--max-length-b", str(new), "--length-penalty", "1"]
-        if cli([*arguments, *options, *caps, *backend]) != 0:
+    def translate_command(output: Path = ours, backend: list[str] = (), model: Path = folder):
+        if cli(translate_arguments(model, source, output, new, list(backend))) != 0:
             raise RuntimeError(f"hf-deep-nmt translate {' '.join(backend)} failed")
 
     def translate_ct2(compute_type: str = "float32", output: Path = theirs):
@@ -267,7 +315,12 @@ def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path, onnx: 
         ]
         output.write_text("".join(line + "\n" for line in decoded), encoding="utf-8")
 
-    contenders = [("hf_deep_nmt_translate", translate_command), ("ct2_fp32", translate_ct2)]
+    backend_output = workdir / "e2e.ct2-backend"
+    contenders = [
+        ("hf_deep_nmt_translate", translate_command),
+        ("ct2_fp32", translate_ct2),
+        ("translate_ctranslate2", lambda: translate_command(backend_output, ["--backend", "ctranslate2"], ct2_folder)),
+    ]
     onnx_fp32, onnx_int8, ct2_int8 = workdir / "e2e.onnx", workdir / "e2e.onnx-int8", workdir / "e2e.ct2-int8"
     if onnx:
         contenders += [
@@ -285,6 +338,7 @@ def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path, onnx: 
     figures["lines"] = len(lines)
     figures["same_output"] = ours.read_text(encoding="utf-8") == theirs.read_text(encoding="utf-8")
     figures["ratio_cpu"] = figures["hf_deep_nmt_translate"]["cpu_seconds"] / figures["ct2_fp32"]["cpu_seconds"]
+    figures.update(ctranslate2_backend_figures(folder, ct2_folder, source, size, workdir, ours))
     if onnx:
         figures["onnxruntime_same_output"] = onnx_fp32.read_text(encoding="utf-8") == ours.read_text(encoding="utf-8")
         figures["onnxruntime_ratio_cpu"] = (
@@ -501,6 +555,19 @@ def print_table(results: dict) -> None:
                 f"({int8['wall_seconds']:.2f} s wall) against CTranslate2 int8 {ct2_int8['cpu_seconds']:.2f} CPU s "
                 f"({ct2_int8['wall_seconds']:.2f} s wall): {e2e['onnxruntime_int8_ratio_cpu']:.2f}x"
             )
+        backend = e2e["translate_ctranslate2"]
+        print(
+            f"end to end, translate --backend ctranslate2 {backend['cpu_seconds']:.2f} CPU s "
+            f"({backend['wall_seconds']:.2f} s wall), same output as the torch backend: "
+            f"{e2e['ctranslate2_backend_same_output']}"
+        )
+        for name in ("torch", "ctranslate2"):
+            if f"process_translate_{name}" in e2e:
+                figure = e2e[f"process_translate_{name}"]
+                print(
+                    f"whole process, hf-deep-nmt translate --backend {name}: {figure['cpu_seconds']:.2f} CPU s of "
+                    f"the process tree ({figure['wall_seconds']:.2f} s wall)"
+                )
     for skipped in results["skipped"]:
         print(f"skipped: {skipped}")
 

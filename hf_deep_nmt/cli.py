@@ -414,18 +414,25 @@ def _translate_parser() -> _Parser:
         "--threads",
         type=_at_least(1),
         default=None,
-        help="CPU threads for torch, and for ONNX Runtime's sessions with --backend onnxruntime (default: "
+        help="CPU threads for torch, for ONNX Runtime's sessions with --backend onnxruntime, and for CTranslate2 with "
+        "--backend ctranslate2 (default: "
         "OMP_NUM_THREADS if set, else the usable cores less the 1-minute load average, at least 1, so that no thread "
         "waits for a core other work holds)",
     )
     parser.add_argument(
         "--backend",
-        choices=("torch", "onnxruntime"),
+        choices=("torch", "onnxruntime", "ctranslate2"),
         default="torch",
         help="torch: the model's generate(); onnxruntime: the graphs of `hf-deep-nmt export-onnx` (--model: that "
-        "folder, or a model folder holding them in onnx/), same decoding, on the CPU",
+        "folder, or a model folder holding them in onnx/), same decoding, on the CPU; ctranslate2: the model of "
+        "`hf-deep-nmt export-ctranslate2` (that folder, or a model folder holding it in ctranslate2/), same greedy "
+        "decoding, its own beam search, on the CPU",
     )
-    parser.add_argument("--int8", action="store_true", help="with --backend onnxruntime: the int8 graphs")
+    parser.add_argument(
+        "--int8",
+        action="store_true",
+        help="with --backend onnxruntime: the int8 graphs; with --backend ctranslate2: int8 compute",
+    )
     return parser
 
 
@@ -464,6 +471,13 @@ def _locate_decoder(args, threads: int):
         require_onnxruntime()
         graphs = onnx_folder(args.model, args.int8)  # before stdin is read
         return lambda: load_onnx_model(graphs, args.int8, threads)
+    if args.backend == "ctranslate2":
+        from hf_deep_nmt.serving.ctranslate2 import require_ctranslate2
+        from hf_deep_nmt.serving.ctranslate2_decoder import PURPOSE, ctranslate2_folder, load_ctranslate2_model
+
+        require_ctranslate2(PURPOSE)
+        found = ctranslate2_folder(args.model)  # before stdin is read
+        return lambda: load_ctranslate2_model(found, args.int8, threads)
     device = _device(args.device)
 
     def load():
@@ -640,6 +654,12 @@ def _export_ctranslate2(argv: list[str]) -> int:
         help="folder for the CTranslate2 model; an existing non-empty one is refused (see --overwrite)",
     )
     parser.add_argument(
+        "--into-model",
+        action="store_true",
+        help="write it into MODEL/ctranslate2/ (instead of --output), where `translate --backend ctranslate2 --model "
+        "MODEL` finds it and `push` uploads it",
+    )
+    parser.add_argument(
         "--quantization",
         default=None,
         help="stored weight type, one of CTranslate2's: int8, int8_float32, int8_float16, int8_bfloat16, int16, "
@@ -655,7 +675,7 @@ def _export_ctranslate2(argv: list[str]) -> int:
     parser.add_argument(
         "--overwrite", action="store_true", help="replace --output when it holds an earlier export of hf-deep-nmt only"
     )
-    args = parser.parse(argv, (("--model", "MODEL"), ("--output", "OUT")), ("--model", "--output"))
+    args = parser.parse(argv, (("--model", "MODEL"), ("--output", "OUT")), ("--model",))
     protected = _check_ctranslate2_export(args)
     from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
@@ -677,22 +697,30 @@ def _export_ctranslate2(argv: list[str]) -> int:
 def _check_ctranslate2_export(args: argparse.Namespace) -> dict[str, str]:
     """Everything `export-ctranslate2` was asked, checked before the model's weights are loaded: CTranslate2 there,
     the quantization, the output folder, the model source, and that CTranslate2 expresses the model. Returns the
-    folders the export must not write into."""
+    folders the export must not write into. `--into-model` becomes the model folder's `ctranslate2/` as `--output`."""
     from transformers import AutoConfig
 
     from hf_deep_nmt.folders import check_export_folder
     from hf_deep_nmt.serving.ctranslate2 import (
+        CTRANSLATE2_SUBFOLDER,
         check_ctranslate2_support,
         check_max_positions,
         quantization_choices,
         require_ctranslate2,
     )
 
+    if args.into_model == (args.output is not None):
+        raise UsageError("give either --output (a folder for the CTranslate2 model) or --into-model, not both.")
+    if args.into_model:
+        if not Path(args.model).expanduser().is_dir():
+            raise UsageError(f"--into-model writes into a local model folder; {args.model} is none.")
+        args.output = str(Path(args.model) / CTRANSLATE2_SUBFOLDER)
     require_ctranslate2()
     if args.quantization is not None and args.quantization not in quantization_choices():
         raise UsageError(f"--quantization {args.quantization!r} is not one of {', '.join(quantization_choices())}.")
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
-    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
+    sources = {} if args.into_model else protected  # --into-model writes inside the model folder on purpose
+    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=sources)
     _check_model_source(args.model)
     from hf_deep_nmt import registration  # noqa: F401  (registers the configs with AutoConfig)
 
@@ -780,7 +808,8 @@ def _grow(argv: list[str]) -> int:
     from hf_deep_nmt.training.growing import grow_encoder
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
-    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
+    sources = {} if args.into_model else protected  # --into-model writes inside the model folder on purpose
+    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=sources)
     _check_model_source(args.model)
     model, tokenizer = _load(args.model, "cpu")
     before = model.config.encoder_layers

@@ -1,11 +1,17 @@
 """`hf-deep-nmt export-ctranslate2`: what CTranslate2 can express is exported and decodes as this package does (greedy
 tokens, per-token log-probabilities); everything else is refused by name before any work; nothing a user saved is
-written over. The parity tests need the optional `ctranslate2` package (`pip install -e ".[bench]"`) and are skipped
-without it."""
+written over; `translate --backend ctranslate2` decodes the export as the torch backend does (greedy exactly, beam
+search on most lines) and names what it cannot do. The parity tests need the optional `ctranslate2` package (`pip
+install -e ".[bench]"`) and are skipped without it."""
 
+import ast
+import copy
 import importlib.util
 import json
+import re
+import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -76,9 +82,19 @@ def tokenizer():
     return train_joint_tokenizer(PAIRS * 10, vocab_size=300, min_frequency=1)
 
 
+_TRAINED = {}  # (config class, overrides, tokenizer) -> model: the tests only read these, so they share them
+
+
 def trained(config_class, overrides, tokenizer):
     """A tiny model trained until it translates the pairs, so that its greedy outputs differ from sentence to
-    sentence and end with `</s>`."""
+    sentence and end with `</s>` (trained once per config and tokenizer)."""
+    key = (config_class, json.dumps(overrides, sort_keys=True), id(tokenizer))
+    if key not in _TRAINED:
+        _TRAINED[key] = _train(config_class, overrides, tokenizer), tokenizer  # the tokenizer kept: its id stays its
+    return _TRAINED[key][0]
+
+
+def _train(config_class, overrides, tokenizer):
     torch.manual_seed(0)
     model = MODEL_CLASSES[config_class](config_class(**{**SIZES, "vocab_size": len(tokenizer), **overrides}))
     batch = tokenizer([s for s, _ in PAIRS], text_target=[t for _, t in PAIRS], padding=True, return_tensors="pt")
@@ -295,3 +311,148 @@ def test_the_command_refuses_an_unsupported_model_naming_the_feature_before_load
 def test_the_command_refuses_bad_options_naming_them(saved, tmp_path, capsys, arguments, named):
     assert main(["export-ctranslate2", "--model", str(saved), "--output", str(tmp_path / "out"), *arguments]) == 2
     assert named in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+# ---- translating with it: `hf-deep-nmt translate --backend ctranslate2` ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served(tokenizer, tmp_path_factory):
+    """`(folder, model)`: a trained model saved as a model folder (with a README, so that `push` takes it), and its
+    CTranslate2 model in `folder/ctranslate2/`, written by the command. Its tests that need it are one test, so that
+    pytest-xdist builds it once."""
+    model = trained(DeepNMTConfig, {}, tokenizer)
+    folder = tmp_path_factory.mktemp("served") / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    (folder / "README.md").write_text("a tiny model\n")
+    assert main(["export-ctranslate2", "--model", str(folder), "--into-model"]) == 0
+    return folder, model
+
+
+LINES = [source for source, _ in PAIRS] + ["el mundo es grande", "", "gracias perro", "noches", "la casa come perro"]
+
+
+def assert_generation_settings_are_honoured_or_refused(model, tokenizer, export, tmp_path) -> None:
+    """A saved generation setting CTranslate2 has no counterpart for is refused by name; those it has are decoded
+    as the torch backend decodes them."""
+    from hf_deep_nmt.serving.ctranslate2_decoder import CTranslate2Decoder
+    from hf_deep_nmt.serving.options import DecodingOptions
+    from hf_deep_nmt.serving.translate import translate
+
+    forced = tmp_path / "forced"
+    shutil.copytree(export, forced)
+    settings = json.loads((forced / "generation_config.json").read_text())
+    (forced / "generation_config.json").write_text(json.dumps({**settings, "forced_bos_token_id": 5}))
+    with pytest.raises(ValueError, match=r"sets forced_bos_token_id=5, which CTranslate2's decoding has no"):
+        CTranslate2Decoder(forced).check(tokenizer, DecodingOptions())
+    # what converted Marian models set: a banned token (their padding) and the end token forced at the cap
+    with torch.no_grad():
+        banned = int(model.generate(**tokenizer(LINES[:1], return_tensors="pt"), max_length=4)[0, 1])
+    marian_like = copy.deepcopy(model)
+    marian_like.generation_config.update(bad_words_ids=[[banned]], forced_eos_token_id=tokenizer.eos_token_id)
+    shutil.copytree(export, tmp_path / "banned")
+    marian_like.generation_config.save_pretrained(tmp_path / "banned")  # in the export's place
+    expected = translate(marian_like, tokenizer, LINES, num_beams=1)
+    assert expected != translate(model, tokenizer, LINES, num_beams=1)
+    assert translate(CTranslate2Decoder(tmp_path / "banned"), tokenizer, LINES, num_beams=1) == expected
+
+
+@needs_ctranslate2
+def test_ctranslate2_backend_translates_as_torch_and_ships_with_the_model(served, tokenizer, tmp_path, capsys):
+    from hf_deep_nmt.hub import upload_operations
+    from hf_deep_nmt.serving.ctranslate2 import IDENTITY_FILE
+    from hf_deep_nmt.serving.ctranslate2_decoder import CTranslate2Decoder, load_ctranslate2_model
+    from hf_deep_nmt.serving.options import DecodingOptions
+    from hf_deep_nmt.serving.translate import translate
+
+    folder, model = served
+    source = tmp_path / "in.es"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    base = ["translate", "--model", str(folder), "--input", str(source), "--no-progress", "--backend", "ctranslate2"]
+
+    def run(*options) -> list[str]:
+        target = tmp_path / f"out{len(list(tmp_path.iterdir()))}.en"
+        assert main([*base, "--output", str(target), "--threads", "1", *options]) == 0, capsys.readouterr().err
+        return target.read_text(encoding="utf-8").split("\n")[:-1]
+
+    # greedy: the torch backend's lines exactly (float32), with a cap that cuts most sentences as well
+    for options in (("--num-beams", "1"), ("--num-beams", "1", "--max-length-a", "0.3", "--max-length-b", "1")):
+        settings = dict(zip(options[::2], options[1::2]))
+        expected = translate(
+            model,
+            tokenizer,
+            LINES,
+            num_beams=1,
+            max_length_a=float(settings.get("--max-length-a", 1.5)),
+            max_length_b=int(settings.get("--max-length-b", 10)),
+        )
+        assert run(*options, "--batch-size", "3") == expected, options
+    assert len(set(expected)) > 3 and expected[len(PAIRS) + 1] == ""
+    # beam search: CTranslate2's own, agreeing on most lines (on all of these)
+    for penalty in ("1.0", "0.6"):
+        expected = translate(model, tokenizer, LINES, num_beams=4, length_penalty=float(penalty))
+        produced = run("--num-beams", "4", "--length-penalty", penalty)
+        assert sum(ours == theirs for ours, theirs in zip(expected, produced)) >= len(LINES) - 1, produced
+    decoder, ct2_tokenizer = load_ctranslate2_model(folder, threads=1)  # the Python API: in the model's place
+    assert translate(decoder, ct2_tokenizer, LINES, num_beams=1) == translate(model, tokenizer, LINES, num_beams=1)
+    assert len(run("--int8")) == len(LINES)  # int8 compute, converted as the model loads
+    assert CTranslate2Decoder.unavailable_reason(folder) is None
+    assert CTranslate2Decoder.unavailable_reason(folder / "ctranslate2", int8=True) is None
+
+    # what the model folder's tokenizer cannot be, what the backend cannot do, named before anything is decoded
+    other = train_joint_tokenizer([("uno dos", "one two")] * 10, vocab_size=len(tokenizer), min_frequency=1)
+    with pytest.raises(ValueError, match="The tokenizer is not the one this model was exported with"):
+        decoder.check(other, DecodingOptions())
+    decoder.check_fits([(3, 20), (1, 600)], DecodingOptions())  # 600 source rows; 910 tokens + 2 decoding rows
+    with pytest.raises(ValueError, match=r"A batch needs 1100 positions \(its longest source\), and .* 1026 rows"):
+        decoder.check_fits([(3, 20), (1, 1100)], DecodingOptions(max_output_tokens=100))
+    for options, named in (
+        (("--compile",), "--compile"),
+        (("--device", "cuda"), "--device cuda is for --backend torch"),
+        (("--num-beams", "2", "--length-penalty-form", "gnmt"), "--length-penalty-form gnmt"),
+    ):
+        assert main([*base, *options]) == 2
+        assert named in capsys.readouterr().err
+    assert json.loads((folder / "ctranslate2" / IDENTITY_FILE).read_text())["eos_token_id"] == tokenizer.eos_token_id
+    assert_generation_settings_are_honoured_or_refused(model, tokenizer, folder / "ctranslate2", tmp_path)
+
+    uploaded = {operation.path_in_repo for operation in upload_operations(folder)}
+    assert {"ctranslate2/model.bin", "ctranslate2/tokenizer.json", f"ctranslate2/{IDENTITY_FILE}"} <= uploaded
+
+
+def test_ctranslate2_backend_names_why_it_cannot_run_a_model(tokenizer, tmp_path, capsys, monkeypatch):
+    from hf_deep_nmt.serving import ctranslate2_decoder
+    from hf_deep_nmt.serving.ctranslate2_decoder import CTranslate2Decoder
+
+    # naming the backend (`DECODERS`) imports no ctranslate2: only making a decoder does
+    tree = ast.parse(Path(ctranslate2_decoder.__file__).read_text(encoding="utf-8"))
+    imported = [alias.name for node in tree.body if isinstance(node, ast.Import) for alias in node.names]
+    imported += [node.module for node in tree.body if isinstance(node, ast.ImportFrom)]
+    assert not [name for name in imported if name.split(".")[0] == "ctranslate2"], imported
+
+    for settings, named in ((dict(compile=True), "`compile=True` (`--compile`)"), (dict(device="cuda"), "cuda")):
+        with pytest.raises(ValueError, match=re.escape(named)):
+            CTranslate2Decoder.check_settings(**settings)
+    CTranslate2Decoder.check_settings(device="cpu", int8=True)
+
+    plain, dlcl = tmp_path / "plain", tmp_path / "dlcl"
+    DeepNMTConfig(**SIZES, vocab_size=len(tokenizer)).save_pretrained(plain)
+    DlclConfig(**SIZES, vocab_size=len(tokenizer)).save_pretrained(dlcl)
+    command = f"`hf-deep-nmt export-ctranslate2 --model {plain} --into-model`"
+    for arguments, named in (
+        (["--model", str(plain)], "give either --output (a folder for the CTranslate2 model) or --into-model"),
+        (["--model", str(plain), "--into-model", "--output", str(tmp_path / "out")], "or --into-model, not both"),
+        (["--model", "org/hub-model", "--into-model"], "--into-model writes into a local model folder"),
+    ):
+        assert main(["export-ctranslate2", *arguments]) == 2
+        assert named in capsys.readouterr().err
+    if importlib.util.find_spec("ctranslate2") is not None:
+        assert command in CTranslate2Decoder.unavailable_reason(plain)
+        assert "`encoder_layer_aggregation='dlcl'`" in CTranslate2Decoder.unavailable_reason(dlcl)
+        assert main(["translate", "--model", str(plain), "--backend", "ctranslate2", "--no-progress"]) == 2
+        assert command in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # not installed
+    assert "pip install ctranslate2" in CTranslate2Decoder.unavailable_reason(plain)
+    assert main(["translate", "--model", str(plain), "--backend", "ctranslate2", "--no-progress"]) == 1
+    assert "pip install 'hf-deep-nmt[bench]'" in capsys.readouterr().err

@@ -33,6 +33,7 @@ Details that make the outputs match (`tests/test_ctranslate2.py` compares them):
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -41,7 +42,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_deep_nmt import registration  # noqa: F401  (configs and models of this package load through the Auto classes)
-from hf_deep_nmt.fingerprints import check_tokenizer_matches
+from hf_deep_nmt.fingerprints import check_tokenizer_matches, tokenizer_fingerprint
 from hf_deep_nmt.folders import EXPORT_FLAG, write_marked_folder
 from hf_deep_nmt.memory import check_memory
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
@@ -65,6 +66,10 @@ DEFAULT_MAX_POSITIONS = DEFAULT_MAX_OUTPUT_TOKENS + 2
 # The smallest table that translates anything: a source of one token and its `</s>`, and decoding the start token
 # then one token (one row only holds the start token, so no step could be taken).
 MIN_MAX_POSITIONS = 2
+CTRANSLATE2_SUBFOLDER = "ctranslate2"  # a model folder (and its Hub repository) carries its CTranslate2 model here
+# Written beside the CTranslate2 model: what its decoder checks a tokenizer against (the fingerprint and special ids
+# of the model it was made from), since CTranslate2's own config.json has no place for them.
+IDENTITY_FILE = "hf_deep_nmt_model.json"
 SERVABLE = (
     "pre- or post-norm (DeepNorm included), residual layers in both stacks, multi-head decoder self-attention, no "
     "relative position keys, no MSC"
@@ -75,12 +80,12 @@ class MissingCTranslate2Error(RuntimeError):
     """The optional `ctranslate2` package is not installed."""
 
 
-def require_ctranslate2():
+def require_ctranslate2(purpose: str = "exporting to CTranslate2"):
     try:
         import ctranslate2
     except ImportError:
         raise MissingCTranslate2Error(
-            "exporting to CTranslate2 needs the ctranslate2 package; install it with "
+            f"{purpose} needs the ctranslate2 package; install it with "
             "`pip install 'hf-deep-nmt[bench]'` (or `pip install ctranslate2`)."
         ) from None
     return ctranslate2
@@ -375,6 +380,16 @@ def _set_feed_forward(spec, layer, scales: Scales) -> None:
     _set_linear(spec.linear_1, layer.fc2, output=scales.output)
 
 
+def model_identity(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_positions: int) -> dict[str, Any]:
+    """What `IDENTITY_FILE` records: the fingerprint of the tokenizer written with the export, and the model's
+    vocabulary size and special ids (the config fields `check_tokenizer_matches` compares a tokenizer with), and the
+    rows of the position table (which bound the source and output lengths the decoder accepts)."""
+    config = model.config
+    names = ("vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "model_type")
+    fields = {name: getattr(config, name) for name in names}
+    return {"tokenizer_fingerprint": tokenizer_fingerprint(tokenizer), **fields, "max_positions": max_positions}
+
+
 def export_ctranslate2(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -387,7 +402,8 @@ def export_ctranslate2(
     protected: dict[str, Any] | None = None,
 ) -> Path:
     """Write `model` as a CTranslate2 model (`model.bin`, `config.json`, the vocabulary) and `tokenizer` into
-    `folder`, for `ctranslate2.Translator(folder)`.
+    `folder`, for `ctranslate2.Translator(folder)`, with the model's generation config and `IDENTITY_FILE`, which
+    `CTranslate2Decoder` (`hf-deep-nmt translate --backend ctranslate2`) decodes and checks tokenizers with.
 
     Refuses, before any work, a model CTranslate2 cannot express (`ValueError` naming each feature), a `quantization`
     CTranslate2 does not know, and a `folder` that is not empty unless `overwrite`, even then when it holds files
@@ -408,5 +424,9 @@ def export_ctranslate2(
     def write(staging: Path) -> None:
         Converter().convert(str(staging), quantization=quantization, force=True)
         tokenizer.save_pretrained(staging)
+        model.generation_config.save_pretrained(staging)  # the decoding defaults `translate` starts from
+        (staging / IDENTITY_FILE).write_text(
+            json.dumps(model_identity(model, tokenizer, max_positions), indent=2) + "\n"
+        )
 
     return write_marked_folder(folder, write, overwrite=overwrite, flag=flag, protected=protected)

@@ -95,7 +95,10 @@ class TorchDecoder(Decoder):
     def check_settings(cls, *, device: str | None = None, compile: bool = False, int8: bool = False) -> None:
         super().check_settings(device=device, compile=compile, int8=int8)
         if int8:
-            raise ValueError("--int8 picks the int8 graphs of --backend onnxruntime; add that, or drop --int8.")
+            raise ValueError(
+                "--int8 picks the int8 graphs of --backend onnxruntime (int8 compute with --backend ctranslate2); add "
+                "one, or drop --int8."
+            )
 
     def compiled(self) -> TorchDecoder:
         return TorchDecoder(self.model, compile=True)

@@ -1,0 +1,257 @@
+"""Decoding with CTranslate2, for the families it expresses: `CTranslate2Decoder` runs the model that
+`hf-deep-nmt export-ctranslate2` wrote (`hf_deep_nmt.serving.ctranslate2`) with `ctranslate2.Translator`, greedy or
+with beam search, on the CPU; `int8` decodes with CTranslate2's int8 compute type, converted as the model loads (no
+second export). It is a `Decoder`: `translate` runs it in a model's place (`load_ctranslate2_model`,
+`hf-deep-nmt translate --backend ctranslate2`).
+
+The model lives in a model folder's `ctranslate2/` subfolder (`export-ctranslate2 --into-model`), where `push`
+uploads it with the model, or in a folder of its own (`export-ctranslate2 --output`); `ctranslate2_folder` finds
+either. The `ctranslate2` package is imported only when a decoder is made, so that naming this backend costs nothing.
+
+What matches the torch backend: the tokens of greedy search, and each sentence's output cap (`translate` caps every
+sentence by its own length; CTranslate2 takes one cap per call, so a batch is decoded under its largest cap, greedy
+outputs cut to their own, and beam search run again, under its own cap, for a sentence whose hypothesis outran it).
+Beam search is CTranslate2's own: the same fairseq length penalty and scores, and a stopping rule (its `patience`)
+chosen to follow the model's `early_stopping`, so that most sentences, not always all, agree with `generate()`'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from hf_deep_nmt.fingerprints import check_tokenizer_matches
+from hf_deep_nmt.serving.ctranslate2 import (
+    CTRANSLATE2_SUBFOLDER,
+    IDENTITY_FILE,
+    ctranslate2_blockers,
+    require_ctranslate2,
+)
+from hf_deep_nmt.serving.decoder import Decoder
+from hf_deep_nmt.serving.options import DecodingOptions
+from hf_deep_nmt.serving.threads import check_threads
+
+PURPOSE = "decoding with CTranslate2"
+# Settings of a saved generation config that `generate()` applies while choosing tokens, and which CTranslate2's
+# `translate_batch` has no option for: refused by name where a model sets them, since the torch backend honours them.
+UNSUPPORTED_GENERATION = (
+    "forced_bos_token_id",
+    "forced_eos_token_id",  # unless it is the end token, which `translate`'s output cap forces anyway
+    "begin_suppress_tokens",
+    "sequence_bias",
+    "encoder_no_repeat_ngram_size",
+    "exponential_decay_length_penalty",
+    "min_new_tokens",
+    "diversity_penalty",
+)
+# Settings of a saved generation config that CTranslate2 applies the same way, under its own names (`bad_words_ids`
+# and `suppress_tokens`, which converted Marian models set, become its `suppress_sequences`; `min_length` counts the
+# start token, CTranslate2's `min_decoding_length` does not).
+MAPPED_GENERATION = {"repetition_penalty": "repetition_penalty", "no_repeat_ngram_size": "no_repeat_ngram_size"}
+
+
+def _translator_settings(saved) -> dict:
+    """The options of `Translator.translate_batch` that the generation config `saved` decides, as `generate()`
+    applies them; `suppress_sequences` as token ids (made token strings per batch, with the tokenizer)."""
+    settings = {ours: getattr(saved, theirs) for theirs, ours in MAPPED_GENERATION.items() if getattr(saved, theirs)}
+    # CTranslate2's defaults differ from generate()'s: at least one token before `</s>`, inputs cut at 1024 tokens
+    settings["min_decoding_length"] = max(0, (saved.min_length or 0) - 1)
+    settings["max_input_length"] = 0  # no cut: `check_fits` refuses what the position table cannot hold
+    banned = [list(ids) for ids in saved.bad_words_ids or []] + [[token] for token in saved.suppress_tokens or []]
+    settings["suppress_sequences"] = banned or None
+    # generate()'s stopping rule, as near as CTranslate2's patience comes: `early_stopping=True` ends a sentence once
+    # it has `num_beams` finished hypotheses (patience 1); otherwise (transformers' default) it goes on while a
+    # running one may still win, which patience 2 (2 x num_beams finished) followed on every sentence tried
+    settings["patience"] = 1 if saved.early_stopping is True else 2
+    return settings
+
+
+def _is_ctranslate2_model(folder: Path) -> bool:
+    return (folder / "model.bin").is_file() and (folder / "config.json").is_file()
+
+
+def export_command(model) -> str:
+    return f"`hf-deep-nmt export-ctranslate2 --model {model} --into-model`"
+
+
+def ctranslate2_folder(model: str | Path) -> Path:
+    """The CTranslate2 model that `model` names: an `export-ctranslate2` folder itself, or a model folder's
+    `ctranslate2/` subfolder; a name that is no local path is taken as a Hub repository id, and its `ctranslate2/`
+    folder downloaded. `FileNotFoundError` naming the command that writes it when there is none."""
+    path = Path(str(model)).expanduser()
+    if not path.exists():
+        from huggingface_hub import snapshot_download
+
+        path = Path(snapshot_download(str(model), allow_patterns=[f"{CTRANSLATE2_SUBFOLDER}/*"]))
+    found = next((folder for folder in (path, path / CTRANSLATE2_SUBFOLDER) if _is_ctranslate2_model(folder)), None)
+    if found is None:
+        raise FileNotFoundError(
+            f"{model} holds no CTranslate2 model (no model.bin in it or in its {CTRANSLATE2_SUBFOLDER}/ folder); "
+            f"write it with {export_command(model)}."
+        )
+    return found
+
+
+def _family_blockers(model: str | Path) -> list[str]:
+    """`ctranslate2_blockers` of the config of `model` (a model folder or Hub id); none for a CTranslate2 folder
+    itself, which an export already passed."""
+    from transformers import AutoConfig  # this package's configs are registered by `serving.ctranslate2`
+
+    path = Path(str(model)).expanduser()
+    if _is_ctranslate2_model(path):
+        return []
+    return ctranslate2_blockers(AutoConfig.from_pretrained(str(model)))
+
+
+class CTranslate2Decoder(Decoder):
+    """Greedy and beam search with `ctranslate2.Translator` over an `export-ctranslate2` folder, on the CPU with
+    `threads` threads (CTranslate2's intra_threads, one translation at a time); `int8`: int8 compute."""
+
+    def __init__(self, folder: str | Path, int8: bool = False, threads: int = 1):
+        ctranslate2 = require_ctranslate2(PURPOSE)
+        self.folder, self.int8 = Path(folder), int8
+        self.translator = ctranslate2.Translator(
+            str(self.folder),
+            device="cpu",
+            compute_type="int8" if int8 else "float32",
+            intra_threads=threads,
+            inter_threads=1,
+        )
+        identity = self.folder / IDENTITY_FILE
+        # a folder exported before the identity file was written: checked on what a config without a fingerprint
+        # allows (`check_tokenizer_matches` warns that the tokenizer itself was not)
+        fields = json.loads(identity.read_text()) if identity.is_file() else {}
+        self.max_positions = fields.pop("max_positions", None)
+        self.identity = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(self.folder), **fields))
+        self.settings = _translator_settings(self.generation_config)
+
+    @classmethod
+    def check_settings(cls, *, device: str | None = None, compile: bool = False, int8: bool = False) -> None:
+        super().check_settings(device=device, compile=compile, int8=int8)
+        if compile:
+            raise ValueError(
+                "`compile=True` (`--compile`) compiles the torch model; the CTranslate2 backend runs its own C++ "
+                "decoder: drop it."
+            )
+        if device not in (None, "cpu"):
+            raise ValueError(
+                f"--device {device} is for --backend torch; --backend ctranslate2 decodes on the CPU: drop it."
+            )
+
+    @classmethod
+    def unavailable_reason(cls, model: str | Path, *, int8: bool = False) -> str | None:
+        """Why this backend cannot run `model` here (None: it can): no ctranslate2 package, a family CTranslate2
+        cannot express (each setting named), no exported model (naming the command that writes it), or, with `int8`,
+        a CPU CTranslate2 has no int8 compute type for (the weights themselves are converted as they load)."""
+        try:
+            ctranslate2 = require_ctranslate2(PURPOSE)
+            if int8 and "int8" not in ctranslate2.get_supported_compute_types("cpu"):
+                return "CTranslate2 has no int8 compute type on this CPU: drop --int8."
+            blockers = _family_blockers(model)
+            if blockers:
+                return f"CTranslate2 cannot express this model: {'; '.join(blockers)}."
+            ctranslate2_folder(model)
+        except (OSError, ValueError, RuntimeError) as error:
+            return str(error)
+        return None
+
+    @property
+    def generation_config(self):
+        """The generation config saved beside the CTranslate2 model (`export_ctranslate2`), else transformers'
+        defaults."""
+        from transformers import GenerationConfig
+
+        if (self.folder / "generation_config.json").is_file():
+            return GenerationConfig.from_pretrained(self.folder)
+        return GenerationConfig()
+
+    def check(self, tokenizer, options: DecodingOptions) -> None:
+        """Refuse the GNMT penalty (CTranslate2 applies the fairseq form while it searches), a saved generation
+        setting CTranslate2 has no counterpart for, and a tokenizer that is not the model's (its fingerprint)."""
+        if options.gnmt:
+            raise ValueError(
+                '`length_penalty_form="gnmt"` (`--length-penalty-form gnmt`) rescores every final beam, and the '
+                "CTranslate2 backend applies the fairseq form while it searches: use the fairseq form, or the torch "
+                "backend."
+            )
+        from transformers import GenerationConfig
+
+        saved, defaults = self.generation_config, GenerationConfig()
+        end = saved.eos_token_id if isinstance(saved.eos_token_id, list) else [saved.eos_token_id]
+        allowed = {name: [getattr(defaults, name, None)] for name in UNSUPPORTED_GENERATION}
+        allowed["forced_eos_token_id"] += end  # what the output cap forces anyway
+        unsupported = [
+            f"{name}={getattr(saved, name)!r}"
+            for name in UNSUPPORTED_GENERATION
+            if getattr(saved, name, None) not in allowed[name]
+        ]
+        if unsupported:
+            raise ValueError(
+                f"The model's generation config sets {', '.join(unsupported)}, which CTranslate2's decoding has no "
+                "counterpart for: use --backend torch, or remove the setting from "
+                f"{self.folder / 'generation_config.json'}."
+            )
+        check_tokenizer_matches(self.identity, tokenizer)
+
+    def check_fits(self, batches: Sequence[tuple[int, int]], options: DecodingOptions) -> None:
+        """Refuse, before the first batch, a source or an output cap the export's position table has no rows for
+        (CTranslate2 would stop mid-translation: "No position encodings are defined for positions >= N"). Memory is
+        not estimated: CTranslate2 allocates its own."""
+        if self.max_positions is None or not batches:  # an export from before the table's size was recorded
+            return
+        source = max(longest for _, longest in batches)
+        output = options.output_cap(source) + 2  # the start token and `</s>`, as the exporter counts
+        for what, needed in (("its longest source", source), ("the start token, its output cap and </s>", output)):
+            if needed > self.max_positions:
+                raise ValueError(
+                    f"A batch needs {needed} positions ({what}), and the CTranslate2 export's position table has "
+                    f"{self.max_positions} rows: export again with a larger --max-positions, or lower "
+                    "--max-source-tokens, --max-length-a/b or --max-output-tokens."
+                )
+
+    def _search(self, tokenizer, tokens: list[list[str]], cap: int, options: DecodingOptions) -> list[list[str]]:
+        """The best hypothesis of each source (tokens, without `</s>`), at most `cap` tokens long."""
+        settings = dict(self.settings)
+        if settings["suppress_sequences"]:
+            settings["suppress_sequences"] = [
+                tokenizer.convert_ids_to_tokens(ids) for ids in settings["suppress_sequences"]
+            ]
+        results = self.translator.translate_batch(
+            tokens,
+            beam_size=options.num_beams,
+            length_penalty=options.length_penalty,
+            max_decoding_length=cap,
+            return_scores=False,
+            **settings,
+        )
+        return [result.hypotheses[0] for result in results]
+
+    def translate_batch(self, tokenizer, sources: list[list[int]], options: DecodingOptions) -> list[str]:
+        """Decoded under `options.output_limits` of each source's length (see the module docstring), the fairseq
+        length penalty `options.length_penalty`."""
+        limits = options.output_limits(torch.tensor([len(ids) for ids in sources])).tolist()
+        tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in sources]
+        outputs = self._search(tokenizer, tokens, max(limits), options)
+        if options.num_beams > 1:
+            for cap in sorted({cap for cap, output in zip(limits, outputs) if len(output) > cap}):
+                again = [i for i, output in enumerate(outputs) if limits[i] == cap and len(output) > cap]
+                for index, output in zip(again, self._search(tokenizer, [tokens[i] for i in again], cap, options)):
+                    outputs[index] = output
+        ids = [tokenizer.convert_tokens_to_ids(output[:cap]) for output, cap in zip(outputs, limits)]
+        return [text.strip() for text in tokenizer.batch_decode(ids, skip_special_tokens=True)]
+
+
+def load_ctranslate2_model(model: str | Path, int8: bool = False, threads: int | None = None):
+    """(`CTranslate2Decoder`, tokenizer) of `ctranslate2_folder(model)`, on `threads` CTranslate2 threads (None:
+    `threads.default_threads()`). The decoder takes the place of the model in `hf_deep_nmt.serving.translate`'s
+    `translate`, `write_translations` and `translate_file`."""
+    from transformers import AutoTokenizer
+
+    require_ctranslate2(PURPOSE)
+    threads = check_threads(threads)
+    folder = ctranslate2_folder(model)
+    return CTranslate2Decoder(folder, int8=int8, threads=threads), AutoTokenizer.from_pretrained(folder)
