@@ -38,7 +38,7 @@ class Decoder:
         """(decoder, tokenizer) of `model` (a model folder or Hub id) for this backend, on `threads` CPU threads (None:
         `threads.default_threads()`) and `device` where the backend has a choice; what
         `hf_deep_nmt.serving.backends.make_decoder` calls for a backend named on the command line."""
-        raise NotImplementedError
+        raise NotImplementedError(f"{cls.__name__} cannot be made by name: it defines no `load`.")
 
     def compiled(self) -> Decoder:
         """This decoder with a compiled decoding step, for a backend that has one (`check_settings` refuses

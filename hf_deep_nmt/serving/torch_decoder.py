@@ -103,8 +103,8 @@ class TorchDecoder(Decoder):
 
     @classmethod
     def unavailable_reason(cls, model: str, *, int8: bool = False) -> str | None:
-        """None: torch runs every model; but not in int8 (those graphs are ONNX Runtime's)."""
-        return "it decodes in fp32 (--int8 picks ONNX Runtime's int8 graphs)" if int8 else None
+        """None: torch runs every model, but in fp32 only (--int8 is another backend's)."""
+        return "it decodes in fp32 only (--int8 is another backend's)" if int8 else None
 
     @classmethod
     def load(cls, model: str, *, int8: bool = False, threads: int | None = None, device: str | None = None):
