@@ -630,6 +630,7 @@ def _serve(argv: list[str]) -> int:
     threads = set_threads(args.threads)
     decoder, tokenizer = make_decoder(name, args.model, int8=args.int8, threads=threads, device=device)
     options = DecodingOptions.from_arguments(args, decoder.generation_config)
+    decoder.check(tokenizer, options)  # what this backend cannot do with the options, before listening
     card = _card_languages(args.model) or (None, None)
     source, target = args.source_lang or card[0], args.target_lang or card[1]
     languages = (source, target) if source and target else None

@@ -261,6 +261,30 @@ def test_health_waits_for_the_warm_up_and_draining_refuses_new_requests():
     asyncio.run(scenario())
 
 
+def test_a_failed_warm_up_fails_what_was_queued_and_stops_the_server():
+    class Broken(Spelling):
+        def translate_batch(self, tokenizer, sources, options):
+            assert self.gate.wait(10)
+            raise RuntimeError("the decoder is broken")
+
+    async def scenario():
+        decoder, stopped = Broken(), []
+        decoder.gate.clear()
+        async with serving(decoder, ready=False) as (client, service):
+            service.on_failure = stopped.append
+            queued = asyncio.create_task(client.post("/translate", json={"q": "hola", **PAIR}))
+            await asyncio.sleep(0.05)
+            decoder.gate.set()
+            answer = await queued
+            assert answer.status_code == 500 and "the decoder is broken" in answer.json()["error"]
+            health = await client.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "failed"
+            assert [str(error) for error in stopped] == ["the decoder is broken"] and service.failure is stopped[0]
+            assert (await client.post("/translate", json={"q": "hola", **PAIR})).status_code == 503
+
+    asyncio.run(scenario())
+
+
 def test_an_api_key_guards_translate_and_metrics_but_not_health_or_the_page():
     async def scenario():
         async with serving(api_key="s3cret") as (client, _):
