@@ -542,7 +542,9 @@ def _serve_parser() -> _Parser:
         default=None,
         help="default: the first of these that can decode the model here (the fastest first)",
     )
-    parser.add_argument("--int8", action="store_true", help="the int8 model (ONNX Runtime's int8 graphs)")
+    parser.add_argument(
+        "--int8", action="store_true", help="int8 decoding: ONNX Runtime's int8 graphs, CTranslate2's int8 compute"
+    )
     parser.add_argument("--device", default=None, help="with --backend torch: cpu, cuda, cuda:N or mps")
     parser.add_argument("--threads", type=_at_least(1), default=None, help="CPU threads for decoding")
     parser.add_argument(
