@@ -1,5 +1,5 @@
-"""`hf-deep-nmt train|train-staged|prepare|translate|average|push|inspect|doctor|export-ctranslate2|export-onnx|
-upgrade-code|convert-marian|grow`: thin command-line front ends over the library.
+"""`hf-deep-nmt train|train-staged|prepare|translate|serve|average|push|inspect|doctor|export-ctranslate2|
+export-onnx|upgrade-code|convert-marian|grow`: thin command-line front ends over the library.
 
 Every expected failure ends in one line on stderr naming the problem and the way out: exit code 2 for a mistake in
 what was asked (a bad value, a missing or existing file), 1 for a run that failed (out of memory, a write error, no
@@ -9,6 +9,7 @@ network, a NaN in training). `hf-deep-nmt --debug COMMAND ...` or `HF_DEEP_NMT_D
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import json
 import math
@@ -361,12 +362,14 @@ def _load(model_name: str, device: str):
         ) from error
 
 
-def _add_decoding_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per field of `DecodingOptions` (`--batch-size` for `batch_size`, ...), with its help and its command
-    line default."""
+def _add_decoding_flags(parser: argparse.ArgumentParser, names: tuple[str, ...] | None = None) -> None:
+    """One flag per field of `DecodingOptions` (`--batch-size` for `batch_size`, ...; only `names` when given), with
+    its help and its command line default."""
     from hf_deep_nmt.serving.options import DecodingOptions
 
     for flag, item, default in DecodingOptions.command_line_flags():
+        if names is not None and item.name not in names:
+            continue
         if "choices" in item.metadata:
             kind = {"choices": item.metadata["choices"]}
         elif item.type in (float, "float"):
@@ -497,6 +500,147 @@ def _locate_decoder(args, threads: int):
         return TorchDecoder(model, compile=args.compile), tokenizer
 
     return load
+
+
+# the decoding options a server sets for every request (a request may choose its beams and lower its output cap);
+# batching is the server's own (--max-batch-tokens, --max-batch-sentences)
+SERVE_DECODING = (
+    "num_beams",
+    "length_penalty",
+    "length_penalty_form",
+    "max_length_a",
+    "max_length_b",
+    "max_source_tokens",
+    "max_output_tokens",
+)
+
+
+def _port(text: str) -> int:
+    port = _at_least(0)(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 0 to 65535, got {text!r}")
+    return port
+
+
+def _serve_parser() -> _Parser:
+    from hf_deep_nmt.cli_reference import SERVE_BACKENDS
+    from hf_deep_nmt.serving.server.limits import ServerLimits
+
+    parser = _Parser(
+        prog="hf-deep-nmt serve",
+        description="Serve a model over HTTP: LibreTranslate's POST /translate, batched across requests, with "
+        "GET /health, GET /metrics (Prometheus) and a page at /. SIGTERM drains: every accepted request is answered.",
+    )
+    parser.add_argument("--model", type=_path, required=True, help="saved model folder or Hub repo id")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on (default: this machine only; wider wants a key)"
+    )
+    parser.add_argument("--port", type=_port, default=5000, help="port to listen on (default: 5000)")
+    parser.add_argument(
+        "--backend",
+        choices=SERVE_BACKENDS,
+        default=None,
+        help="default: the first of these that can decode the model here (the fastest first)",
+    )
+    parser.add_argument(
+        "--int8", action="store_true", help="int8 decoding: ONNX Runtime's int8 graphs, CTranslate2's int8 compute"
+    )
+    parser.add_argument("--device", default=None, help="with --backend torch: cpu, cuda, cuda:N or mps")
+    parser.add_argument("--threads", type=_at_least(1), default=None, help="CPU threads for decoding")
+    parser.add_argument(
+        "--api-key-file",
+        type=_path,
+        default=None,
+        help="file holding the API key /translate and /metrics then want (`api_key`, or `Authorization: Bearer`)",
+    )
+    for side in ("source", "target"):
+        parser.add_argument(f"--{side}-lang", default=None, help=f"{side} language served (default: the model card's)")
+    parser.add_argument("--access-log", action="store_true", help="log every request")
+    for item in dataclasses.fields(ServerLimits):
+        kind = _at_least(1) if item.type in (int, "int") else _finite
+        help = f"{item.metadata['help']} (default: {item.default:g})"
+        parser.add_argument("--" + item.name.replace("_", "-"), type=kind, default=item.default, help=help)
+    _add_decoding_flags(parser, SERVE_DECODING)
+    parser.set_defaults(batch_size=1, max_tokens=None, buffer_size=None)  # no flags: the server batches
+    return parser
+
+
+def _as_flags(error: ValueError) -> UsageError:
+    """A refusal of a setting named `name` in backticks, naming the flag `--name` instead."""
+    return UsageError(re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1))
+
+
+def _serve_settings(args) -> tuple:
+    """(limits, API key or None), every flag checked before anything is imported or loaded."""
+    from hf_deep_nmt.serving.options import DecodingOptions
+    from hf_deep_nmt.serving.server.limits import ServerLimits
+
+    try:
+        DecodingOptions.from_arguments(args)
+        limits = ServerLimits(**{item.name: getattr(args, item.name) for item in dataclasses.fields(ServerLimits)})
+    except ValueError as error:
+        raise _as_flags(error) from None
+    key = None
+    if args.api_key_file is not None:
+        key = Path(args.api_key_file).read_text(encoding="utf-8").strip()
+        if not key:
+            raise UsageError(f"--api-key-file {args.api_key_file} is empty; write the key into it.")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and key is None:
+        print(f"hf-deep-nmt serve: listening on {args.host} without --api-key-file: anyone who reaches it may use it.")
+    try:
+        import prometheus_client  # noqa: F401
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as error:
+        raise UsageError(
+            f"hf-deep-nmt serve needs the serve extra ({error.name} is missing): pip install 'hf-deep-nmt[serve]'"
+        ) from None
+    return limits, key
+
+
+def _card_languages(model: str) -> tuple[str, str] | None:
+    """(source, target): the first two languages of the model card's metadata, as `export_hub_folder` writes them."""
+    from huggingface_hub import ModelCard
+
+    folder = Path(model).expanduser()
+    try:
+        card = ModelCard.load(folder / "README.md" if folder.is_dir() else model)
+    except Exception:  # no card, or none to be had: any language pair is taken
+        return None
+    languages = card.data.language
+    if isinstance(languages, list) and len(languages) >= 2 and all(isinstance(code, str) for code in languages[:2]):
+        return languages[0], languages[1]
+    return None
+
+
+def _serve(argv: list[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    limits, key = _serve_settings(args)
+    from hf_deep_nmt.serving.backends import DECODERS, backend_choice, make_decoder
+    from hf_deep_nmt.serving.options import DecodingOptions
+    from hf_deep_nmt.serving.server.app import Service
+    from hf_deep_nmt.serving.server.runner import run_server
+    from hf_deep_nmt.serving.threads import set_threads
+
+    name, passed_over = backend_choice(args.model, int8=args.int8, backend=args.backend)
+    device = _device(args.device) if name == "torch" else args.device
+    DECODERS[name].check_settings(device=device, int8=args.int8)
+    reasons = "".join(f"; {other} passed over: {reason}" for other, reason in passed_over.items())
+    print(f"hf-deep-nmt serve: backend {name}{' int8' * args.int8} for {args.model}{reasons}", flush=True)
+    if name == "torch":
+        _check_model_source(args.model)
+    threads = set_threads(args.threads)
+    decoder, tokenizer = make_decoder(name, args.model, int8=args.int8, threads=threads, device=device)
+    options = DecodingOptions.from_arguments(args, decoder.generation_config)
+    decoder.check(tokenizer, options)  # what this backend cannot do with the options, before listening
+    card = _card_languages(args.model) or (None, None)
+    source, target = args.source_lang or card[0], args.target_lang or card[1]
+    languages = (source, target) if source and target else None
+    service = Service(
+        decoder, tokenizer, options, limits, backend=name, model=args.model, languages=languages, api_key=key
+    )
+    run_server(service, args.host, args.port, access_log=args.access_log)
+    return 0
 
 
 def _average(argv: list[str]) -> int:
@@ -916,6 +1060,7 @@ COMMANDS = {
     "train-staged": _train_staged,
     "prepare": _prepare,
     "translate": _translate,
+    "serve": _serve,
     "average": _average,
     "push": _push,
     "inspect": _inspect,
@@ -934,6 +1079,7 @@ SUMMARIES = {
     "train-staged": "train from a recipe in stages of growing encoder depth (SDT)",
     "prepare": "tokenize a recipe's data ahead of training (e.g. on a CPU node), for train to reuse",
     "translate": "translate lines of text with a saved model (torch or ONNX Runtime)",
+    "serve": "serve a model over HTTP (LibreTranslate's /translate), batching sentences across requests",
     "average": "average checkpoints into one loadable model folder",
     "push": "upload an exported model folder to the Hugging Face Hub",
     "inspect": "plot a model's per-layer gradient norms, layer similarities and combination weights",

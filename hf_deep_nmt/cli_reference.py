@@ -2,8 +2,8 @@
 every `hf-deep-nmt ... --help` answers at once.
 
 `RECIPE_SETTINGS` holds each argument dataclass of a recipe as (name, metavar, default, help) rows; the other names
-are the choices and limits that `grow`, `export-ctranslate2` and `doctor` show and check. tests/test_cli_help.py holds
-every value equal to the live one; after changing one of them, rewrite this file with
+are the choices and limits that `grow`, `export-ctranslate2`, `doctor` and `serve` show and check.
+tests/test_cli_help.py holds every value equal to the live one; after changing one of them, rewrite this file with
 `python -m hf_deep_nmt.cli_reference` and format it with `ruff format`."""
 
 # ruff: noqa: E501  (help texts copied whole, as the fields state them)
@@ -173,6 +173,7 @@ DOCTOR_FAMILIES = (
     "prenorm",
     "sdt-sparse-rpr",
 )
+SERVE_BACKENDS = ("ctranslate2", "onnxruntime", "torch")
 
 
 def _metavar(annotation) -> str:
@@ -208,6 +209,7 @@ def _settings(cls, own_only: bool = False) -> tuple[tuple, ...]:
 
 def live_values() -> dict:
     """The values this file copies, read from their modules (imports torch and transformers)."""
+    from hf_deep_nmt.serving import backends
     from hf_deep_nmt.serving import ctranslate2 as ctranslate2_export
     from hf_deep_nmt.tools import doctor
     from hf_deep_nmt.training import arguments, growing
@@ -226,6 +228,7 @@ def live_values() -> dict:
         "CTRANSLATE2_MIN_MAX_POSITIONS": ctranslate2_export.MIN_MAX_POSITIONS,
         "CTRANSLATE2_DEFAULT_MAX_POSITIONS": ctranslate2_export.DEFAULT_MAX_POSITIONS,
         "DOCTOR_FAMILIES": tuple(sorted(doctor.families())),
+        "SERVE_BACKENDS": backends.FASTEST_FIRST,
     }
 
 

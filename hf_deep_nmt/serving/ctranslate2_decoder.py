@@ -159,6 +159,12 @@ class CTranslate2Decoder(Decoder):
             return str(error)
         return None
 
+    @classmethod
+    def load(cls, model: str | Path, *, int8: bool = False, threads: int | None = None, device: str | None = None):
+        """`load_ctranslate2_model`: the model of `ctranslate2_folder(model)`, on the CPU (what `serve` makes)."""
+        cls.check_settings(device=device, int8=int8)
+        return load_ctranslate2_model(model, int8, threads)
+
     @property
     def generation_config(self):
         """The generation config saved beside the CTranslate2 model (`export_ctranslate2`), else transformers'

@@ -26,6 +26,20 @@ class Decoder:
         if not isinstance(compile, bool):
             raise ValueError(f"`compile` must be True or False, got {compile!r}.")
 
+    @classmethod
+    def unavailable_reason(cls, model: str, *, int8: bool = False) -> str | None:
+        """Why this backend cannot decode `model` (a model folder or Hub id) here, in a few words, or None when it can:
+        cheap (nothing is loaded), so that `serve` can walk the backends from the fastest and take the first that
+        runs (`hf_deep_nmt.serving.backends.choose_backend`)."""
+        return None
+
+    @classmethod
+    def load(cls, model: str, *, int8: bool = False, threads: int | None = None, device: str | None = None):
+        """(decoder, tokenizer) of `model` (a model folder or Hub id) for this backend, on `threads` CPU threads (None:
+        `threads.default_threads()`) and `device` where the backend has a choice; what
+        `hf_deep_nmt.serving.backends.make_decoder` calls for a backend named on the command line."""
+        raise NotImplementedError(f"{cls.__name__} cannot be made by name: it defines no `load`.")
+
     def compiled(self) -> Decoder:
         """This decoder with a compiled decoding step, for a backend that has one (`check_settings` refuses
         `compile=True` for the others)."""

@@ -250,6 +250,25 @@ class OnnxDecoder(Decoder):
                 "CPU: drop it."
             )
 
+    @classmethod
+    def unavailable_reason(cls, model: str, *, int8: bool = False) -> str | None:
+        """No onnxruntime to import, no graphs in `model` (or its `onnx/` folder; `onnx_folder`), no int8 graphs
+        where `int8`: the reason, in the words of the check that finds it."""
+        try:
+            require_onnxruntime()
+            onnx_folder(model, int8)
+        except MissingOnnxRuntimeError:
+            return "onnxruntime is not installed (`pip install 'hf-deep-nmt[onnx]'`)"
+        except Exception as error:  # a Hub id that cannot be reached has no graphs here either
+            return " ".join(str(error).split()) or type(error).__name__
+        return None
+
+    @classmethod
+    def load(cls, model: str, *, int8: bool = False, threads: int | None = None, device: str | None = None):
+        """`load_onnx_model`: the graphs of `onnx_folder(model, int8)`, on the CPU."""
+        cls.check_settings(device=device, int8=int8)
+        return load_onnx_model(model, int8, threads)
+
     @property
     def generation_config(self):
         """The generation config saved beside the graphs (`export_for_serving`), else transformers' defaults."""

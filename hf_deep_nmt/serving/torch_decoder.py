@@ -25,6 +25,7 @@ from hf_deep_nmt.modeling.sizes_deep_nmt import decoding_memory
 from hf_deep_nmt.serving.compiled import compiled_decoding
 from hf_deep_nmt.serving.decoder import Decoder
 from hf_deep_nmt.serving.options import DecodingOptions, length_penalty
+from hf_deep_nmt.serving.threads import set_threads
 from hf_deep_nmt.weights import check_finite_weights, check_missing_weights
 
 
@@ -99,6 +100,19 @@ class TorchDecoder(Decoder):
                 "--int8 picks the int8 graphs of --backend onnxruntime (int8 compute with --backend ctranslate2); add "
                 "one, or drop --int8."
             )
+
+    @classmethod
+    def unavailable_reason(cls, model: str, *, int8: bool = False) -> str | None:
+        """None: torch runs every model, but in fp32 only (--int8 is another backend's)."""
+        return "it decodes in fp32 only (--int8 is another backend's)" if int8 else None
+
+    @classmethod
+    def load(cls, model: str, *, int8: bool = False, threads: int | None = None, device: str | None = None):
+        """`load_model` on `device` (default: the CPU), torch on `threads` threads (`set_threads`)."""
+        cls.check_settings(device=device, int8=int8)
+        set_threads(threads)
+        loaded, tokenizer = load_model(model, device or "cpu")
+        return cls(loaded), tokenizer
 
     def compiled(self) -> TorchDecoder:
         return TorchDecoder(self.model, compile=True)

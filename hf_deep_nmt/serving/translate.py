@@ -79,6 +79,16 @@ def _check_source_lengths(encoded: dict[int, list[int]], limit: int | None) -> N
         )
 
 
+def encode_sentences(tokenizer, sentences: Sequence[str], options: DecodingOptions) -> dict[int, list[int]]:
+    """The token ids of every sentence that is not blank, by its index; `ValueError` naming the first of more than
+    `options.max_source_tokens` tokens. The loop below and the server's request handling tokenize through it."""
+    wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
+    # the length check is ours (below): no tokenizer warning about its own maximum
+    encoded = {index: tokenizer(sentences[index], verbose=False)["input_ids"] for index in wanted}
+    _check_source_lengths(encoded, options.max_source_tokens)
+    return encoded
+
+
 def _window_batches(window: list[int], encoded, batch_size: int, max_tokens: int | None) -> list[list[int]]:
     """The batches (sentence indices) of one window, in the order they are run."""
     lengths = [len(encoded[index]) for index in window]
@@ -113,10 +123,8 @@ def iter_translations(
     decoder = as_decoder(model, compile)
     options = DecodingOptions.build(options, **settings)
     decoder.check(tokenizer, options)
-    wanted = [index for index, sentence in enumerate(sentences) if sentence.strip()]
-    # the length check is ours (below): no tokenizer warning about its own maximum
-    encoded = {index: tokenizer(sentences[index], verbose=False)["input_ids"] for index in wanted}
-    _check_source_lengths(encoded, options.max_source_tokens)
+    encoded = encode_sentences(tokenizer, sentences, options)
+    wanted = list(encoded)
     size = options.buffer_size or max(len(wanted), 1)
     windows = [wanted[start : start + size] for start in range(0, len(wanted), size)]
     batches = [_window_batches(window, encoded, options.batch_size, options.max_tokens) for window in windows]
