@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hf_deep_nmt.serving import onnx_checks
 from hf_deep_nmt.serving.decoder import Decoder
 from hf_deep_nmt.serving.onnx_export import (  # noqa: F401  (the exporter's names, importable from here too)
     ENCODER_FIELDS,
@@ -127,8 +128,6 @@ class OnnxDecoder(Decoder):
 
     def __init__(self, folder: str | Path, int8: bool = False, threads: int = 1):
         import onnxruntime
-
-        from hf_deep_nmt.serving import onnx_checks
 
         threads = check_threads(threads)
         folder = Path(folder)
