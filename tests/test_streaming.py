@@ -388,6 +388,13 @@ def test_a_checkpoint_whose_position_cannot_hold_is_refused_by_name(corpus, tmp_
         ValueError, match=rf"records byte {offset} of .*train.tsv as the start of a line, but it is not"
     ):
         recorded_position(checkpoint, same.replace(source=FileSource(shifted / "train.tsv", "es", "en")))
+    edited = tmp_path / "edited"  # edited in place: same size, same line starts, other text
+    edited.mkdir()
+    lines = text.decode().splitlines(keepends=True)
+    (edited / "train.tsv").write_text("".join([lines[0], lines[1].upper(), *lines[2:]]))
+    assert len((edited / "train.tsv").read_bytes()) == len(text) and lines[1].upper() != lines[1]
+    with pytest.raises(ValueError, match=r"another version of .*edited/train.tsv: its contents changed since"):
+        recorded_position(checkpoint, same.replace(source=FileSource(edited / "train.tsv", "es", "en")))
     (checkpoint / STREAM_STATE_FILE).unlink()
     with pytest.raises(ValueError, match=r"checkpoint-2'? has no stream_state\.json: it was not written by a stream"):
         recorded_position(checkpoint, same)

@@ -85,6 +85,7 @@ from hf_deep_nmt.data.corpus import (
     tsv_pair,
     warn_if_validation_is_training,
 )
+from hf_deep_nmt.data.prepared import file_digest
 from hf_deep_nmt.folders import write_json_atomically
 
 logger = logging.get_logger(__name__)
@@ -205,6 +206,7 @@ class FileSource:
         self.files = list(files or parallel_files(path, source_lang, target_lang))
         self.kind = "two" if len(self.files) == 2 else ("tsv" if self.files[0].suffix == ".tsv" else "jsonl")
         self.languages = (source_lang, target_lang)
+        self._digests: dict[str, str] | None = None
 
     def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _FileReader:
         return _FileReader(self.files, self.kind, self.languages, position, rank, world_size)
@@ -213,6 +215,29 @@ class FileSource:
         """What a recorded position depends on: each file's name and size (a file that grew or shrank has other
         offsets; the folder may differ, e.g. on the node a job was requeued to)."""
         return {"files": [{"name": file.name, "bytes": file.stat().st_size} for file in self.files]}
+
+    def digests(self) -> dict[str, str]:
+        """The sha256 of each file's bytes (by name), read once per source: a file edited in place keeps its size and
+        may keep the recorded line starts, and only its contents tell it apart (as the prepared path's fingerprint
+        does)."""
+        if self._digests is None:
+            self._digests = {file.name: file_digest(file) for file in self.files}
+        return self._digests
+
+    def check_digests(self, recorded: dict[str, str] | None, where: str) -> None:
+        """`ValueError` naming the first file whose contents differ from `recorded` (None: a record written before
+        digests were kept, which only the sizes and line starts check)."""
+        if not recorded:
+            return
+        current = self.digests()
+        for file in self.files:
+            if recorded.get(file.name) not in (None, current[file.name]):
+                raise ValueError(
+                    f"{where} was written while streaming another version of {file}: its contents changed since "
+                    f"(sha256 {recorded[file.name][:16]} then, {current[file.name][:16]} now; same size), so the "
+                    "recorded position would continue in other text. Restore the corpus it was written with, or start "
+                    "afresh in another output_dir."
+                )
 
     def check_position(self, position: dict[str, Any], where: str) -> None:
         """`ValueError` unless every recorded offset is the start of a line of its file."""
@@ -318,6 +343,12 @@ class HubSource:
 
     def check_position(self, position: dict[str, Any], where: str) -> None:
         pass  # `datasets` refuses a state that does not fit the stream
+
+    def digests(self) -> None:
+        return None  # a named dataset's revision is `datasets`' business; its state dict is checked on loading
+
+    def check_digests(self, recorded, where: str) -> None:
+        pass
 
     def check_head(self) -> None:
         pass  # nothing read ahead from the Hub: an empty stream is refused where it is first read
@@ -607,6 +638,7 @@ class StreamPositionRecorder(TrainerCallback):
             "format": STREAM_STATE_FORMAT,
             "settings": stream.settings(),
             "source": stream.source.identity(),
+            "source_sha256": stream.source.digests(),
             "processes": positions,
         }
         write_json_atomically(folder / STREAM_STATE_FILE, record)
@@ -651,6 +683,7 @@ def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str
     position = positions[stream.rank]
     if position is not None:
         stream.source.check_position(position["reader"], f"Checkpoint {str(checkpoint)!r}")
+    stream.source.check_digests(record.get("source_sha256"), f"Checkpoint {str(checkpoint)!r}")
     return position
 
 
