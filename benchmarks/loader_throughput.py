@@ -1,11 +1,15 @@
 """What the training loader delivers: real target tokens per CPU second, from the prepared data (memory-mapped Arrow,
 uint16 ids, no stored attention mask) beside the in-memory tokenized dataset that `train` built before (int64 labels,
-a stored attention mask), in one process at one thread.
+a stored attention mask), in one process at one thread; and the streamed path (`streaming: true`), which reads and
+tokenizes the corpus while training: its batches of one pass over the same corpus, collated the same way, the
+tokenizer at one thread.
 
 Both go through what `hf-deep-nmt train` uses with `max_tokens`: `TokenBudgetBatchSampler` over `pair_lengths`, a
 `DataLoader` with `DataCollatorForSeq2Seq` (padding, the attention mask, `decoder_input_ids` from the labels). The
 same corpus and the same tokenizer for both; the time of building the sampler (lengths read from Arrow) is reported
-apart from the time of iterating the batches. Ratios, not absolute figures, are the result: `after / before`.
+apart from the time of iterating the batches. Ratios, not absolute figures, are the result: `after / before`, and
+`streamed / prepared`. "Cores per H100": the cores that loader needs to feed one GPU that trains on 300,000 target
+tokens per second (a base model on an H100).
 
     python benchmarks/loader_throughput.py                     # 100,000 WMT-like pairs (data_scale's generator)
     python benchmarks/loader_throughput.py --pairs 5000 --smoke
@@ -23,6 +27,7 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the streamed path's tokenizer on one core too
 
 import datasets  # noqa: E402
 import torch  # noqa: E402
@@ -33,9 +38,11 @@ from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: 
 from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
 from hf_deep_nmt.data.corpus import read_parallel_file, tokenize_parallel  # noqa: E402
 from hf_deep_nmt.data.prepared import prepare_data  # noqa: E402
+from hf_deep_nmt.data.streaming import FileSource, StreamedPairs  # noqa: E402
 from hf_deep_nmt.training.arguments import DataArguments, ModelArguments  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+H100_TARGET_TOKENS_PER_S = 300_000
 
 
 def corpus_generator():
@@ -71,12 +78,38 @@ def iterate(dataset, tokenizer, model, max_tokens: int, seed: int) -> dict:
     }
 
 
+def stream_pass(train: Path, tokenizer, model, max_tokens: int, seed: int, buffer_pairs: int) -> dict:
+    """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated), as one loader
+    worker makes them; CPU seconds of the whole."""
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    stream = StreamedPairs(FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed)
+    tokens = padded = batches = 0
+    started = time.process_time()
+    for batch in stream.batches():
+        if batch.position["pass"] > 0:
+            break
+        labels = collator(batch.features)["labels"]
+        tokens += int(labels.ne(-100).sum())
+        padded += labels.numel()
+        batches += 1
+    seconds = time.process_time() - started
+    return {
+        "batches": batches,
+        "target_tokens": tokens,
+        "real_fraction": round(tokens / padded, 4),
+        "sampler_cpu_s": 0.0,
+        "iterate_cpu_s": round(seconds, 3),
+        "tokens_per_cpu_s": round(tokens / seconds),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--buffer-pairs", type=int, default=10_000, help="the streamed path's `stream_buffer_pairs`")
     parser.add_argument("--smoke", action="store_true", help="a tiny run: checks the script, measures nothing")
     parser.add_argument("--json", default=None, help="write the result here")
     args = parser.parse_args(argv)
@@ -113,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         rows = {
             "before (in memory)": iterate(before, tokenizer, model, args.max_tokens, args.seed),
             "after (prepared, memory-mapped)": iterate(after.train, tokenizer, model, args.max_tokens, args.seed),
+            "streamed, 1 loader worker": stream_pass(
+                train, tokenizer, model, args.max_tokens, args.seed, args.buffer_pairs
+            ),
         }
-    first, second = rows.values()
+    first, second, streamed = rows.values()
     if first["target_tokens"] != second["target_tokens"] or first["batches"] != second["batches"]:
         raise SystemExit(f"the two loaders gave different batches: {first} vs {second}")
     result = {
@@ -123,15 +159,24 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "rows": rows,
         "after_over_before": round(second["tokens_per_cpu_s"] / first["tokens_per_cpu_s"], 3),
+        "streamed_over_prepared": round(streamed["tokens_per_cpu_s"] / second["tokens_per_cpu_s"], 3),
+        "streamed_workers_note": "more than one loader worker: not measured, the stream takes one per process",
     }
-    print("| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    if streamed["target_tokens"] != second["target_tokens"]:
+        raise SystemExit(f"a pass of the stream gave other pairs than the prepared data: {streamed} vs {second}")
+    print(
+        "| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s "
+        "| cores per H100 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in rows.items():
+        row["cores_per_h100"] = round(H100_TARGET_TOKENS_PER_S / row["tokens_per_cpu_s"], 2)
         print(
             f"| {name} | {row['batches']} | {row['target_tokens']:,} | {row['real_fraction']:.1%} | "
-            f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} |"
+            f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} | "
+            f"{row['cores_per_h100']} |"
         )
-    print(f"after / before: {result['after_over_before']}")
+    print(f"after / before: {result['after_over_before']}; streamed / prepared: {result['streamed_over_prepared']}")
     if args.json and not args.smoke:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
