@@ -21,9 +21,11 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -38,7 +40,7 @@ from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: 
 from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
 from hf_deep_nmt.data.corpus import read_parallel_file, tokenize_parallel  # noqa: E402
 from hf_deep_nmt.data.prepared import prepare_data  # noqa: E402
-from hf_deep_nmt.data.streaming import FileSource, StreamedPairs  # noqa: E402
+from hf_deep_nmt.data.streaming import FileSource, StreamedPairs, _collate  # noqa: E402
 from hf_deep_nmt.training.arguments import DataArguments, ModelArguments  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -78,23 +80,42 @@ def iterate(dataset, tokenizer, model, max_tokens: int, seed: int) -> dict:
     }
 
 
-def stream_pass(train: Path, tokenizer, model, max_tokens: int, seed: int, buffer_pairs: int) -> dict:
-    """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated), as one loader
-    worker makes them; CPU seconds of the whole."""
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (the loader's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_tokens: int) -> dict:
+    """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated): in this process for
+    one worker (the same work a single loader worker does), else in `workers` loader workers, each reading its own
+    pairs; CPU seconds of the whole (this process and the workers), up to the batch that completes the pass's
+    `expected_tokens` target tokens (a reader that ends its pass first reads at most one buffer of the next)."""
+    max_tokens, seed, buffer_pairs = args.max_tokens, args.seed, args.buffer_pairs
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
-    stream = StreamedPairs(FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed)
-    tokens = padded = batches = 0
-    started = time.process_time()
-    for batch in stream.batches():
-        if batch.position["pass"] > 0:
-            break
-        labels = collator(batch.features)["labels"]
+    stream = StreamedPairs(
+        FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed, workers=workers
+    )
+    if workers == 1:
+        batches = ((collator(batch.features), 0, batch.position) for batch in stream.batches())
+    else:
+        loader = DataLoader(stream, batch_size=None, collate_fn=partial(_collate, collator), num_workers=workers)
+        batches = ((batch, item["reader"], item["position"]) for batch, item in loader)
+    tokens = padded = count = 0
+    started = _cpu_seconds()
+    for batch, _, position in batches:
+        if position["pass"] > 0:  # this reader's pass has ended; the others are still reading theirs
+            continue
+        labels = batch["labels"]
         tokens += int(labels.ne(-100).sum())
         padded += labels.numel()
-        batches += 1
-    seconds = time.process_time() - started
+        count += 1
+        if tokens >= expected_tokens:
+            break
+    del batches  # the loader's workers end here, and their CPU time is counted
+    seconds = _cpu_seconds() - started
     return {
-        "batches": batches,
+        "batches": count,
         "target_tokens": tokens,
         "real_fraction": round(tokens / padded, 4),
         "sampler_cpu_s": 0.0,
@@ -109,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--buffer-pairs", type=int, default=10_000, help="the streamed path's `stream_buffer_pairs`")
+    parser.add_argument("--buffer-pairs", type=int, default=1_000, help="the streamed path's `stream_buffer_pairs`")
     parser.add_argument("--smoke", action="store_true", help="a tiny run: checks the script, measures nothing")
     parser.add_argument("--json", default=None, help="write the result here")
     args = parser.parse_args(argv)
@@ -146,11 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         rows = {
             "before (in memory)": iterate(before, tokenizer, model, args.max_tokens, args.seed),
             "after (prepared, memory-mapped)": iterate(after.train, tokenizer, model, args.max_tokens, args.seed),
-            "streamed, 1 loader worker": stream_pass(
-                train, tokenizer, model, args.max_tokens, args.seed, args.buffer_pairs
-            ),
         }
-    first, second, streamed = rows.values()
+        expected = rows["after (prepared, memory-mapped)"]["target_tokens"]
+        for workers in (1, 2):
+            name = f"streamed, {workers} loader worker{'s' if workers > 1 else ''}"
+            rows[name] = stream_pass(train, tokenizer, model, args, workers, expected)
+    first, second, streamed, streamed_two = rows.values()
     if first["target_tokens"] != second["target_tokens"] or first["batches"] != second["batches"]:
         raise SystemExit(f"the two loaders gave different batches: {first} vs {second}")
     result = {
@@ -160,10 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "after_over_before": round(second["tokens_per_cpu_s"] / first["tokens_per_cpu_s"], 3),
         "streamed_over_prepared": round(streamed["tokens_per_cpu_s"] / second["tokens_per_cpu_s"], 3),
-        "streamed_workers_note": "more than one loader worker: not measured, the stream takes one per process",
     }
-    if streamed["target_tokens"] != second["target_tokens"]:
-        raise SystemExit(f"a pass of the stream gave other pairs than the prepared data: {streamed} vs {second}")
+    for row in (streamed, streamed_two):
+        if row["target_tokens"] != second["target_tokens"]:
+            raise SystemExit(f"a pass of the stream gave other pairs than the prepared data: {row} vs {second}")
     print(
         "| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s "
         "| cores per H100 |"

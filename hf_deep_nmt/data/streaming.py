@@ -31,6 +31,13 @@ split_dataset_by_node` (whole shards per rank where they divide evenly, else eve
 pair goes to one process per pass; the processes take the same number of steps (`max_steps`) and may be at slightly
 different places of their passes.
 
+Several loader workers (`dataloader_num_workers` N > 1): each process's share is read by N readers, one per worker,
+as if there were `world_size x N` processes (pair `j` to reader `j mod (world_size x N)`, counted over every
+process's readers), each with its own buffers, seeds and position; the loader takes the workers' batches in turn.
+Tokenizing, the costly part, is then spread over N cores. The recorded position holds every reader's position and
+whose turn is next, so a resume continues each reader where it stopped and the turns where they were; it needs the
+same N (another N deals the pairs otherwise, and is refused by name).
+
 Resuming, and what it guarantees: after each batch it hands to the Trainer, the loader knows the position that comes
 after it: the pass, the number of the buffer, where that buffer's first pair is read from (byte offsets of the next
 line and its line number for local files; `datasets`' own `state_dict()` of the stream for a `dataset_name`), and how
@@ -447,8 +454,10 @@ class StreamedPairs(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         start: dict[str, Any] | None = None,
+        workers: int = 1,
     ):
         self.source, self.tokenizer = source, tokenizer
+        self.workers = workers
         self.buffer_pairs, self.max_source_length, self.max_target_length = (
             buffer_pairs,
             max_source_length,
@@ -466,6 +475,8 @@ class StreamedPairs(IterableDataset):
             raise ValueError("A stream needs a batch size: `max_tokens` or a sentence count.")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"`rank` must be in [0, {self.world_size}), got {self.rank}.")
+        if self.workers < 1:
+            raise ValueError(f"A stream needs at least one reader, got `workers`={self.workers}.")
 
     def replace(self, **changes) -> StreamedPairs:
         stream = copy.copy(self)  # shares `progress`
@@ -487,11 +498,33 @@ class StreamedPairs(IterableDataset):
             "seed": self.seed,
             "world_size": self.world_size,
             "tokenizer_size": len(self.tokenizer),
+            **({"loader_workers": self.workers} if self.workers > 1 else {}),
         }
 
     def __iter__(self) -> Iterator[tuple[list[dict[str, list[int]]], dict[str, Any]]]:
-        for batch in self.batches(self.start):
-            yield batch.features, batch.position
+        if self.workers == 1:
+            for batch in self.batches(self.start):
+                yield batch.features, batch.position
+            return
+        info = torch.utils.data.get_worker_info()
+        if info is None or info.num_workers != self.workers:
+            raise RuntimeError(f"A stream of {self.workers} readers is read by a loader of {self.workers} workers.")
+        # the loader takes its workers' batches in turn from worker 0: worker `i` plays the reader whose turn is `i`th
+        reader = (info.id + (self.start or {}).get("next", 0)) % self.workers
+        shard = self.reader_share(reader)
+        for batch in shard.batches(shard.start):
+            yield batch.features, {"reader": reader, "position": batch.position}
+
+    def reader_share(self, reader: int) -> StreamedPairs:
+        """The stream of reader `reader` of this process's `workers`: pair `j` of the corpus goes to reader `j mod
+        (world_size x workers)` (counted over every process's readers), read from its own recorded position, with its
+        own buffers and seeds; so the readers tokenize in parallel and a resume continues each where it stopped."""
+        starts = (self.start or {}).get("readers") or [None] * self.workers
+        readers = self.world_size * self.workers
+        share = copy.copy(self)
+        share.rank, share.world_size, share.workers = self.rank * self.workers + reader, readers, 1
+        share.start = starts[reader]
+        return share
 
     def tokenize(self, pairs: list[tuple[str, str]]) -> tuple[TokenizedBuffer, list[int]]:
         """The pairs within the length limits (as `tokenize_parallel` with `drop_long`), their ids held as two flat
@@ -615,9 +648,12 @@ class StreamedCorpus:
 
     def __len__(self) -> int:
         position = self.stream.progress.get("position")
-        if not position:
+        positions = (
+            [item for item in position["readers"] if item] if position and "readers" in position else [position]
+        )
+        if not positions or not positions[0]:
             return 0
-        return position.get("corpus_pairs") or position["reader"]["pair"]
+        return max(item.get("corpus_pairs") or item["reader"]["pair"] for item in positions)
 
 
 # ---- the Trainer's side: loader, recorded position, resume ----------------------------------------------------------
@@ -630,13 +666,16 @@ def _collate(collator, item):
 
 class StreamLoader:
     """The training data loader of a streamed run: batches of `stream` from its `start`, collated (in one worker
-    process with `num_workers=1`); `position` is the stream's position after the last batch handed out. Not passed
+    process with `num_workers=1`, in N with N readers); `position` is the stream's position after the last batch
+    handed out. Not passed
     through `accelerate` (which would dispatch an iterable's batches from the main process) nor pinned: the Trainer
     moves each batch (a few kilobytes of ids) to the device."""
 
     def __init__(self, stream: StreamedPairs, collator, num_workers: int = 0):
         self.stream, self.collator, self.num_workers = stream, collator, num_workers
         self.position = stream.start
+        if stream.workers > 1 and num_workers != stream.workers:
+            raise ValueError(f"A stream of {stream.workers} readers needs {stream.workers} loader workers.")
 
     def __iter__(self):
         loader = DataLoader(
@@ -648,7 +687,14 @@ class StreamLoader:
             # resumed run restores it before the loader starts, the uninterrupted one started it at step 0)
             generator=torch.Generator(),
         )
+        readers = self.stream.workers
+        start = self.position or {}
+        handed, positions = start.get("batches", 0), list(start.get("readers") or [None] * readers)
         for batch, position in loader:
+            if readers > 1:  # the position of every reader: each continues from its own on a resume
+                positions[position["reader"]] = position["position"]
+                handed += 1
+                position = {"batches": handed, "next": handed % readers, "readers": list(positions)}
             self.position = self.stream.progress["position"] = position
             yield batch
 
@@ -709,7 +755,9 @@ def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str
         raise ValueError(f"{str(path)!r} cannot be read ({error}); restore it, or start afresh.") from None
     current = stream.settings()
     changed = [
-        f"{key}: {settings.get(key)!r} -> {value!r}" for key, value in current.items() if settings.get(key) != value
+        f"{key}: {settings.get(key)!r} -> {current.get(key)!r}"
+        for key in [*current, *(key for key in settings if key not in current)]
+        if settings.get(key) != current.get(key)
     ]
     if changed:
         raise ValueError(
@@ -726,8 +774,9 @@ def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str
     if not isinstance(positions, list) or len(positions) != stream.world_size:
         raise ValueError(f"{str(path)!r} does not hold one position per process ({stream.world_size}); {way_out}.")
     position = positions[stream.rank]
-    if position is not None:
-        stream.source.check_position(position["reader"], f"Checkpoint {str(checkpoint)!r}")
+    for item in (position or {}).get("readers") or [position]:
+        if item is not None:
+            stream.source.check_position(item["reader"], f"Checkpoint {str(checkpoint)!r}")
     stream.source.check_digests(record.get("source_sha256"), f"Checkpoint {str(checkpoint)!r}")
     return position
 
@@ -743,6 +792,7 @@ def streaming_dataloader(trainer, stream: StreamedPairs) -> StreamLoader:
         seed=args.data_seed if args.data_seed is not None else args.seed,
         rank=args.process_index,
         world_size=max(1, args.world_size),
+        workers=max(1, args.dataloader_num_workers),
     )
     # the stream resumes from its recorded position; the Trainer must not also skip (read and drop) batches
     args.ignore_data_skip = True
@@ -750,7 +800,9 @@ def streaming_dataloader(trainer, stream: StreamedPairs) -> StreamLoader:
     if checkpoint is True or (isinstance(checkpoint, str) and checkpoint.lower() in ("true", "last")):
         checkpoint = get_last_checkpoint(args.output_dir)
     start = recorded_position(checkpoint, stream) if checkpoint else None
-    if start is not None:
+    if start is not None and "readers" in start:
+        logger.warning(f"Streaming resumes {stream.workers} readers where each stopped ({start['batches']} batches).")
+    elif start is not None:
         logger.warning(
             f"Streaming resumes at pass {start['pass'] + 1}, buffer {start['buffer'] + 1}, after {start['done']} of "
             f"its batches ({start['batches']} batches trained)."
