@@ -93,8 +93,9 @@ def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_toke
     `expected_tokens` target tokens (a reader that ends its pass first reads at most one buffer of the next)."""
     max_tokens, seed, buffer_pairs = args.max_tokens, args.seed, args.buffer_pairs
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    readers = {"workers": workers} if workers > 1 else {}  # (so that an older version measures its one reader)
     stream = StreamedPairs(
-        FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed, workers=workers
+        FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed, **readers
     )
     if workers == 1:
         batches = ((collator(batch.features), 0, batch.position) for batch in stream.batches())
