@@ -444,11 +444,28 @@ def sampler_rows(args) -> list[dict]:
             run = role if role == "plan" else ("start" if number == runs.index("rank") else "resume")
             result = measure("sampler", {**options, "role": role}, dict(os.environ), work / "log.txt")
             row = {"pairs": pairs, "contender": "sampler", "run": run, "processes": f"rank of {args.world}"}
+            result["cpu_s"] = result["summary"]["cpu_s"]  # the work alone: the tree's time includes the teardown
             rows.append({**row, **result, "bytes_per_pair_on_disk": None, "reused": None})
             print(
                 f"{pairs:,} {run}: {result['cpu_s']:.2f} CPU s, {result['anon_peak_above_imports_mb']} MB", flush=True
             )
     return rows
+
+
+def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sampler", action="store_true", help="only the token-budget batches of one rank (seconds)")
+    parser.add_argument("--world", type=int, default=8, help="--sampler: processes the batches are shared among")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="--sampler: the token budget")
+
+
+def sampler_main(args) -> int:
+    """`--sampler`: the rows of `sampler_rows`, printed and written to `--json`."""
+    rows = sampler_rows(args)
+    out = Path(args.json or RESULTS / "data_scale_sampler.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"settings": vars(args), "machine": machine(), "rows": rows}, indent=1))
+    print(f"\n{markdown(rows)}\n\nwrote {out}")
+    return 0
 
 
 def stores_plans() -> bool:
@@ -776,20 +793,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, help="seconds for one measured command")
     parser.add_argument("--json", help="default benchmarks/results/data_scale.json (data_scale_smoke.json)")
-    parser.add_argument("--sampler", action="store_true", help="only the token-budget batches of one rank (seconds)")
-    parser.add_argument("--world", type=int, default=8, help="--sampler: processes the batches are shared among")
-    parser.add_argument("--max-tokens", type=int, default=4096, help="--sampler: the token budget")
+    add_sampler_arguments(parser)
     args = parser.parse_args(argv)
     if args.child:
         CHILDREN[args.child](json.loads(args.options))
         return 0
-    if args.sampler:
-        rows = sampler_rows(args)
-        out = Path(args.json or RESULTS / "data_scale_sampler.json")
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"settings": vars(args), "machine": machine(), "rows": rows}, indent=1))
-        print(f"\n{markdown(rows)}\n\nwrote {out}")
-        return 0
+    if args.sampler:  # the token-budget batches alone
+        return sampler_main(args)
     if args.smoke:
         args.sizes, args.types, args.vocab_size = [SMOKE_PAIRS], 5_000, 2_000
         args.work_dir = args.work_dir + "_smoke"

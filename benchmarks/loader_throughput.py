@@ -125,6 +125,41 @@ def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_toke
     }
 
 
+def tiny_model(tokenizer):
+    """A one-layer model: the collator asks it for `decoder_input_ids`, nothing else of it runs."""
+    config = DeepNMTConfig(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    return DeepNMTForConditionalGeneration(config)
+
+
+def print_table(rows: dict[str, dict]) -> None:
+    """The Markdown table of the rows, each given its cores per H100."""
+    print(
+        "| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s "
+        "| cores per H100 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, row in rows.items():
+        row["cores_per_h100"] = round(H100_TARGET_TOKENS_PER_S / row["tokens_per_cpu_s"], 2)
+        print(
+            f"| {name} | {row['batches']} | {row['target_tokens']:,} | {row['real_fraction']:.1%} | "
+            f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} | "
+            f"{row['cores_per_h100']} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100_000)
@@ -148,21 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         # what `train` held before: the text read into lists, tokenized in memory (int64 labels, attention mask)
         before = tokenize_parallel(datasets.Dataset.from_dict(read_parallel_file(train)), tokenizer, 128, 128)
         before = datasets.Dataset.from_dict(before.to_dict())  # in memory, as `from_dict` + `map` kept it
-        config = DeepNMTConfig(
-            vocab_size=len(tokenizer),
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=16,
-            decoder_ffn_dim=16,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.bos_token_id,
-        )
-        model = DeepNMTForConditionalGeneration(config)
+        model = tiny_model(tokenizer)
         if len(before) != len(after.train):
             raise SystemExit(f"the two paths kept {len(before)} and {len(after.train)} pairs: not the same data")
         rows = {
@@ -187,18 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in (streamed, streamed_two):
         if row["target_tokens"] != second["target_tokens"]:
             raise SystemExit(f"a pass of the stream gave other pairs than the prepared data: {row} vs {second}")
-    print(
-        "| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s "
-        "| cores per H100 |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    for name, row in rows.items():
-        row["cores_per_h100"] = round(H100_TARGET_TOKENS_PER_S / row["tokens_per_cpu_s"], 2)
-        print(
-            f"| {name} | {row['batches']} | {row['target_tokens']:,} | {row['real_fraction']:.1%} | "
-            f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} | "
-            f"{row['cores_per_h100']} |"
-        )
+    print_table(rows)
     print(f"after / before: {result['after_over_before']}; streamed / prepared: {result['streamed_over_prepared']}")
     if args.json and not args.smoke:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

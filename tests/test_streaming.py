@@ -499,3 +499,26 @@ def test_a_run_with_two_loader_workers_resumes_with_the_batches_it_had_not_train
     stop_at[0] = None
     training.run(argv)
     assert record == whole[6:]
+
+
+def test_a_reader_checks_its_own_pairs_and_counts_the_others_alike(tmp_path):
+    """Another reader's lines are only counted: a bad line stops the reader whose pair it is, with the message of the
+    in-memory reader; a blank line inside the file (which would shift the pair numbers) and misaligned files stop
+    every reader."""
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"uno\tone\nno tab here\ntres\tthree\n\xc2\xa0\n\n")  # pair 1 malformed; trailing blank lines
+    with pytest.raises(ValueError) as expected:
+        read_parallel_file(bad, "es", "en")
+    with pytest.raises(ValueError) as owner:
+        list(FileSource(bad, "es", "en").reader(rank=1, world_size=2))
+    assert str(owner.value) == str(expected.value)
+    assert list(FileSource(bad, "es", "en").reader(rank=0, world_size=2)) == [("uno", "one"), ("tres", "three")]
+    (tmp_path / "gap.tsv").write_bytes(b"uno\tone\n\ndos\ttwo\n")
+    for rank in (0, 1):
+        with pytest.raises(ValueError, match=r"gap.tsv:2: empty line inside the file"):
+            list(FileSource(tmp_path / "gap.tsv", "es", "en").reader(rank=rank, world_size=2))
+    (tmp_path / "m.es").write_bytes(b"uno\ndos\ntres\n")
+    (tmp_path / "m.en").write_bytes(b"one\ntwo\n")
+    for rank in (0, 1):
+        with pytest.raises(ValueError, match=r"m.es has 3 lines but .*m.en has 2; parallel files must align"):
+            list(FileSource(tmp_path / "m", "es", "en").reader(rank=rank, world_size=2))

@@ -25,11 +25,11 @@ The corpus order decides which pairs share a buffer: a corpus sorted by topic or
 length. Shuffle such a file once beforehand (`shuf corpus.tsv > shuffled.tsv`).
 
 Several processes: local files are dealt out by pair, pair `j` (counting from 0 in the file) to rank
-`j mod world_size`; every process reads and checks every line (so all stop at the same bad line) but tokenizes only
-its own pairs, and makes its own buffers and batches. A `dataset_name` is split by `datasets.distributed.
-split_dataset_by_node` (whole shards per rank where they divide evenly, else every `world_size`-th row). So each
-pair goes to one process per pass; the processes take the same number of steps (`max_steps`) and may be at slightly
-different places of their passes.
+`j mod world_size`; every process reads every line but decodes, checks and tokenizes only its own pairs (a bad line
+stops the process whose pair it is, and the launcher the others), and makes its own buffers and batches. A
+`dataset_name` is split by `datasets.distributed.split_dataset_by_node` (whole shards per rank where they divide
+evenly, else every `world_size`-th row). So each pair goes to one process per pass; the processes take the same
+number of steps (`max_steps`) and may be at slightly different places of their passes.
 
 Several loader workers (`dataloader_num_workers` N > 1): each process's share is read by N readers, one per worker,
 as if there were `world_size x N` processes (pair `j` to reader `j mod (world_size x N)`, counted over every
@@ -132,8 +132,21 @@ class _Lines:
         self.number += 1
         return decode_line(self.path, number, raw)
 
+    def skip(self) -> bytes | None:
+        """The next line's bytes, unchecked (a line of another reader's pair)."""
+        raw = self.handle.readline()
+        if raw:
+            self.offset += len(raw)
+            self.number += 1
+        return raw or None
+
     def close(self) -> None:
         self.handle.close()
+
+
+def _blank(raw: bytes) -> bool:
+    """Whether a line is blank as `hf_deep_nmt.data.corpus` sees it (after decoding: Unicode spaces too)."""
+    return not raw.decode("utf-8", errors="replace").strip()
 
 
 class _FileReader:
@@ -154,10 +167,45 @@ class _FileReader:
 
     def __next__(self) -> tuple[str, str]:
         while True:
-            pair = self._next_pair()
+            mine = self.pair % self.world == self.rank
+            pair = self._next_pair() if mine else self._skip_pair()
             self.pair += 1
-            if (self.pair - 1) % self.world == self.rank:
+            if mine:
                 return pair
+
+    def _skip_pair(self) -> None:
+        """Step over another reader's pair: its lines are counted (blank lines too, so that every reader numbers the
+        pairs alike) but neither decoded nor checked; the reader whose pair it is checks it."""
+        if self.kind == "two":
+            sources, targets = self.lines
+            source, target = sources.skip(), targets.skip()
+            if source is None and target is None:
+                raise StopIteration
+            if source is None or target is None:  # as `_next_aligned` says it
+                counts = []
+                for lines, line in ((sources, source), (targets, target)):
+                    while line is not None:
+                        line = lines.skip()
+                    counts.append(lines.number - 1)
+                raise ValueError(
+                    f"{sources.path} has {counts[0]} lines but {targets.path} has {counts[1]}; parallel files must "
+                    "align."
+                )
+            return None
+        lines, blank = self.lines[0], None
+        while True:
+            number = lines.number
+            raw = lines.skip()
+            if raw is None:
+                raise StopIteration
+            if _blank(raw):
+                blank = blank or number
+                continue
+            if blank is not None:
+                raise ValueError(
+                    f"{lines.path}:{blank}: empty line inside the file (only trailing blank lines are allowed)."
+                )
+            return None
 
     def _next_pair(self) -> tuple[str, str]:
         if self.kind == "two":
