@@ -126,7 +126,9 @@ def plan_batches(
     Raises `ValueError` for a pair longer than the budget (naming it) and when the batches cannot be split into
     `multiple_of` equal shares.
     """
-    lengths = np.asarray(lengths, dtype=np.int64)
+    lengths = np.asarray(lengths)
+    if lengths.dtype.kind not in "iu":  # a list of ints gives int64; `length_array`'s int32 is used as it is
+        lengths = lengths.astype(np.int64)
     _check_settings(lengths, max_tokens, max_sentences, multiple_of)
     generator = torch.Generator().manual_seed(seed)
     shuffled = torch.randperm(len(lengths), generator=generator).numpy()
