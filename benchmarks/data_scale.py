@@ -28,6 +28,7 @@ worker's peak resident set is given apart). Bytes per pair: the tokenized data o
     /work/main/.venv/bin/python benchmarks/data_scale.py --contenders inprocess --sizes 100000 1000000 \\
         --json benchmarks/results/data_scale_before.json           # an older checkout's venv: its in-process path
     python benchmarks/data_scale.py --smoke                          # 2,000 pairs: tests/test_data_scale_smoke.py
+    python benchmarks/data_scale.py --sampler --sizes 1000000 4000000   # one rank's batches (synthetic lengths)
 
 The package measured is the one the running interpreter imports, so another venv's `python` measures another
 checkout with this same script. Prints a Markdown table last; writes JSON to `--json`.
@@ -393,7 +394,93 @@ def child_lean(options: dict) -> None:
         _finish_distributed()
 
 
-CHILDREN = {"project_cli": child_project_cli, "inprocess": child_inprocess, "lean": child_lean}
+def child_sampler(options: dict) -> None:
+    """One rank's token-budget batches for an epoch, from a lengths file: `role` "rank" takes them as the package
+    does at a start or resume (a stored plan when the package stores one, else every batch built from a Python list
+    of lengths, as `pair_lengths` gave them); `role` "plan" is the main process computing and storing the plan."""
+    from hf_deep_nmt.data import batching
+
+    meter = Meter()
+    world, rank, budget, seed = options["world"], options["rank"], options["max_tokens"], options["seed"]
+    stored = hasattr(batching, "read_plan")
+    if options["role"] == "plan":
+        lengths = np.load(options["lengths"])  # int32: what `length_array` reads from Arrow
+        plan = batching.plan_batches(lengths, budget, seed, multiple_of=world)
+        del lengths
+        batching.write_plan(options["plan"], plan)
+        summary = {"batches": len(plan), "stored": True}
+    else:
+        if stored:
+            plan = batching.read_plan(options["plan"], options["pairs"])
+            sampler = batching.TokenBudgetBatchSampler(None, num_replicas=world, rank=rank, seed=seed, plan=plan)
+        else:
+            lengths = np.load(options["lengths"]).tolist()
+            sampler = batching.TokenBudgetBatchSampler(lengths, budget, world, rank, seed)
+            del lengths
+        rows = sum(len(batch) for batch in sampler)  # the epoch's share, as the loader reads it
+        summary = {"batches": len(sampler), "rows": rows, "stored": stored}
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    summary["cpu_s"] = usage.ru_utime + usage.ru_stime - meter.import_cpu  # without the interpreter's teardown
+    _write_result(options["result"], meter.report(summary=summary))
+
+
+def sampler_rows(args) -> list[dict]:
+    """`--sampler`: per size, synthetic lengths (lognormal around 30 tokens, 1 to `--max-length`), the main process
+    storing the plan (when the package stores one) and one rank of `--world` taking its share, twice (a start, then a
+    resume that finds the plan)."""
+    work = Path(args.work_dir) / "sampler"
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for pairs in args.sizes:
+        rng = np.random.default_rng(args.seed)
+        lengths = np.clip(rng.lognormal(np.log(30), 0.5, pairs), 1, args.max_length).astype(np.int32)
+        np.save(work / f"lengths-{pairs}.npy", lengths)
+        plan = fresh(work / f"plan-{pairs}") / "plan"
+        options = {"lengths": str(work / f"lengths-{pairs}.npy"), "plan": str(plan), "pairs": pairs}
+        options.update(world=args.world, rank=args.world - 1, max_tokens=args.max_tokens, seed=args.seed)
+        options["result"] = str(work / "result.json")
+        runs = ["plan", "rank", "rank"] if stores_plans() else ["rank", "rank"]
+        for number, role in enumerate(runs):
+            run = role if role == "plan" else ("start" if number == runs.index("rank") else "resume")
+            result = measure("sampler", {**options, "role": role}, dict(os.environ), work / "log.txt")
+            row = {"pairs": pairs, "contender": "sampler", "run": run, "processes": f"rank of {args.world}"}
+            result["cpu_s"] = result["summary"]["cpu_s"]  # the work alone: the tree's time includes the teardown
+            rows.append({**row, **result, "bytes_per_pair_on_disk": None, "reused": None})
+            print(
+                f"{pairs:,} {run}: {result['cpu_s']:.2f} CPU s, {result['anon_peak_above_imports_mb']} MB", flush=True
+            )
+    return rows
+
+
+def add_sampler_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sampler", action="store_true", help="only the token-budget batches of one rank (seconds)")
+    parser.add_argument("--world", type=int, default=8, help="--sampler: processes the batches are shared among")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="--sampler: the token budget")
+
+
+def sampler_main(args) -> int:
+    """`--sampler`: the rows of `sampler_rows`, printed and written to `--json`."""
+    rows = sampler_rows(args)
+    out = Path(args.json or RESULTS / "data_scale_sampler.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"settings": vars(args), "machine": machine(), "rows": rows}, indent=1))
+    print(f"\n{markdown(rows)}\n\nwrote {out}")
+    return 0
+
+
+def stores_plans() -> bool:
+    """Whether the imported package stores batch plans (older versions build every batch in every rank)."""
+    from hf_deep_nmt.data import batching
+
+    return hasattr(batching, "read_plan")
+
+
+CHILDREN = {
+    "project_cli": child_project_cli,
+    "inprocess": child_inprocess,
+    "lean": child_lean,
+    "sampler": child_sampler,
+}
 
 
 # ---- the driver ----------------------------------------------------------------------------------------------------
@@ -706,10 +793,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--timeout", type=float, help="seconds for one measured command")
     parser.add_argument("--json", help="default benchmarks/results/data_scale.json (data_scale_smoke.json)")
+    add_sampler_arguments(parser)
     args = parser.parse_args(argv)
     if args.child:
         CHILDREN[args.child](json.loads(args.options))
         return 0
+    if args.sampler:  # the token-budget batches alone
+        return sampler_main(args)
     if args.smoke:
         args.sizes, args.types, args.vocab_size = [SMOKE_PAIRS], 5_000, 2_000
         args.work_dir = args.work_dir + "_smoke"

@@ -1,11 +1,15 @@
 """What the training loader delivers: real target tokens per CPU second, from the prepared data (memory-mapped Arrow,
 uint16 ids, no stored attention mask) beside the in-memory tokenized dataset that `train` built before (int64 labels,
-a stored attention mask), in one process at one thread.
+a stored attention mask), in one process at one thread; and the streamed path (`streaming: true`), which reads and
+tokenizes the corpus while training: its batches of one pass over the same corpus, collated the same way, the
+tokenizer at one thread.
 
 Both go through what `hf-deep-nmt train` uses with `max_tokens`: `TokenBudgetBatchSampler` over `pair_lengths`, a
 `DataLoader` with `DataCollatorForSeq2Seq` (padding, the attention mask, `decoder_input_ids` from the labels). The
 same corpus and the same tokenizer for both; the time of building the sampler (lengths read from Arrow) is reported
-apart from the time of iterating the batches. Ratios, not absolute figures, are the result: `after / before`.
+apart from the time of iterating the batches. Ratios, not absolute figures, are the result: `after / before`, and
+`streamed / prepared`. "Cores per H100": the cores that loader needs to feed one GPU that trains on 300,000 target
+tokens per second (a base model on an H100).
 
     python benchmarks/loader_throughput.py                     # 100,000 WMT-like pairs (data_scale's generator)
     python benchmarks/loader_throughput.py --pairs 5000 --smoke
@@ -17,12 +21,15 @@ import argparse
 import importlib.util
 import json
 import os
+import resource
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the streamed path's tokenizer on one core too
 
 import datasets  # noqa: E402
 import torch  # noqa: E402
@@ -33,9 +40,11 @@ from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: 
 from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
 from hf_deep_nmt.data.corpus import read_parallel_file, tokenize_parallel  # noqa: E402
 from hf_deep_nmt.data.prepared import prepare_data  # noqa: E402
+from hf_deep_nmt.data.streaming import FileSource, StreamedPairs, _collate  # noqa: E402
 from hf_deep_nmt.training.arguments import DataArguments, ModelArguments  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+H100_TARGET_TOKENS_PER_S = 300_000
 
 
 def corpus_generator():
@@ -71,12 +80,93 @@ def iterate(dataset, tokenizer, model, max_tokens: int, seed: int) -> dict:
     }
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of its children that have ended (the loader's workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_tokens: int) -> dict:
+    """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated): in this process for
+    one worker (the same work a single loader worker does), else in `workers` loader workers, each reading its own
+    pairs; CPU seconds of the whole (this process and the workers), up to the batch that completes the pass's
+    `expected_tokens` target tokens (a reader that ends its pass first reads at most one buffer of the next)."""
+    max_tokens, seed, buffer_pairs = args.max_tokens, args.seed, args.buffer_pairs
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    readers = {"workers": workers} if workers > 1 else {}  # (so that an older version measures its one reader)
+    stream = StreamedPairs(
+        FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed, **readers
+    )
+    if workers == 1:
+        batches = ((collator(batch.features), 0, batch.position) for batch in stream.batches())
+    else:
+        loader = DataLoader(stream, batch_size=None, collate_fn=partial(_collate, collator), num_workers=workers)
+        batches = ((batch, item["reader"], item["position"]) for batch, item in loader)
+    tokens = padded = count = 0
+    started = _cpu_seconds()
+    for batch, _, position in batches:
+        if position["pass"] > 0:  # this reader's pass has ended; the others are still reading theirs
+            continue
+        labels = batch["labels"]
+        tokens += int(labels.ne(-100).sum())
+        padded += labels.numel()
+        count += 1
+        if tokens >= expected_tokens:
+            break
+    del batches  # the loader's workers end here, and their CPU time is counted
+    seconds = _cpu_seconds() - started
+    return {
+        "batches": count,
+        "target_tokens": tokens,
+        "real_fraction": round(tokens / padded, 4),
+        "sampler_cpu_s": 0.0,
+        "iterate_cpu_s": round(seconds, 3),
+        "tokens_per_cpu_s": round(tokens / seconds),
+    }
+
+
+def tiny_model(tokenizer):
+    """A one-layer model: the collator asks it for `decoder_input_ids`, nothing else of it runs."""
+    config = DeepNMTConfig(
+        vocab_size=len(tokenizer),
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=16,
+        decoder_ffn_dim=16,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    return DeepNMTForConditionalGeneration(config)
+
+
+def print_table(rows: dict[str, dict]) -> None:
+    """The Markdown table of the rows, each given its cores per H100."""
+    print(
+        "| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s "
+        "| cores per H100 |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, row in rows.items():
+        row["cores_per_h100"] = round(H100_TARGET_TOKENS_PER_S / row["tokens_per_cpu_s"], 2)
+        print(
+            f"| {name} | {row['batches']} | {row['target_tokens']:,} | {row['real_fraction']:.1%} | "
+            f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} | "
+            f"{row['cores_per_h100']} |"
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--buffer-pairs", type=int, default=1_000, help="the streamed path's `stream_buffer_pairs`")
     parser.add_argument("--smoke", action="store_true", help="a tiny run: checks the script, measures nothing")
     parser.add_argument("--json", default=None, help="write the result here")
     args = parser.parse_args(argv)
@@ -93,28 +183,18 @@ def main(argv: list[str] | None = None) -> int:
         # what `train` held before: the text read into lists, tokenized in memory (int64 labels, attention mask)
         before = tokenize_parallel(datasets.Dataset.from_dict(read_parallel_file(train)), tokenizer, 128, 128)
         before = datasets.Dataset.from_dict(before.to_dict())  # in memory, as `from_dict` + `map` kept it
-        config = DeepNMTConfig(
-            vocab_size=len(tokenizer),
-            d_model=16,
-            encoder_layers=1,
-            decoder_layers=1,
-            encoder_attention_heads=2,
-            decoder_attention_heads=2,
-            encoder_ffn_dim=16,
-            decoder_ffn_dim=16,
-            pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id,
-            eos_token_id=tokenizer.eos_token_id,
-            decoder_start_token_id=tokenizer.bos_token_id,
-        )
-        model = DeepNMTForConditionalGeneration(config)
+        model = tiny_model(tokenizer)
         if len(before) != len(after.train):
             raise SystemExit(f"the two paths kept {len(before)} and {len(after.train)} pairs: not the same data")
         rows = {
             "before (in memory)": iterate(before, tokenizer, model, args.max_tokens, args.seed),
             "after (prepared, memory-mapped)": iterate(after.train, tokenizer, model, args.max_tokens, args.seed),
         }
-    first, second = rows.values()
+        expected = rows["after (prepared, memory-mapped)"]["target_tokens"]
+        for workers in (1, 2):
+            name = f"streamed, {workers} loader worker{'s' if workers > 1 else ''}"
+            rows[name] = stream_pass(train, tokenizer, model, args, workers, expected)
+    first, second, streamed, streamed_two = rows.values()
     if first["target_tokens"] != second["target_tokens"] or first["batches"] != second["batches"]:
         raise SystemExit(f"the two loaders gave different batches: {first} vs {second}")
     result = {
@@ -123,15 +203,13 @@ def main(argv: list[str] | None = None) -> int:
         "torch_threads": torch.get_num_threads(),
         "rows": rows,
         "after_over_before": round(second["tokens_per_cpu_s"] / first["tokens_per_cpu_s"], 3),
+        "streamed_over_prepared": round(streamed["tokens_per_cpu_s"] / second["tokens_per_cpu_s"], 3),
     }
-    print("| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, row in rows.items():
-        print(
-            f"| {name} | {row['batches']} | {row['target_tokens']:,} | {row['real_fraction']:.1%} | "
-            f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} |"
-        )
-    print(f"after / before: {result['after_over_before']}")
+    for row in (streamed, streamed_two):
+        if row["target_tokens"] != second["target_tokens"]:
+            raise SystemExit(f"a pass of the stream gave other pairs than the prepared data: {row} vs {second}")
+    print_table(rows)
+    print(f"after / before: {result['after_over_before']}; streamed / prepared: {result['streamed_over_prepared']}")
     if args.json and not args.smoke:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -1,6 +1,7 @@
 """Token-budget batches: never over the budget, every pair once per epoch, disjoint equal shares for the ranks, and
 plugged into the Trainer's training dataloader."""
 
+import numpy as np
 import pytest
 import torch
 from datasets import Dataset
@@ -175,3 +176,104 @@ def test_the_trainer_takes_its_loader_from_the_training_data(tmp_path):
     with pytest.raises(TypeError, match=r"`max_tokens` needs a tokenized `datasets.Dataset`, got <class 'list'>"):
         trainer.train_dataset, trainer.args.max_tokens = [{"input_ids": [3, 2]}], 100
         trainer.get_train_dataloader()
+
+
+def reference_token_batches(lengths, max_tokens, seed=0, max_sentences=None, multiple_of=1):
+    """The batching as first written (Python lists, one pair at a time), the reference the array version must match."""
+    generator = torch.Generator().manual_seed(seed)
+    shuffled = torch.randperm(len(lengths), generator=generator).tolist()
+    order = sorted(shuffled, key=lambda index: lengths[index])
+    batches, batch, longest = [], [], 0
+    for index in order:
+        candidate = max(longest, lengths[index])
+        full = max_sentences is not None and len(batch) >= max_sentences
+        if batch and (full or (len(batch) + 1) * candidate > max_tokens):
+            batches.append(batch)
+            batch, candidate = [], lengths[index]
+        batch.append(index)
+        longest = candidate
+    if batch:
+        batches.append(batch)
+    while len(batches) % multiple_of:
+        largest = max(range(len(batches)), key=lambda position: len(batches[position]))
+        whole = batches.pop(largest)
+        batches[largest:largest] = [whole[: len(whole) // 2], whole[len(whole) // 2 :]]
+    return batches
+
+
+@pytest.mark.parametrize("seed", [0, 11])
+@pytest.mark.parametrize(("max_tokens", "max_sentences"), [(60, None), (97, 5), (512, None), (4096, 64)])
+@pytest.mark.parametrize("world_size", [1, 3, 8])
+def test_the_array_plan_gives_the_batches_of_the_first_algorithm(seed, max_tokens, max_sentences, world_size):
+    lengths = random_lengths(3000, seed) + [0, 0, 1]  # pairs with an empty side too
+    expected = reference_token_batches(lengths, max_tokens, seed, max_sentences, world_size)
+    assert token_batches(lengths, max_tokens, seed, max_sentences, world_size) == expected
+    sampler = TokenBudgetBatchSampler(
+        lengths, max_tokens, world_size, world_size - 1, seed, max_sentences=max_sentences
+    )
+    sampler.set_epoch(2)
+    order = torch.randperm(len(expected), generator=torch.Generator().manual_seed(seed + 1_000_003 * 3)).tolist()
+    assert list(sampler) == [expected[position] for position in order[world_size - 1 :: world_size]]
+
+
+def test_a_stored_plan_is_read_memory_mapped_and_a_damaged_one_is_not(tmp_path):
+    from hf_deep_nmt.data.batching import plan_batches, read_plan, write_plan
+
+    lengths = random_lengths(700, seed=4)
+    plan = plan_batches(lengths, 200, seed=3, multiple_of=2)
+    write_plan(tmp_path / "plan", plan, {"seed": 3})
+    write_plan(tmp_path / "plan", plan)  # a second writer of the same plan leaves one whole copy
+    stored = read_plan(tmp_path / "plan", 700)
+    assert isinstance(stored.indices, np.memmap) and stored.batches() == plan.batches()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["plan"]
+    shares = [list(TokenBudgetBatchSampler(None, num_replicas=2, rank=rank, seed=3, plan=stored)) for rank in (0, 1)]
+    assert shares == [list(TokenBudgetBatchSampler(lengths, 200, 2, rank, seed=3)) for rank in (0, 1)]
+    assert read_plan(tmp_path / "plan", 699) is None  # another dataset's
+    (tmp_path / "plan" / "offsets.npy").write_bytes(b"damaged")
+    assert read_plan(tmp_path / "plan", 700) is None and read_plan(tmp_path / "absent", 700) is None
+
+
+def test_the_trainer_stores_the_plan_beside_prepared_data_and_a_resume_reads_it(tmp_path, monkeypatch):
+    import hf_deep_nmt.data.training_data as training_data
+
+    lengths = random_lengths(300, seed=6)
+    rows = Dataset.from_dict(
+        {"input_ids": [[5] * n for n in lengths], "labels": [[6] * (n // 2 + 1) for n in lengths]}
+    )
+    rows.save_to_disk(str(tmp_path / "prepared" / "train"))
+    (tmp_path / "prepared" / "prepared.json").write_text("{}")  # what marks a prepared-data folder
+    config = DlclConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2)
+    config.update(dict(decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16))
+    model = DlclForConditionalGeneration(config)
+
+    def shares(dataset, output_dir):
+        args = DeepNMTTrainingArguments(output_dir=str(output_dir), max_tokens=200, use_cpu=True, report_to="none")
+        trainer = DeepNMTTrainer(model=model, args=args, train_dataset=dataset)
+        return [batch for batch in as_training_sampler(trainer)]
+
+    from datasets import load_from_disk
+
+    mapped = load_from_disk(str(tmp_path / "prepared" / "train"))
+    first = shares(mapped, tmp_path / "run")
+    assert first == list(TokenBudgetBatchSampler(lengths, 200, seed=42))  # the Trainer's seed
+    stored = list((tmp_path / "prepared.batch-plans").iterdir())
+    assert len(stored) == 1 and not (tmp_path / "run" / "batch-plans").exists()
+    monkeypatch.setattr(training_data, "plan_batches", _no_planning)
+    assert shares(load_from_disk(str(tmp_path / "prepared" / "train")), tmp_path / "resumed") == first
+    with pytest.raises(AssertionError, match="planned again"):  # another selection of rows is another plan
+        shares(mapped.select(range(100)), tmp_path / "run")
+    monkeypatch.undo()
+    assert shares(rows, tmp_path / "memory") == first  # in memory: stored in the run folder
+    assert len(list((tmp_path / "memory" / "batch-plans").iterdir())) == 1
+
+
+def _no_planning(*args, **kwargs):
+    raise AssertionError("planned again")
+
+
+def as_training_sampler(trainer):
+    loader = trainer.get_train_dataloader()
+    sampler = loader.batch_sampler
+    sampler = getattr(sampler, "batch_sampler", sampler)  # under accelerate's pass-through shard, or on its own
+    assert isinstance(sampler, TokenBudgetBatchSampler)
+    return list(sampler)

@@ -26,6 +26,7 @@ from hf_deep_nmt.data.streaming import (
     FileSource,
     HubSource,
     StreamedPairs,
+    StreamLoader,
     recorded_position,
 )
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
@@ -388,6 +389,13 @@ def test_a_checkpoint_whose_position_cannot_hold_is_refused_by_name(corpus, tmp_
         ValueError, match=rf"records byte {offset} of .*train.tsv as the start of a line, but it is not"
     ):
         recorded_position(checkpoint, same.replace(source=FileSource(shifted / "train.tsv", "es", "en")))
+    edited = tmp_path / "edited"  # edited in place: same size, same line starts, other text
+    edited.mkdir()
+    lines = text.decode().splitlines(keepends=True)
+    (edited / "train.tsv").write_text("".join([lines[0], lines[1].upper(), *lines[2:]]))
+    assert len((edited / "train.tsv").read_bytes()) == len(text) and lines[1].upper() != lines[1]
+    with pytest.raises(ValueError, match=r"another version of .*edited/train.tsv: its contents changed since"):
+        recorded_position(checkpoint, same.replace(source=FileSource(edited / "train.tsv", "es", "en")))
     (checkpoint / STREAM_STATE_FILE).unlink()
     with pytest.raises(ValueError, match=r"checkpoint-2'? has no stream_state\.json: it was not written by a stream"):
         recorded_position(checkpoint, same)
@@ -401,7 +409,6 @@ def test_a_checkpoint_whose_position_cannot_hold_is_refused_by_name(corpus, tmp_
         ({"tokenizer_train_pairs": 0}, r"`tokenizer_train_pairs` must be >= 1 or unset, got 0"),
         ({"train_file": None}, r"needs the corpus to stream, `train_file` or `dataset_name` \(`validation_file` '.*"),
         ({"max_tokens": 40}, r"`max_tokens` \(40\) must hold the longest pair .* = 64 tokens"),
-        ({"dataloader_num_workers": 2}, r"`dataloader_num_workers` must be 0 .* or 1 .*, got 2"),
     ],
 )
 def test_bad_streaming_settings_are_refused_by_name_before_any_work(corpus, tmp_path, changes, message):
@@ -450,3 +457,68 @@ def test_a_streamed_datasets_name_trains_with_its_validation_split(tmp_path):
     assert isinstance(prepared.train_dataset, StreamedPairs)
     summary = training.run(train_argv(tmp_path, tmp_path / "run", **changes))
     assert summary["train_steps"] == 2 and summary["eval_pairs"] == 3
+
+
+def test_two_loader_workers_read_their_own_pairs_and_resume_where_each_stopped(tmp_path):
+    """With `dataloader_num_workers: 2` each worker tokenizes its own pairs (pair `j` to reader `j mod 2`), the
+    loader takes their batches in turn, and a loader restarted from the position after any batch hands out exactly
+    the batches that followed, even when the other worker's turn comes first."""
+    source = FileSource(write_tsv(tmp_path / "c.tsv", SIZES * 2), "es", "en")
+    two = stream(source, buffer_pairs=5, workers=2)
+    loader = StreamLoader(two, lambda features: features, num_workers=2)
+    uninterrupted, positions = [], []
+    for batch in loader:
+        uninterrupted.append(batch)
+        positions.append(loader.position)
+        if len(uninterrupted) == 14:
+            break
+    readers = [stream(source, buffer_pairs=5, rank=reader, world_size=2) for reader in (0, 1)]
+    expected = [take(reader.batches(), 7) for reader in readers]  # the single readers of pairs j mod 2
+    assert uninterrupted == [expected[index % 2][index // 2].features for index in range(14)]
+    assert positions[5]["batches"] == 6 and positions[5]["next"] == 0
+    for index in (4, 7):  # resumed after an even and an odd number of batches
+        resumed = StreamLoader(two.replace(start=positions[index]), lambda features: features, num_workers=2)
+        assert take(iter(resumed), 13 - index) == uninterrupted[index + 1 :], index
+    with pytest.raises(ValueError, match="A stream of 2 readers needs 2 loader workers"):
+        StreamLoader(two, lambda features: features, num_workers=1)
+
+
+def test_a_run_with_two_loader_workers_resumes_with_the_batches_it_had_not_trained(corpus, tmp_path, trained_batches):
+    record, stop_at = trained_batches
+    training.run(train_argv(corpus, tmp_path / "whole", dataloader_num_workers=2))
+    whole = list(record)
+    record.clear()
+    stop_at[0] = 5  # SIGTERM in step 3: checkpoint-3 records where each of the two readers stopped
+    argv = train_argv(corpus, tmp_path / "stopped", dataloader_num_workers=2)
+    with pytest.raises(TrainingPreempted, match="checkpoint-3"):
+        training.run(argv)
+    assert record == whole[:6]
+    saved = json.loads((tmp_path / "stopped" / "checkpoint-3" / STREAM_STATE_FILE).read_text())
+    assert saved["settings"]["loader_workers"] == 2 and len(saved["processes"][0]["readers"]) == 2
+    record.clear()
+    stop_at[0] = None
+    training.run(argv)
+    assert record == whole[6:]
+
+
+def test_a_reader_checks_its_own_pairs_and_counts_the_others_alike(tmp_path):
+    """Another reader's lines are only counted: a bad line stops the reader whose pair it is, with the message of the
+    in-memory reader; a blank line inside the file (which would shift the pair numbers) and misaligned files stop
+    every reader."""
+    bad = tmp_path / "bad.tsv"
+    bad.write_bytes(b"uno\tone\nno tab here\ntres\tthree\n\xc2\xa0\n\n")  # pair 1 malformed; trailing blank lines
+    with pytest.raises(ValueError) as expected:
+        read_parallel_file(bad, "es", "en")
+    with pytest.raises(ValueError) as owner:
+        list(FileSource(bad, "es", "en").reader(rank=1, world_size=2))
+    assert str(owner.value) == str(expected.value)
+    assert list(FileSource(bad, "es", "en").reader(rank=0, world_size=2)) == [("uno", "one"), ("tres", "three")]
+    (tmp_path / "gap.tsv").write_bytes(b"uno\tone\n\ndos\ttwo\n")
+    for rank in (0, 1):
+        with pytest.raises(ValueError, match=r"gap.tsv:2: empty line inside the file"):
+            list(FileSource(tmp_path / "gap.tsv", "es", "en").reader(rank=rank, world_size=2))
+    (tmp_path / "m.es").write_bytes(b"uno\ndos\ntres\n")
+    (tmp_path / "m.en").write_bytes(b"one\ntwo\n")
+    for rank in (0, 1):
+        with pytest.raises(ValueError, match=r"m.es has 3 lines but .*m.en has 2; parallel files must align"):
+            list(FileSource(tmp_path / "m", "es", "en").reader(rank=rank, world_size=2))

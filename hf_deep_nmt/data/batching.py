@@ -12,98 +12,221 @@ Neither `transformers` nor `accelerate` offers this: the Trainer's samplers coun
 * with several processes, batch `i` of an epoch goes to rank `i mod world_size`; the batch count is made a multiple
   of the world size by halving the largest batches, so every rank takes the same number of steps, every pair is
   used exactly once per epoch and no rank repeats another's data.
+
+The batches of a run are a `BatchPlan`: two numpy arrays, the pair indices in batch order and where each batch
+starts. It is computed with array operations over the lengths (no Python object per pair), and can be stored as two
+`.npy` files (`write_plan`) that every process then memory-maps (`read_plan`): a process holds only the batch order
+of an epoch (one integer per batch) and reads the pages of its own batches, so its memory does not grow with the
+corpus, and a resumed run reads the stored plan instead of computing it again.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import socket
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+PLAN_FORMAT = 1
+PLAN_RECORD = "plan.json"
+
 
 def pair_lengths(dataset, source_column: str = "input_ids", target_column: str = "labels") -> list[int]:
+    """`max(len(source), len(target))` per row of a tokenized `datasets.Dataset`, as a list (`length_array`)."""
+    return length_array(dataset, source_column, target_column).tolist()
+
+
+def length_array(dataset, source_column: str = "input_ids", target_column: str = "labels") -> np.ndarray:
     """`max(len(source), len(target))` per row of a tokenized `datasets.Dataset`, computed in Arrow (no Python lists
-    of token ids); a `labels`-less dataset uses the source length alone."""
+    of token ids) into an int32 array (4 bytes per pair); a `labels`-less dataset uses the source length alone."""
     import pyarrow.compute as pc
 
     table = dataset.with_format("arrow")
     lengths = pc.list_value_length(table[source_column])
     if target_column in dataset.column_names:
         lengths = pc.max_element_wise(lengths, pc.list_value_length(table[target_column]))
-    return lengths.to_pylist()
+    return np.asarray(lengths.to_numpy(zero_copy_only=False), dtype=np.int32)
 
 
-def token_batches(
-    lengths: Sequence[int], max_tokens: int, seed: int = 0, max_sentences: int | None = None, multiple_of: int = 1
-) -> list[list[int]]:
-    """Indices grouped into batches with `len(batch) * max(lengths[batch]) <= max_tokens` (and at most
-    `max_sentences` rows), similar lengths together; the number of batches is a multiple of `multiple_of`.
+@dataclass
+class BatchPlan:
+    """The batches of a run: batch `b` is `indices[offsets[b]:offsets[b + 1]]` (arrays in memory, or memory-mapped
+    from a stored plan)."""
 
-    Raises `ValueError` for a pair longer than the budget (naming it) and when the batches cannot be split into
-    `multiple_of` equal shares.
-    """
+    indices: np.ndarray
+    offsets: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def batch(self, number: int) -> list[int]:
+        return self.indices[self.offsets[number] : self.offsets[number + 1]].tolist()
+
+    def batches(self) -> list[list[int]]:
+        return [self.batch(number) for number in range(len(self))]
+
+
+def _check_settings(lengths: np.ndarray, max_tokens: int, max_sentences: int | None, multiple_of: int) -> None:
     if max_tokens < 1:
         raise ValueError(f"`max_tokens` must be >= 1, got {max_tokens}.")
     if max_sentences is not None and max_sentences < 1:
         raise ValueError(f"`max_sentences` must be >= 1 or None, got {max_sentences}.")
     if multiple_of < 1:
         raise ValueError(f"`multiple_of` must be >= 1, got {multiple_of}.")
-    too_long = [index for index, length in enumerate(lengths) if length > max_tokens]
-    if too_long:
+    too_long = np.flatnonzero(lengths > max_tokens)
+    if len(too_long):
         raise ValueError(
             f"{len(too_long)} pair(s) are longer than `max_tokens`={max_tokens} on their own (row {too_long[0]} has "
             f"{lengths[too_long[0]]} tokens); raise `max_tokens` or lower the length limits."
         )
     if len(lengths) < multiple_of:
         raise ValueError(f"{len(lengths)} pairs cannot give every one of {multiple_of} processes a batch.")
+
+
+def _batch_starts(sorted_lengths: np.ndarray, max_tokens: int, max_sentences: int | None) -> np.ndarray:
+    """Where the greedy packing of the length-sorted pairs starts a new batch (position 0 included).
+
+    The packing adds a pair to the open batch while `(rows + 1) x its length <= max_tokens` (and `rows <
+    max_sentences`); the lengths only grow, so the pair's own length is the batch's longest and a pair of length `L`
+    joins a batch of fewer than `capacity(L) = min(max_tokens // L, max_sentences)` rows. Pairs of one length form a
+    run: it tops up the open batch, then fills whole batches of `capacity(L)`. One step per distinct length."""
+    values, firsts, counts = np.unique(sorted_lengths, return_index=True, return_counts=True)
+    starts, rows = [np.zeros(1, dtype=np.int64)], 0
+    for value, first, count in zip(values.tolist(), firsts.tolist(), counts.tolist()):
+        capacity = max_tokens // value if value else len(sorted_lengths)  # empty pairs cost nothing
+        if max_sentences is not None:
+            capacity = min(capacity, max_sentences)
+        top_up = min(count, max(0, capacity - rows))
+        rest = count - top_up
+        if rest:
+            starts.append(np.arange(first + top_up, first + count, capacity, dtype=np.int64))
+            rows = rest - capacity * ((rest - 1) // capacity)
+        else:
+            rows += top_up
+    return np.concatenate(starts)
+
+
+def plan_batches(
+    lengths: Sequence[int] | np.ndarray,
+    max_tokens: int,
+    seed: int = 0,
+    max_sentences: int | None = None,
+    multiple_of: int = 1,
+) -> BatchPlan:
+    """The batches of `lengths` with `len(batch) * max(lengths[batch]) <= max_tokens` (and at most `max_sentences`
+    rows), similar lengths together; the number of batches is a multiple of `multiple_of`.
+
+    Raises `ValueError` for a pair longer than the budget (naming it) and when the batches cannot be split into
+    `multiple_of` equal shares.
+    """
+    lengths = np.asarray(lengths)
+    if lengths.dtype.kind not in "iu":  # a list of ints gives int64; `length_array`'s int32 is used as it is
+        lengths = lengths.astype(np.int64)
+    _check_settings(lengths, max_tokens, max_sentences, multiple_of)
     generator = torch.Generator().manual_seed(seed)
-    shuffled = torch.randperm(len(lengths), generator=generator).tolist()
-    order = sorted(shuffled, key=lambda index: lengths[index])  # stable: the shuffle breaks ties
-    batches: list[list[int]] = []
-    batch: list[int] = []
-    longest = 0
-    for index in order:
-        candidate = max(longest, lengths[index])
-        full = max_sentences is not None and len(batch) >= max_sentences
-        if batch and (full or (len(batch) + 1) * candidate > max_tokens):
-            batches.append(batch)
-            batch, candidate = [], lengths[index]
-        batch.append(index)
-        longest = candidate
-    if batch:
-        batches.append(batch)
-    # Equal shares for every process: halve the batch with the most rows until the count divides evenly. A half
-    # never costs more than the whole, so the budget still holds.
-    while len(batches) % multiple_of:
-        largest = max(range(len(batches)), key=lambda position: len(batches[position]))
-        if len(batches[largest]) < 2:
+    shuffled = torch.randperm(len(lengths), generator=generator).numpy()
+    order = shuffled[np.argsort(lengths[shuffled], kind="stable")]  # stable: the shuffle breaks ties
+    del shuffled
+    offsets = np.append(_batch_starts(lengths[order], max_tokens, max_sentences), len(lengths))
+    # Equal shares for every process: halve the batch with the most rows (the first of them) until the count divides
+    # evenly. A half never costs more than the whole, so the budget still holds.
+    while (len(offsets) - 1) % multiple_of:
+        sizes = np.diff(offsets)
+        largest = int(np.argmax(sizes))
+        if sizes[largest] < 2:
             raise ValueError(
-                f"Cannot split {len(batches)} single-pair batches into {multiple_of} equal shares; raise `max_tokens`."
+                f"Cannot split {len(sizes)} single-pair batches into {multiple_of} equal shares; raise `max_tokens`."
             )
-        whole = batches.pop(largest)
-        middle = len(whole) // 2
-        batches[largest:largest] = [whole[:middle], whole[middle:]]
-    return batches
+        offsets = np.insert(offsets, largest + 1, offsets[largest] + sizes[largest] // 2)
+    index_type = np.int32 if len(lengths) < 2**31 else np.int64
+    return BatchPlan(order.astype(index_type), offsets)
+
+
+def token_batches(
+    lengths: Sequence[int], max_tokens: int, seed: int = 0, max_sentences: int | None = None, multiple_of: int = 1
+) -> list[list[int]]:
+    """`plan_batches` as lists of indices (for the few thousand pairs of a stream's buffer or a translated file)."""
+    return plan_batches(lengths, max_tokens, seed, max_sentences, multiple_of).batches()
+
+
+# ---- a stored plan ------------------------------------------------------------------------------------------------
+
+
+def read_plan(folder: str | Path, pairs: int) -> BatchPlan | None:
+    """The plan stored in `folder`, memory-mapped; None when there is none, or when it does not hold `pairs` pairs
+    in whole batches (a damaged or foreign one, which is then computed again)."""
+    folder = Path(folder)
+    try:
+        record = json.loads((folder / PLAN_RECORD).read_text())
+        indices = np.load(folder / "indices.npy", mmap_mode="r")
+        offsets = np.load(folder / "offsets.npy", mmap_mode="r")
+    except (OSError, ValueError):
+        return None
+    whole = (
+        record.get("format") == PLAN_FORMAT
+        and indices.ndim == offsets.ndim == 1
+        and len(indices) == pairs == record.get("pairs")
+        and len(offsets) == record.get("batches", -1) + 1 >= 2
+        and offsets[0] == 0
+        and offsets[-1] == pairs
+    )
+    return BatchPlan(indices, offsets) if whole else None
+
+
+def write_plan(folder: str | Path, plan: BatchPlan, about: dict | None = None) -> None:
+    """Store `plan` in `folder` whole or not at all: written into a folder of its own beside it (named by host and
+    process), then renamed. Processes that write the same plan at once leave one of their identical copies."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    building = folder.with_name(f".{folder.name}.building-{socket.gethostname()}-{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    building.mkdir()
+    try:
+        np.save(building / "indices.npy", np.ascontiguousarray(plan.indices))
+        np.save(building / "offsets.npy", np.ascontiguousarray(plan.offsets))
+        record = {"format": PLAN_FORMAT, "pairs": len(plan.indices), "batches": len(plan), **(about or {})}
+        (building / PLAN_RECORD).write_text(json.dumps(record, indent=1, sort_keys=True))
+        if folder.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a damaged one (`read_plan` gave None)
+        try:
+            os.rename(building, folder)
+        except OSError:
+            if not folder.is_dir():  # not another process's copy of the same plan: a real failure
+                raise
+    finally:
+        shutil.rmtree(building, ignore_errors=True)
 
 
 class TokenBudgetBatchSampler(Sampler[list[int]]):
-    """Batch sampler of `token_batches` for one rank of `num_replicas`; `set_epoch` reshuffles the batch order
-    (the same way on every rank, so the ranks' shares stay disjoint)."""
+    """Batch sampler of a `BatchPlan` (`plan_batches(lengths, ...)`, or a stored plan given as `plan`) for one rank of
+    `num_replicas`; `set_epoch` reshuffles the batch order (the same way on every rank, so the ranks' shares stay
+    disjoint)."""
 
     def __init__(
         self,
-        lengths: Sequence[int],
-        max_tokens: int,
+        lengths: Sequence[int] | np.ndarray | None,
+        max_tokens: int | None = None,
         num_replicas: int = 1,
         rank: int = 0,
         seed: int = 0,
         shuffle: bool = True,
         max_sentences: int | None = None,
+        plan: BatchPlan | None = None,
     ):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}.")
-        self.batches = token_batches(lengths, max_tokens, seed, max_sentences, multiple_of=num_replicas)
+        if plan is None:
+            plan = plan_batches(lengths, max_tokens, seed, max_sentences, multiple_of=num_replicas)
+        elif len(plan) % num_replicas:
+            raise ValueError(f"A plan of {len(plan)} batches cannot give {num_replicas} processes equal shares.")
+        self.plan = plan
         self.num_replicas, self.rank, self.seed, self.shuffle = num_replicas, rank, seed, shuffle
         self.epoch = 0
 
@@ -111,12 +234,12 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return len(self.batches) // self.num_replicas
+        return len(self.plan) // self.num_replicas
 
     def __iter__(self) -> Iterator[list[int]]:
-        order = range(len(self.batches))
+        order = np.arange(len(self.plan))
         if self.shuffle:
             generator = torch.Generator().manual_seed(self.seed + 1_000_003 * (self.epoch + 1))
-            order = torch.randperm(len(self.batches), generator=generator).tolist()
-        for position in list(order)[self.rank :: self.num_replicas]:
-            yield list(self.batches[position])
+            order = torch.randperm(len(self.plan), generator=generator).numpy()
+        for position in order[self.rank :: self.num_replicas].tolist():
+            yield self.plan.batch(position)

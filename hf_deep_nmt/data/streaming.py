@@ -25,11 +25,18 @@ The corpus order decides which pairs share a buffer: a corpus sorted by topic or
 length. Shuffle such a file once beforehand (`shuf corpus.tsv > shuffled.tsv`).
 
 Several processes: local files are dealt out by pair, pair `j` (counting from 0 in the file) to rank
-`j mod world_size`; every process reads and checks every line (so all stop at the same bad line) but tokenizes only
-its own pairs, and makes its own buffers and batches. A `dataset_name` is split by `datasets.distributed.
-split_dataset_by_node` (whole shards per rank where they divide evenly, else every `world_size`-th row). So each
-pair goes to one process per pass; the processes take the same number of steps (`max_steps`) and may be at slightly
-different places of their passes.
+`j mod world_size`; every process reads every line but decodes, checks and tokenizes only its own pairs (a bad line
+stops the process whose pair it is, and the launcher the others), and makes its own buffers and batches. A
+`dataset_name` is split by `datasets.distributed.split_dataset_by_node` (whole shards per rank where they divide
+evenly, else every `world_size`-th row). So each pair goes to one process per pass; the processes take the same
+number of steps (`max_steps`) and may be at slightly different places of their passes.
+
+Several loader workers (`dataloader_num_workers` N > 1): each process's share is read by N readers, one per worker,
+as if there were `world_size x N` processes (pair `j` to reader `j mod (world_size x N)`, counted over every
+process's readers), each with its own buffers, seeds and position; the loader takes the workers' batches in turn.
+Tokenizing, the costly part, is then spread over N cores. The recorded position holds every reader's position and
+whose turn is next, so a resume continues each reader where it stopped and the turns where they were; it needs the
+same N (another N deals the pairs otherwise, and is refused by name).
 
 Resuming, and what it guarantees: after each batch it hands to the Trainer, the loader knows the position that comes
 after it: the pass, the number of the buffer, where that buffer's first pair is read from (byte offsets of the next
@@ -59,7 +66,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +92,7 @@ from hf_deep_nmt.data.corpus import (
     tsv_pair,
     warn_if_validation_is_training,
 )
+from hf_deep_nmt.data.prepared import file_digest
 from hf_deep_nmt.folders import write_json_atomically
 
 logger = logging.get_logger(__name__)
@@ -124,8 +132,21 @@ class _Lines:
         self.number += 1
         return decode_line(self.path, number, raw)
 
+    def skip(self) -> bytes | None:
+        """The next line's bytes, unchecked (a line of another reader's pair)."""
+        raw = self.handle.readline()
+        if raw:
+            self.offset += len(raw)
+            self.number += 1
+        return raw or None
+
     def close(self) -> None:
         self.handle.close()
+
+
+def _blank(raw: bytes) -> bool:
+    """Whether a line is blank as `hf_deep_nmt.data.corpus` sees it (after decoding: Unicode spaces too)."""
+    return not raw.decode("utf-8", errors="replace").strip()
 
 
 class _FileReader:
@@ -146,10 +167,45 @@ class _FileReader:
 
     def __next__(self) -> tuple[str, str]:
         while True:
-            pair = self._next_pair()
+            mine = self.pair % self.world == self.rank
+            pair = self._next_pair() if mine else self._skip_pair()
             self.pair += 1
-            if (self.pair - 1) % self.world == self.rank:
+            if mine:
                 return pair
+
+    def _skip_pair(self) -> None:
+        """Step over another reader's pair: its lines are counted (blank lines too, so that every reader numbers the
+        pairs alike) but neither decoded nor checked; the reader whose pair it is checks it."""
+        if self.kind == "two":
+            sources, targets = self.lines
+            source, target = sources.skip(), targets.skip()
+            if source is None and target is None:
+                raise StopIteration
+            if source is None or target is None:  # as `_next_aligned` says it
+                counts = []
+                for lines, line in ((sources, source), (targets, target)):
+                    while line is not None:
+                        line = lines.skip()
+                    counts.append(lines.number - 1)
+                raise ValueError(
+                    f"{sources.path} has {counts[0]} lines but {targets.path} has {counts[1]}; parallel files must "
+                    "align."
+                )
+            return None
+        lines, blank = self.lines[0], None
+        while True:
+            number = lines.number
+            raw = lines.skip()
+            if raw is None:
+                raise StopIteration
+            if _blank(raw):
+                blank = blank or number
+                continue
+            if blank is not None:
+                raise ValueError(
+                    f"{lines.path}:{blank}: empty line inside the file (only trailing blank lines are allowed)."
+                )
+            return None
 
     def _next_pair(self) -> tuple[str, str]:
         if self.kind == "two":
@@ -205,6 +261,7 @@ class FileSource:
         self.files = list(files or parallel_files(path, source_lang, target_lang))
         self.kind = "two" if len(self.files) == 2 else ("tsv" if self.files[0].suffix == ".tsv" else "jsonl")
         self.languages = (source_lang, target_lang)
+        self._digests: dict[str, str] | None = None
 
     def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _FileReader:
         return _FileReader(self.files, self.kind, self.languages, position, rank, world_size)
@@ -213,6 +270,29 @@ class FileSource:
         """What a recorded position depends on: each file's name and size (a file that grew or shrank has other
         offsets; the folder may differ, e.g. on the node a job was requeued to)."""
         return {"files": [{"name": file.name, "bytes": file.stat().st_size} for file in self.files]}
+
+    def digests(self) -> dict[str, str]:
+        """The sha256 of each file's bytes (by name), read once per source: a file edited in place keeps its size and
+        may keep the recorded line starts, and only its contents tell it apart (as the prepared path's fingerprint
+        does)."""
+        if self._digests is None:
+            self._digests = {file.name: file_digest(file) for file in self.files}
+        return self._digests
+
+    def check_digests(self, recorded: dict[str, str] | None, where: str) -> None:
+        """`ValueError` naming the first file whose contents differ from `recorded` (None: a record written before
+        digests were kept, which only the sizes and line starts check)."""
+        if not recorded:
+            return
+        current = self.digests()
+        for file in self.files:
+            if recorded.get(file.name) not in (None, current[file.name]):
+                raise ValueError(
+                    f"{where} was written while streaming another version of {file}: its contents changed since "
+                    f"(sha256 {recorded[file.name][:16]} then, {current[file.name][:16]} now; same size), so the "
+                    "recorded position would continue in other text. Restore the corpus it was written with, or start "
+                    "afresh in another output_dir."
+                )
 
     def check_position(self, position: dict[str, Any], where: str) -> None:
         """`ValueError` unless every recorded offset is the start of a line of its file."""
@@ -319,6 +399,12 @@ class HubSource:
     def check_position(self, position: dict[str, Any], where: str) -> None:
         pass  # `datasets` refuses a state that does not fit the stream
 
+    def digests(self) -> None:
+        return None  # a named dataset's revision is `datasets`' business; its state dict is checked on loading
+
+    def check_digests(self, recorded, where: str) -> None:
+        pass
+
     def check_head(self) -> None:
         pass  # nothing read ahead from the Hub: an empty stream is refused where it is first read
 
@@ -334,6 +420,55 @@ def _derived_seed(seed: int, *parts: Any) -> int:
     """A seed for one buffer of one pass on one rank, the same in every process and run (not Python's `hash`)."""
     text = ":".join(str(part) for part in (seed, *parts))
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
+
+
+def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
+    """The `input_ids` that `tokenizer(texts)` (`text_target=` for `target`) gives, from the `tokenizers` backend's
+    batch encoding when that gives the same ids (a fast tokenizer without a target mode of its own, nor truncation or
+    padding set on its backend): the wrapper's per-text conversions cost about a sixth of the tokenizing."""
+    backend = getattr(tokenizer, "_tokenizer", None)
+    plain = (
+        getattr(tokenizer, "is_fast", False)
+        and backend is not None
+        and backend.truncation is None
+        and backend.padding is None
+        and not hasattr(tokenizer, "_switch_to_target_mode")
+        and not hasattr(tokenizer, "_switch_to_input_mode")
+    )
+    if not plain:
+        return tokenizer(text_target=texts)["input_ids"] if target else tokenizer(texts)["input_ids"]
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # `_fast`: no character offsets
+    return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+
+
+def _flat(ids: list[list[int]], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`ids` as one int32 array and the offsets of its rows."""
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
+    return flat, offsets
+
+
+@dataclass
+class TokenizedBuffer:
+    """A buffer's kept pairs: the source and target ids of pair `i` are `ids[offsets[i]:offsets[i + 1]]` of each side
+    (`(ids, offsets)`)."""
+
+    sources: tuple[np.ndarray, np.ndarray]
+    targets: tuple[np.ndarray, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.sources[1]) - 1
+
+    def features(self, rows: list[int]) -> list[dict[str, list[int]]]:
+        """The features of `rows`, as `tokenize_parallel` makes them (`input_ids`, `attention_mask`, `labels`)."""
+        (source_ids, source_offsets), (target_ids, target_offsets) = self.sources, self.targets
+        features = []
+        for row in rows:
+            source = source_ids[source_offsets[row] : source_offsets[row + 1]].tolist()
+            target = target_ids[target_offsets[row] : target_offsets[row + 1]].tolist()
+            features.append({"input_ids": source, "attention_mask": [1] * len(source), "labels": target})
+        return features
 
 
 @dataclass
@@ -367,8 +502,10 @@ class StreamedPairs(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
         start: dict[str, Any] | None = None,
+        workers: int = 1,
     ):
         self.source, self.tokenizer = source, tokenizer
+        self.workers = workers
         self.buffer_pairs, self.max_source_length, self.max_target_length = (
             buffer_pairs,
             max_source_length,
@@ -386,6 +523,8 @@ class StreamedPairs(IterableDataset):
             raise ValueError("A stream needs a batch size: `max_tokens` or a sentence count.")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"`rank` must be in [0, {self.world_size}), got {self.rank}.")
+        if self.workers < 1:
+            raise ValueError(f"A stream needs at least one reader, got `workers`={self.workers}.")
 
     def replace(self, **changes) -> StreamedPairs:
         stream = copy.copy(self)  # shares `progress`
@@ -407,26 +546,52 @@ class StreamedPairs(IterableDataset):
             "seed": self.seed,
             "world_size": self.world_size,
             "tokenizer_size": len(self.tokenizer),
+            **({"loader_workers": self.workers} if self.workers > 1 else {}),
         }
 
     def __iter__(self) -> Iterator[tuple[list[dict[str, list[int]]], dict[str, Any]]]:
-        for batch in self.batches(self.start):
-            yield batch.features, batch.position
+        if self.workers == 1:
+            for batch in self.batches(self.start):
+                yield batch.features, batch.position
+            return
+        info = torch.utils.data.get_worker_info()
+        if info is None or info.num_workers != self.workers:
+            raise RuntimeError(f"A stream of {self.workers} readers is read by a loader of {self.workers} workers.")
+        # the loader takes its workers' batches in turn from worker 0: worker `i` plays the reader whose turn is `i`th
+        reader = (info.id + (self.start or {}).get("next", 0)) % self.workers
+        shard = self.reader_share(reader)
+        for batch in shard.batches(shard.start):
+            yield batch.features, {"reader": reader, "position": batch.position}
 
-    def tokenize(self, pairs: list[tuple[str, str]]) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[int]]:
-        """`(input_ids, labels)` of the pairs within the length limits (as `tokenize_parallel` with `drop_long`),
-        int32 arrays (a buffer then takes about 0.5 KB per pair of two 30-token sentences), and the positions in
+    def reader_share(self, reader: int) -> StreamedPairs:
+        """The stream of reader `reader` of this process's `workers`: pair `j` of the corpus goes to reader `j mod
+        (world_size x workers)` (counted over every process's readers), read from its own recorded position, with its
+        own buffers and seeds; so the readers tokenize in parallel and a resume continues each where it stopped."""
+        starts = (self.start or {}).get("readers") or [None] * self.workers
+        readers = self.world_size * self.workers
+        share = copy.copy(self)
+        share.rank, share.world_size, share.workers = self.rank * self.workers + reader, readers, 1
+        share.start = starts[reader]
+        return share
+
+    def tokenize(self, pairs: list[tuple[str, str]]) -> tuple[TokenizedBuffer, list[int]]:
+        """The pairs within the length limits (as `tokenize_parallel` with `drop_long`), their ids held as two flat
+        int32 arrays (a buffer then takes about 0.25 KB per pair of two 30-token sentences), and the positions in
         `pairs` they came from."""
-        kept, indices = [], []
+        sources, targets = [], []
         for first in range(0, len(pairs), TOKENIZE_CHUNK):
             chunk = pairs[first : first + TOKENIZE_CHUNK]
-            sources = self.tokenizer([source for source, _ in chunk])["input_ids"]
-            targets = self.tokenizer(text_target=[target for _, target in chunk])["input_ids"]
-            for offset, (source, target) in enumerate(zip(sources, targets)):
-                if len(source) <= self.max_source_length and len(target) <= self.max_target_length:
-                    kept.append((np.asarray(source, dtype=np.int32), np.asarray(target, dtype=np.int32)))
-                    indices.append(first + offset)
-        return kept, indices
+            sources += encode_texts(self.tokenizer, [source for source, _ in chunk], target=False)
+            targets += encode_texts(self.tokenizer, [target for _, target in chunk], target=True)
+        source_lengths = np.fromiter(map(len, sources), dtype=np.int64, count=len(sources))
+        target_lengths = np.fromiter(map(len, targets), dtype=np.int64, count=len(targets))
+        keep = (source_lengths <= self.max_source_length) & (target_lengths <= self.max_target_length)
+        indices = np.flatnonzero(keep).tolist()
+        buffer = TokenizedBuffer(
+            _flat([sources[index] for index in indices], source_lengths[keep]),
+            _flat([targets[index] for index in indices], target_lengths[keep]),
+        )
+        return buffer, indices
 
     def buffer_batches(self, lengths: list[int], pass_number: int, buffer_number: int) -> list[list[int]]:
         """The batches of one buffer (indices into it), in the order they are handed out."""
@@ -478,10 +643,10 @@ class StreamedPairs(IterableDataset):
             reader.close()
         ended.update(read=read, kept=kept_in_pass, delivered=delivered)
 
-    def _buffer(self, kept, numbers: list[int], place: dict[str, Any], done: int, delivered: int):
+    def _buffer(self, kept: TokenizedBuffer, numbers: list[int], place: dict[str, Any], done: int, delivered: int):
         """The batches of one buffer (`kept`: its tokenized pairs, `numbers`: their pair numbers) after the `done`
         already handed out, each with the position after it (`delivered`: batches handed out before)."""
-        lengths = [max(len(source), len(target)) for source, target in kept]
+        lengths = np.maximum(np.diff(kept.sources[1]), np.diff(kept.targets[1])).tolist()
         order = self.buffer_batches(lengths, place["pass"], place["buffer"])
         for index in range(done, len(order)):
             delivered += 1
@@ -495,15 +660,7 @@ class StreamedPairs(IterableDataset):
                 "corpus_pairs": place["corpus_pairs"],
             }
             rows = order[index]
-            features = [
-                {
-                    "input_ids": kept[row][0].tolist(),
-                    "attention_mask": [1] * len(kept[row][0]),
-                    "labels": kept[row][1].tolist(),
-                }
-                for row in rows
-            ]
-            yield StreamBatch(features, [numbers[row] for row in rows], position)
+            yield StreamBatch(kept.features(rows), [numbers[row] for row in rows], position)
 
     def _end_pass(self, pass_number: int, whole: bool, read: int, kept: int, dropped_rows: int, **_) -> None:
         """What a pass says when it ends: the pairs it dropped; an error when a whole pass kept none."""
@@ -539,9 +696,12 @@ class StreamedCorpus:
 
     def __len__(self) -> int:
         position = self.stream.progress.get("position")
-        if not position:
+        positions = (
+            [item for item in position["readers"] if item] if position and "readers" in position else [position]
+        )
+        if not positions or not positions[0]:
             return 0
-        return position.get("corpus_pairs") or position["reader"]["pair"]
+        return max(item.get("corpus_pairs") or item["reader"]["pair"] for item in positions)
 
 
 # ---- the Trainer's side: loader, recorded position, resume ----------------------------------------------------------
@@ -554,13 +714,16 @@ def _collate(collator, item):
 
 class StreamLoader:
     """The training data loader of a streamed run: batches of `stream` from its `start`, collated (in one worker
-    process with `num_workers=1`); `position` is the stream's position after the last batch handed out. Not passed
+    process with `num_workers=1`, in N with N readers); `position` is the stream's position after the last batch
+    handed out. Not passed
     through `accelerate` (which would dispatch an iterable's batches from the main process) nor pinned: the Trainer
     moves each batch (a few kilobytes of ids) to the device."""
 
     def __init__(self, stream: StreamedPairs, collator, num_workers: int = 0):
         self.stream, self.collator, self.num_workers = stream, collator, num_workers
         self.position = stream.start
+        if stream.workers > 1 and num_workers != stream.workers:
+            raise ValueError(f"A stream of {stream.workers} readers needs {stream.workers} loader workers.")
 
     def __iter__(self):
         loader = DataLoader(
@@ -572,7 +735,14 @@ class StreamLoader:
             # resumed run restores it before the loader starts, the uninterrupted one started it at step 0)
             generator=torch.Generator(),
         )
+        readers = self.stream.workers
+        start = self.position or {}
+        handed, positions = start.get("batches", 0), list(start.get("readers") or [None] * readers)
         for batch, position in loader:
+            if readers > 1:  # the position of every reader: each continues from its own on a resume
+                positions[position["reader"]] = position["position"]
+                handed += 1
+                position = {"batches": handed, "next": handed % readers, "readers": list(positions)}
             self.position = self.stream.progress["position"] = position
             yield batch
 
@@ -607,6 +777,7 @@ class StreamPositionRecorder(TrainerCallback):
             "format": STREAM_STATE_FORMAT,
             "settings": stream.settings(),
             "source": stream.source.identity(),
+            "source_sha256": stream.source.digests(),
             "processes": positions,
         }
         write_json_atomically(folder / STREAM_STATE_FILE, record)
@@ -632,7 +803,9 @@ def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str
         raise ValueError(f"{str(path)!r} cannot be read ({error}); restore it, or start afresh.") from None
     current = stream.settings()
     changed = [
-        f"{key}: {settings.get(key)!r} -> {value!r}" for key, value in current.items() if settings.get(key) != value
+        f"{key}: {settings.get(key)!r} -> {current.get(key)!r}"
+        for key in [*current, *(key for key in settings if key not in current)]
+        if settings.get(key) != current.get(key)
     ]
     if changed:
         raise ValueError(
@@ -649,8 +822,10 @@ def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str
     if not isinstance(positions, list) or len(positions) != stream.world_size:
         raise ValueError(f"{str(path)!r} does not hold one position per process ({stream.world_size}); {way_out}.")
     position = positions[stream.rank]
-    if position is not None:
-        stream.source.check_position(position["reader"], f"Checkpoint {str(checkpoint)!r}")
+    for item in (position or {}).get("readers") or [position]:
+        if item is not None:
+            stream.source.check_position(item["reader"], f"Checkpoint {str(checkpoint)!r}")
+    stream.source.check_digests(record.get("source_sha256"), f"Checkpoint {str(checkpoint)!r}")
     return position
 
 
@@ -665,6 +840,7 @@ def streaming_dataloader(trainer, stream: StreamedPairs) -> StreamLoader:
         seed=args.data_seed if args.data_seed is not None else args.seed,
         rank=args.process_index,
         world_size=max(1, args.world_size),
+        workers=max(1, args.dataloader_num_workers),
     )
     # the stream resumes from its recorded position; the Trainer must not also skip (read and drop) batches
     args.ignore_data_skip = True
@@ -672,7 +848,9 @@ def streaming_dataloader(trainer, stream: StreamedPairs) -> StreamLoader:
     if checkpoint is True or (isinstance(checkpoint, str) and checkpoint.lower() in ("true", "last")):
         checkpoint = get_last_checkpoint(args.output_dir)
     start = recorded_position(checkpoint, stream) if checkpoint else None
-    if start is not None:
+    if start is not None and "readers" in start:
+        logger.warning(f"Streaming resumes {stream.workers} readers where each stopped ({start['batches']} batches).")
+    elif start is not None:
         logger.warning(
             f"Streaming resumes at pass {start['pass'] + 1}, buffer {start['buffer'] + 1}, after {start['done']} of "
             f"its batches ({start['batches']} batches trained)."

@@ -15,14 +15,26 @@ dataset is read as a tokenized one.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from functools import partial
+from pathlib import Path
 from typing import Protocol
 
 import datasets
 from torch.utils.data import DataLoader
 from transformers.trainer_utils import seed_worker
 
-from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths
+from hf_deep_nmt.data.batching import (
+    BatchPlan,
+    TokenBudgetBatchSampler,
+    length_array,
+    plan_batches,
+    read_plan,
+    write_plan,
+)
+
+PLANS = "batch-plans"  # the folder of stored batch plans, beside a prepared-data folder or in the run folder
 
 
 class TrainingData(Protocol):
@@ -49,13 +61,10 @@ class TokenizedPairs:
         if not isinstance(self.dataset, datasets.Dataset):
             raise TypeError(f"`max_tokens` needs a tokenized `datasets.Dataset`, got {type(self.dataset)}.")
         args = trainer.args
-        sampler = TokenBudgetBatchSampler(
-            pair_lengths(self.dataset),
-            max_tokens,
-            num_replicas=max(1, args.world_size),
-            rank=args.process_index,
-            seed=args.data_seed if args.data_seed is not None else args.seed,
-        )
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        world_size = max(1, args.world_size)
+        plan = self.batch_plan(args, max_tokens, seed, world_size)
+        sampler = TokenBudgetBatchSampler(None, num_replicas=world_size, rank=args.process_index, seed=seed, plan=plan)
         dataset = trainer._remove_unused_columns(self.dataset, description="Training")
         workers = args.dataloader_num_workers
         loader = DataLoader(
@@ -74,6 +83,54 @@ class TokenizedPairs:
         if shard is not None and getattr(shard, "batch_sampler", None) is sampler:
             shard.num_processes, shard.process_index = 1, 0
         return loader
+
+    def batch_plan(self, args, max_tokens: int, seed: int, world_size: int) -> BatchPlan:
+        """The run's token-budget batches, computed once and stored (`plan_folders`): the main process of each
+        machine reads the stored plan or computes and stores it, then the others memory-map it; a resumed run reads
+        it. Without a folder that can be written, each process computes the plan in memory."""
+        settings = {"max_tokens": max_tokens, "seed": seed, "processes": world_size, "pairs": len(self.dataset)}
+        with args.main_process_first(local=True, desc="token-budget batch plan"):
+            lengths = None if self.dataset.cache_files else length_array(self.dataset)
+            about = {**settings, "dataset": self._identity(lengths)}
+            key = hashlib.sha256(json.dumps(about, sort_keys=True).encode()).hexdigest()[:16]
+            for folder in plan_folders(self.dataset, args.output_dir):
+                plan = read_plan(folder / key, len(self.dataset))
+                if plan is not None:
+                    return plan
+            lengths = length_array(self.dataset) if lengths is None else lengths
+            plan = plan_batches(lengths, max_tokens, seed, multiple_of=world_size)
+            del lengths
+            for folder in plan_folders(self.dataset, args.output_dir):
+                try:
+                    write_plan(folder / key, plan, about)
+                except OSError:
+                    continue  # a read-only prepared-data root: the run folder, or the plan in memory
+                return read_plan(folder / key, len(self.dataset)) or plan
+            return plan
+
+    def _identity(self, lengths) -> dict:
+        """What tells this dataset's rows apart from another's: a memory-mapped one's `datasets` fingerprint (it
+        changes with every `select`, `map`, `filter`) and files; an in-memory one's lengths themselves (all the
+        batches depend on, and its fingerprint may differ between processes)."""
+        if lengths is not None:
+            return {"lengths_sha256": hashlib.sha256(lengths.tobytes()).hexdigest()}
+        files = [Path(entry["filename"]) for entry in self.dataset.cache_files]
+        return {
+            "fingerprint": self.dataset._fingerprint,
+            "files": [{"name": file.name, "bytes": file.stat().st_size} for file in files],
+        }
+
+
+def plan_folders(dataset, output_dir: str) -> list[Path]:
+    """Where the batch plans of `dataset` are stored, in order of preference: beside the prepared-data folder it is
+    memory-mapped from (`<folder>.batch-plans`, outside the folder, whose files are checked against its record), so
+    that every run on that data shares them; then the run folder."""
+    folders = []
+    if dataset.cache_files:
+        split = Path(dataset.cache_files[0]["filename"]).parent
+        if (split.parent / "prepared.json").is_file():
+            folders.append(split.parent.parent / f"{split.parent.name}.{PLANS}")
+    return [*folders, Path(output_dir) / PLANS]
 
 
 def as_training_data(dataset) -> TrainingData:

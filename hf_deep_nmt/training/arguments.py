@@ -652,12 +652,6 @@ def streaming_problems(data_args, training_args) -> list[str]:
             f"(max(`max_source_length`, `max_target_length`) = {longest} tokens): a streamed corpus cannot be checked "
             "for longer pairs before training; raise `max_tokens` or lower the limits"
         )
-    workers = training_args.dataloader_num_workers
-    if workers > 1:
-        problems.append(
-            f"`streaming: true` reads the corpus with one reader per process: `dataloader_num_workers` must be 0 "
-            f"(read between steps) or 1 (read beside training), got {workers}"
-        )
     return problems
 
 
