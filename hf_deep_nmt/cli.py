@@ -952,8 +952,7 @@ def _grow(argv: list[str]) -> int:
     from hf_deep_nmt.training.growing import grow_encoder
 
     protected = {"the model folder": args.model} if Path(args.model).expanduser().exists() else {}
-    sources = {} if args.into_model else protected  # --into-model writes inside the model folder on purpose
-    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=sources)
+    check_export_folder(args.output, args.overwrite, flag="--overwrite", protected=protected, sources=protected)
     _check_model_source(args.model)
     model, tokenizer = _load(args.model, "cpu")
     before = model.config.encoder_layers
