@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hf_deep_nmt.cli import main
+from hf_deep_nmt.data import prepared as prepared_data
 from hf_deep_nmt.data.prepared import RECORD, PreparedDataError, prepare_data
 from hf_deep_nmt.training.arguments import DataArguments, ModelArguments
 
@@ -146,3 +147,102 @@ def test_a_record_written_before_the_digests_is_checked_by_size_with_a_warning(p
         reused = prepare_data(model_args, data_args, seed=1)
     assert reused.reused
     assert f"{folder / RECORD} records no sha256 of its files (prepared by an earlier version)" in caplog.text
+
+
+# ---- every setting named in its own error ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def recipe(tmp_path, monkeypatch):
+    """A tiny train/prepare recipe in the current folder (`tmp_path`), with its run folder `run`."""
+    monkeypatch.chdir(tmp_path)
+    corpus = write_corpus(tmp_path / "train.tsv", pairs=20)
+    values = {"model_type": "deep_nmt", "tokenizer_vocab_size": 120, "train_file": str(corpus)}
+    values.update(validation_file=str(corpus), output_dir="run", max_steps=1, max_eval_samples=2)
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(values))
+    return path
+
+
+def _error(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_a_prepared_data_root_that_is_a_file_or_cannot_be_created_names_the_variable(recipe, monkeypatch, capsys):
+    (recipe.parent / "afile").write_text("x")
+    monkeypatch.setenv(prepared_data.ENVIRONMENT_VARIABLE, "afile")
+    assert main(["prepare", str(recipe)]) == 2
+    error = _error(capsys)
+    assert "HF_DEEP_NMT_PREPARED_DATA='afile' is not a folder (a file is there)" in error and "Errno" not in error
+    monkeypatch.setenv(prepared_data.ENVIRONMENT_VARIABLE, "afile/below")
+    assert main(["prepare", str(recipe)]) == 2
+    error = _error(capsys)
+    assert "Cannot create afile/below for the prepared data, as HF_DEEP_NMT_PREPARED_DATA='afile/below'" in error
+    assert "Errno" not in error
+
+
+@pytest.mark.parametrize(
+    ("command", "flags", "expected"),
+    [
+        ("prepare", ["--prepared-data-dir", "."], "`prepared_data_dir` '.' is the current folder"),
+        ("prepare", ["--prepared-data-dir", ".."], "`prepared_data_dir` '..' holds the current folder"),
+        ("train", ["--prepared-data-dir", "run"], "`prepared_data_dir` 'run' is the run's `output_dir` 'run'"),
+        ("train", ["--prepared-data-dir", "run/p"], "`prepared_data_dir` 'run/p' is inside the run's `output_dir`"),
+        ("train", ["--prepared-data-dir", "ex", "--export-dir", "ex"], "'ex' is the run's `export_dir` 'ex'"),
+    ],
+)
+def test_a_prepared_data_dir_that_is_not_a_folder_of_its_own_is_refused_before_anything_runs(
+    recipe, capsys, command, flags, expected
+):
+    assert main([command, str(recipe), *flags]) == 2
+    error = _error(capsys)
+    assert expected in error and "name a new or empty folder" in error and "emove" not in error
+    assert not (recipe.parent / "run").exists() and not (recipe.parent / "ex").exists()
+
+
+def test_a_missing_model_or_tokenizer_path_is_reported_missing_before_any_hub_lookup(recipe, capsys, monkeypatch):
+    from huggingface_hub import file_download
+
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("looked up on the Hub")
+
+    monkeypatch.setattr(file_download, "hf_hub_download", no_lookup)
+    (recipe.parent / "runs").mkdir()
+    for flags, setting in (
+        (["--model-name-or-path", "runs/exp1/export"], "model_name_or_path"),
+        (["--model-name-or-path", "runs/export"], "model_name_or_path"),  # `runs/` is a folder here: a path
+        (["--tokenizer-name-or-path", "./tokenizer"], "tokenizer_name_or_path"),
+        (["--tokenizer-name-or-path", "org/tokenizer"], "tokenizer_name_or_path"),  # offline, not in the cache
+    ):
+        assert main(["train", str(recipe), *flags]) == 2
+        error = _error(capsys)
+        assert f"`{setting}` {flags[1]!r} does not exist: it is not a local folder" in error, error
+        assert "vocab" not in error and "internet" not in error
+
+
+def test_model_overrides_given_as_a_json_flag_are_read(recipe, capsys):
+    from hf_deep_nmt.training.arguments import parse_arguments
+
+    model_args, *_ = parse_arguments([str(recipe), "--model-overrides", '{"d_model": 32, "encoder_layers": 2}'])
+    assert model_args.model_overrides == {"d_model": 32, "encoder_layers": 2}
+    with pytest.raises(SystemExit):
+        parse_arguments([str(recipe), "--model-overrides", "[1]"])
+    assert 'a JSON object ({"key": value, ...}) is needed' in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["recipe.txt", "missing.txt", "missing.json", "folder"])
+def test_a_recipe_path_that_is_missing_or_not_a_recipe_is_named(recipe, capsys, name):
+    if name == "recipe.txt":
+        (recipe.parent / name).write_text(recipe.read_text())
+    if name == "folder":
+        (recipe.parent / name).mkdir()
+    for command in ("train", "prepare"):
+        assert main([command, name]) == 2
+        error = _error(capsys)
+        if name.startswith("missing"):
+            assert f"Config file not found: {name}" in error
+        else:
+            assert f"{name}: a recipe is a JSON (.json) or YAML (.yaml, .yml) file" in error
+        assert "not used" not in error

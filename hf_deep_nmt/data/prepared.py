@@ -211,6 +211,65 @@ def prepared_folder(data_args, fingerprint_: str) -> Path:
     return Path(named).expanduser() if named else default_root() / fingerprint_[:16]
 
 
+def _relation(folder: Path, other: Path) -> str | None:
+    """How `folder` stands to `other` ("is", "holds", "is inside"), or None when neither holds the other."""
+    if folder == other:
+        return "is"
+    if folder in other.parents:
+        return "holds"
+    return "is inside" if other in folder.parents else None
+
+
+def check_prepared_location(data_args, output_dir: str | None = None, export_dir: str | None = None) -> None:
+    """`ValueError` naming the setting, before anything is read or trained, for a prepared-data folder that cannot be
+    one: `HF_DEEP_NMT_PREPARED_DATA` naming a file, or a `prepared_data_dir` that is (or holds) the current folder,
+    the run's `output_dir`, its `export_dir` or a corpus file's folder. A prepared folder is checked file by file
+    against its record and rebuilt when it does not match, so it must be a folder of its own; and the advice to
+    remove a folder that does not match must never be about one of these."""
+    if getattr(data_args, "streaming", False):
+        return
+    named = getattr(data_args, "prepared_data_dir", None)
+    if not named:
+        root = default_root()
+        if os.environ.get(ENVIRONMENT_VARIABLE) and os.path.lexists(root) and not root.is_dir():
+            raise ValueError(
+                f"{ENVIRONMENT_VARIABLE}={os.environ[ENVIRONMENT_VARIABLE]!r} is not a folder (a file is there): "
+                "point it at a folder for the prepared data (created when missing), or unset it."
+            )
+        return
+    folder = Path(named).expanduser().resolve()
+    others = {"the current folder": Path.cwd().resolve()}
+    for setting, path in (("output_dir", output_dir), ("export_dir", export_dir)):
+        if path:
+            others[f"the run's `{setting}` {path!r}"] = Path(path).expanduser().resolve()
+    for corpus in data_args.corpus_files() if hasattr(data_args, "corpus_files") else ():
+        others[f"the folder of the corpus file {corpus!r}"] = Path(corpus).expanduser().resolve().parent
+    for what, other in others.items():
+        relation = _relation(folder, other)
+        if relation and not (relation == "is inside" and what.startswith(("the current", "the folder of"))):
+            raise ValueError(
+                f"`prepared_data_dir` {named!r} {relation} {what}: the prepared data needs a folder of its own (it "
+                "must hold only what the preparation wrote); name a new or empty folder, e.g. 'prepared/'."
+            )
+
+
+def _make_root(folder: Path, data_args) -> None:
+    """Create the folder that holds `folder`, or say which setting named a place where it cannot be."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        if getattr(data_args, "prepared_data_dir", None):
+            setting = f"`prepared_data_dir` {data_args.prepared_data_dir!r}"
+        elif os.environ.get(ENVIRONMENT_VARIABLE):
+            setting = f"{ENVIRONMENT_VARIABLE}={os.environ[ENVIRONMENT_VARIABLE]!r}"
+        else:
+            setting = "the default prepared-data root (set HF_DEEP_NMT_PREPARED_DATA or `prepared_data_dir`)"
+        raise PreparedDataError(
+            f"Cannot create {folder.parent} for the prepared data, as {setting} asks: {error.strerror or error}; "
+            "name a folder that can be created and written."
+        ) from None
+
+
 def preprocessing_workers(data_args) -> int:
     """The recipe's `preprocessing_num_workers`, else the cores this process may run on."""
     return getattr(data_args, "preprocessing_num_workers", None) or len(os.sched_getaffinity(0))
@@ -236,7 +295,8 @@ def check_prepared_folder(folder: Path, expected: str | None = None) -> dict[str
         record = json.loads(record_path.read_text())
     except (FileNotFoundError, NotADirectoryError):
         raise PreparedDataError(
-            f"{folder} is not a prepared-data folder (no {RECORD}); remove it or name another `prepared_data_dir`."
+            f"{folder} is not a prepared-data folder (it holds files but no {RECORD}); name a new or empty folder as "
+            "`prepared_data_dir`, or move those files away."
         ) from None
     except (ValueError, UnicodeDecodeError) as error:
         raise PreparedDataError(
@@ -447,6 +507,7 @@ def prepare_data(
         return _log_use(open_prepared(folder, expected, inputs, True, started))
     if not build:
         return None
+    _make_root(folder, data_args)
     with _lock(folder) as lock:
         if (folder / RECORD).is_file():  # built by another process while this one waited
             return _log_use(open_prepared(folder, expected, inputs, True, started))
