@@ -99,6 +99,14 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Upper bounds of the newer methods' settings, far above what their papers use (Hyper-Connections: 2 to 8 streams;
+# mHC: 4 streams, 20 Sinkhorn-Knopp iterations), below what makes a model that cannot train: each stream is a copy of
+# the stack's activations, and each iteration runs in every sublayer at every step (the iteration converges
+# geometrically, so more than a hundred change nothing a float32 shows).
+MAX_HYPER_CONNECTION_STREAMS = 64
+MAX_SINKHORN_ITERATIONS = 100
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -182,14 +190,16 @@ FIELD_KINDS: dict[str, FieldKind] = {
     **dict.fromkeys(
         ("hyper_connections", *_HYPER_CONNECTION_SIDES),
         FieldKind(
-            "0 (off) or an integer >= 2 (the number of residual streams; one stream is the plain residual)",
-            lambda value: _is_int(value) and (value == 0 or value >= 2),
+            f"0 (off) or an integer >= 2 and <= {MAX_HYPER_CONNECTION_STREAMS} (the number of residual streams; one "
+            "stream is the plain residual, and each stream holds a copy of the stack's activations)",
+            lambda value: _is_int(value) and (value == 0 or 2 <= value <= MAX_HYPER_CONNECTION_STREAMS),
         ),
     ),
     "hyper_connections_dynamic": BOOL,
     "hyper_connections_sinkhorn_iterations": FieldKind(
-        "a non-negative integer (0 = plain Hyper-Connections, > 0 = mHC's Sinkhorn-Knopp iterations)",
-        lambda value: _is_int(value) and value >= 0,
+        f"a non-negative integer <= {MAX_SINKHORN_ITERATIONS} (0 = plain Hyper-Connections, > 0 = mHC's "
+        "Sinkhorn-Knopp iterations, each run in every sublayer at every step, and held for the backward pass)",
+        lambda value: _is_int(value) and 0 <= value <= MAX_SINKHORN_ITERATIONS,
     ),
     **dict.fromkeys(("dlcl_dilation", "dlcl_period"), POSITIVE_INT),
     **dict.fromkeys(
@@ -480,6 +490,26 @@ def _mix_ln_fits_its_stacks(config: DeepNMTConfig) -> str | None:
     return None
 
 
+def _denseformer_variants_fit_their_stacks(config: DeepNMTConfig) -> str | None:
+    # a dilation or period beyond the stored outputs of every DLCL/sparse stack holds out every weight but the first
+    # row's: the stack is then a plain residual one with extra weights, which is never what was meant
+    rows = [
+        len(getattr(config, f"{side}_block_boundaries"))
+        if getattr(config, f"{side}_layer_aggregation") == "sparse"
+        else getattr(config, f"{side}_layers") + 1
+        for side in ("encoder", "decoder")
+        if getattr(config, f"{side}_layer_aggregation") in ("dlcl", "sparse")
+    ]
+    for field in ("dlcl_dilation", "dlcl_period"):
+        value = getattr(config, field)
+        if rows and value > 1 and value >= max(rows):
+            return (
+                f"`{field}` must be smaller than the number of stored outputs of its stacks ({max(rows)}: the "
+                f"embedding and one per layer or block), got {value}."
+            )
+    return None
+
+
 def _hyper_connections_fit_their_stacks(config: DeepNMTConfig) -> str | None:
     for side in ("encoder", "decoder"):
         field = f"{side}_hyper_connections"
@@ -529,6 +559,7 @@ STRUCTURAL_RULES = (
     _block_boundaries_cut_their_stack,
     _token_ids_are_in_their_vocabulary,
     _hyper_connections_fit_their_stacks,
+    _denseformer_variants_fit_their_stacks,
 )
 
 
@@ -706,8 +737,8 @@ class DeepNMTConfig(PreTrainedConfig):
             Pagliardini et al. 2024: weight 1 on the newest stored output, 0 on the others), under which the stack
             starts as the plain residual stack with the same layers. Written into `config.json` only when set.
         hyper_connections (`int`, *optional*, defaults to 0):
-            Hyper-Connections (Zhu et al., ICLR 2025) with this many residual streams n >= 2 on both stacks; 0 is the
-            plain residual. `encoder_hyper_connections` / `decoder_hyper_connections` override it per stack. The
+            Hyper-Connections (Zhu et al., ICLR 2025) with this many residual streams n (2 to 64) on both stacks; 0 is
+            the plain residual. `encoder_hyper_connections` / `decoder_hyper_connections` override it per stack. The
             stack carries n copies of its stream; each sublayer reads a learned mix of them and writes its output
             back into each with a learned weight, while an n x n matrix mixes the copies (the modeling file's
             `DeepNMTHyperConnection`); the stack starts from n copies of the embedding and ends with their sum. At
@@ -720,7 +751,8 @@ class DeepNMTConfig(PreTrainedConfig):
         hyper_connections_sinkhorn_iterations (`int`, *optional*, defaults to 0):
             0: the Hyper-Connections' weights are used as they are. > 0: mHC (Xie et al., DeepSeek 2025): they are
             logits, the input mix goes through a sigmoid, the output weights through 2 x sigmoid, and the stream
-            mixing matrix is made doubly stochastic by this many Sinkhorn-Knopp iterations of its exponential.
+            mixing matrix is made doubly stochastic by this many Sinkhorn-Knopp iterations of its exponential (at
+            most 100; mHC uses 20).
         dlcl_dilation (`int`, *optional*, defaults to 1):
             DenseFormer's dilation k: row r of the combination (stored outputs `y_0..y_r`) weighs only `y_j` with
             `r - j` a multiple of k (the newest, `y_r`, always); the other weights are held at exactly 0. 1 is DLCL.

@@ -246,3 +246,117 @@ def test_a_recipe_path_that_is_missing_or_not_a_recipe_is_named(recipe, capsys, 
         else:
             assert f"{name}: a recipe is a JSON (.json) or YAML (.yaml, .yml) file" in error
         assert "not used" not in error
+
+
+# ---- the newer methods inside their ranges and the estimates --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            dict(hyper_connections=2000),
+            r"`hyper_connections` must be 0 \(off\) or an integer >= 2 and <= 64 .*got 2000",
+        ),
+        (
+            dict(hyper_connections=4, hyper_connections_sinkhorn_iterations=10**9),
+            r"`hyper_connections_sinkhorn_iterations` must be a non-negative integer <= 100 .*got 1000000000",
+        ),
+        (
+            dict(layer_aggregation="dlcl", dlcl_history_norm=False, dlcl_dilation=7, encoder_layers=6),
+            r"`dlcl_dilation` must be smaller than the number of stored outputs of its stacks \(7",
+        ),
+        (
+            dict(layer_aggregation="dlcl", dlcl_history_norm=False, dlcl_period=10**6),
+            r"`dlcl_period` must be smaller than the number of stored outputs",
+        ),
+    ],
+)
+def test_the_newer_methods_settings_have_ranges(overrides, expected):
+    from hf_deep_nmt import DeepNMTConfig
+
+    with pytest.raises(ValueError, match=expected):
+        DeepNMTConfig(**overrides)
+
+
+def _saved_floats_per_token(config, batch: int = 2, length: int = 8) -> float:
+    """float32 values a training forward of `config`'s model keeps for the backward pass (its saved tensors, each
+    storage once, the parameters left out), per source token (as many target tokens)."""
+    import torch
+
+    from hf_deep_nmt import MODEL_CLASSES
+
+    model = MODEL_CLASSES[type(config)](config).train()
+    parameters = {parameter.untyped_storage().data_ptr() for parameter in model.parameters()}
+    held: dict[int, int] = {}
+
+    def keep(tensor):
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer not in parameters:
+            held[pointer] = max(held.get(pointer, 0), tensor.untyped_storage().nbytes())
+        return tensor
+
+    ids = torch.randint(4, config.vocab_size, (batch, length), generator=torch.Generator().manual_seed(0))
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        model(input_ids=ids, labels=ids)
+    return sum(held.values()) / 4 / (batch * length)
+
+
+SMALL = dict(
+    vocab_size=37,
+    d_model=16,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=2,
+    encoder_ffn_dim=24,
+    decoder_ffn_dim=20,
+    dropout=0.0,
+    attention_dropout=0.0,
+    activation_dropout=0.0,
+)
+
+
+@pytest.mark.parametrize("layers", [4, 16])
+@pytest.mark.parametrize(
+    "method",
+    [
+        dict(encoder_layer_aggregation="attnres"),
+        dict(encoder_layer_aggregation="block_attnres", encoder_block_boundaries="layers:4"),
+        dict(encoder_hyper_connections=4),
+        dict(encoder_hyper_connections=4, hyper_connections_dynamic=True),
+        dict(encoder_hyper_connections=4, hyper_connections_dynamic=True, hyper_connections_sinkhorn_iterations=20),
+    ],
+    ids=["attnres", "block-attnres", "hc", "dynamic-hc", "mhc"],
+)
+def test_the_training_estimate_counts_what_each_method_adds_as_measured(method, layers):
+    """What a method adds to a plain stack's saved activations, measured, against what `training_memory` adds for it:
+    a lower bound (never above), and no less than half (Attention Residuals grow with the square of the depth,
+    the streams with their number, mHC with its iterations)."""
+    from hf_deep_nmt import DeepNMTConfig
+    from hf_deep_nmt.memory import training_memory
+
+    method = dict(method)
+    if method.get("encoder_block_boundaries") == "layers:4":
+        method["encoder_block_boundaries"] = list(range(0, layers + 1, 4))
+    plain = DeepNMTConfig(**SMALL, encoder_layers=layers)
+    config = DeepNMTConfig(**SMALL, encoder_layers=layers, **method)
+    measured = _saved_floats_per_token(config) - _saved_floats_per_token(plain)
+
+    def activations(sizes) -> float:  # per token, without the weights, gradients and moments
+        return (training_memory(sizes, 1000) - training_memory(sizes, 0)) / 4 / 1000
+
+    estimated = activations(config) - activations(plain)
+    assert 0.5 * measured <= estimated <= measured, (estimated, measured)
+
+
+def test_a_thin_deep_attention_residuals_model_and_many_streams_are_refused_by_the_training_estimate():
+    from hf_deep_nmt import DeepNMTConfig
+    from hf_deep_nmt.memory import InsufficientMemoryError, check_training_size
+
+    thin = DeepNMTConfig(
+        **{**SMALL, "d_model": 8, "encoder_attention_heads": 2, "decoder_attention_heads": 2},
+        encoder_layers=5000,
+        encoder_layer_aggregation="attnres",
+    )
+    with pytest.raises(InsufficientMemoryError, match=r"Training the model \(d_model=8, encoder_layers=5000"):
+        check_training_size(thin, 256)  # the plain stack's estimate: 0.6 GB; the history's: 200 GB
