@@ -107,6 +107,28 @@ MAX_HYPER_CONNECTION_STREAMS = 64
 MAX_SINKHORN_ITERATIONS = 100
 
 
+def _model_types(config_class: type) -> set[str]:
+    """The model types of `config_class` and of every config class derived from it (the named configs)."""
+    types = {config_class.model_type}
+    for derived in config_class.__subclasses__():
+        types |= _model_types(derived)
+    return types
+
+
+def _is_dtype_name(value: object) -> bool:
+    import torch
+
+    return isinstance(value, str) and isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype)
+
+
+def _shown_list(value: object, most: int = 6) -> str:
+    """`value` for a message, a long list as its first entries and its length (a million layers' list would make a
+    line of megabytes)."""
+    if isinstance(value, list) and len(value) > most:
+        return f"[{', '.join(repr(item) for item in value[:3])}, ...] ({len(value):,} entries)"
+    return repr(value)
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -985,6 +1007,38 @@ class DeepNMTConfig(PreTrainedConfig):
             return 0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)
         return (3 * m) ** (1 / 4), (12 * m) ** (-1 / 4)
 
+    @classmethod
+    def _dict_from_json_file(cls, json_file) -> dict:
+        """The values of a `config.json` this class loads, or `ValueError` in one line naming the file and the field:
+        text that is not JSON, or nested too deeply to parse (the parser's own words name no file), a value that is
+        not an object of fields, a `model_type` of no model of this package, a `dtype` torch does not know."""
+        try:
+            values = super()._dict_from_json_file(json_file)
+        except RecursionError:
+            raise ValueError(f"{json_file} is nested too deeply to be a config; restore the saved one.") from None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{json_file} is not valid JSON ({error}); restore the saved config.json.") from None
+        if not isinstance(values, dict):
+            raise ValueError(
+                f"{json_file} holds a JSON {type(values).__name__}, not an object of config fields; restore the "
+                "saved config.json."
+            )
+        known = sorted(_model_types(DeepNMTConfig))
+        if "model_type" in values and values["model_type"] not in known:
+            raise ValueError(
+                f"{json_file}: {cls.__name__} takes a {cls.__name__} (model_type {cls.model_type!r}) or another "
+                f"config of this package ({', '.join(known)}), not one of model_type {values['model_type']!r}; load "
+                "it with the class of its own package, or restore the saved config.json."
+            )
+        for field in ("dtype", "torch_dtype"):
+            value = values.get(field)
+            if value is not None and value != "auto" and not _is_dtype_name(value):
+                raise ValueError(
+                    f"{json_file}: `{field}` {value!r} is not a torch dtype (e.g. 'float32', 'bfloat16'); restore "
+                    "the saved config.json."
+                )
+        return values
+
     def to_dict(self) -> dict:
         output = super().to_dict()
         # Left out only at the default of the base config and of this class alike: a named config that switches a
@@ -1077,7 +1131,7 @@ class DeepNMTConfig(PreTrainedConfig):
         if given != derived and not earlier:
             logger.warning(
                 f"`decoder_layer_types` is derived (a {CACHE_LAYER_TYPE!r} cache layer per decoder layer): the given "
-                f"{given!r} is replaced by {derived!r}."
+                f"{_shown_list(given)} is replaced by {_shown_list(derived)}."
             )
         self.decoder_layer_types = derived
 
@@ -1323,6 +1377,10 @@ class HyperConnectionsConfig(DeepNMTConfig):
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
+# The most output tokens one `generate()` call may allow (`max_new_tokens`, or `max_length` less the start token):
+# every step attends all earlier outputs, so a cap of a million runs for days before it fails or ends; sixteen times
+# the default cap leaves room for documents decoded whole.
+MAX_GENERATE_TOKENS = 16 * DEFAULT_MAX_OUTPUT_TOKENS
 
 
 class DeepNMTGenerationConfig(GenerationConfig):
@@ -1346,6 +1404,7 @@ __all__ = [
     "DLCL_WEIGHTS",
     "DEFAULT_MAX_OUTPUT_TOKENS",
     "DS_INIT_MODES",
+    "MAX_GENERATE_TOKENS",
     "INIT_SCHEMES",
     "LAYER_AGGREGATIONS",
     "SINUSOID_FREQUENCIES",

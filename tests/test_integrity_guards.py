@@ -360,3 +360,153 @@ def test_a_thin_deep_attention_residuals_model_and_many_streams_are_refused_by_t
     )
     with pytest.raises(InsufficientMemoryError, match=r"Training the model \(d_model=8, encoder_layers=5000"):
         check_training_size(thin, 256)  # the plain stack's estimate: 0.6 GB; the history's: 200 GB
+
+
+# ---- the Python API bounded -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    import torch
+
+    from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+
+    torch.manual_seed(0)
+    config = DeepNMTConfig(**{**SMALL, "encoder_layers": 1, "decoder_layers": 1})
+    return DeepNMTForConditionalGeneration(config).eval()
+
+
+@pytest.mark.parametrize("setting", ["max_new_tokens", "max_length"])
+def test_generate_refuses_an_output_cap_beyond_its_bound_with_the_number(tiny_model, setting):
+    import torch
+
+    from hf_deep_nmt.modeling.configuration_deep_nmt import MAX_GENERATE_TOKENS
+
+    ids = torch.tensor([[5, 6, 7, 2]])
+    with pytest.raises(ValueError, match=rf"`{setting}` allows .* over the {MAX_GENERATE_TOKENS:,} one generate\(\)"):
+        tiny_model.generate(input_ids=ids, num_beams=2, **{setting: 10**6})
+    assert tiny_model.generate(input_ids=ids, num_beams=2, max_new_tokens=2).shape[0] == 1
+
+
+def test_all_ignored_labels_and_padding_read_as_text_are_warned_once(tiny_model, caplog):
+    import logging
+
+    import torch
+
+    logging.Logger.warning_once.cache_clear()  # said once per process: another test may have said it already
+    ids = torch.tensor([[5, 6, 7, 2], [1, 1, 1, 1]])
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            loss = tiny_model(input_ids=ids[:1], labels=torch.full((1, 3), -100)).loss
+            tiny_model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=2)
+    assert torch.isnan(loss)
+    assert caplog.text.count("Every label of this batch is -100") == 1
+    assert caplog.text.count("`input_ids` hold the pad id (1) where `attention_mask` is 1") == 1
+    assert "in 1 row(s)" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[1, 2]", "holds a JSON list, not an object of config fields"),
+        ('{"a": ' * 50_000 + "1" + "}" * 50_000, "is nested too deeply"),
+        ("edit:model_type", "not one of model_type 'bogus_type'"),
+        ("edit:dtype", "`dtype` 'floaty' is not a torch dtype"),
+    ],
+    ids=["list", "deep", "model-type", "dtype"],
+)
+def test_a_malformed_config_json_is_one_line_naming_the_file_and_the_field(tiny_model, tmp_path, text, expected):
+    from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
+
+    tiny_model.config.save_pretrained(tmp_path)
+    values = json.loads((tmp_path / "config.json").read_text())
+    if text == "edit:model_type":
+        text = json.dumps({**values, "model_type": "bogus_type"})
+    elif text == "edit:dtype":
+        text = json.dumps({**values, "dtype": "floaty"})
+    (tmp_path / "config.json").write_text(text)
+    for load in (DeepNMTConfig.from_pretrained, DeepNMTForConditionalGeneration.from_pretrained):
+        with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 'config.json'}") + ".*" + re.escape(expected)):
+            load(str(tmp_path))
+
+
+def test_a_hundred_thousand_decoder_layers_give_a_short_warning_and_are_refused_against_the_weights(
+    tiny_model, tmp_path, caplog
+):
+    from hf_deep_nmt import DeepNMTForConditionalGeneration
+
+    tiny_model.save_pretrained(tmp_path)
+    values = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**values, "decoder_layers": 10**5}))
+    with caplog.at_level("WARNING"), pytest.raises(ValueError, match=r"decoder_layers=100000, but the file holds 1"):
+        DeepNMTForConditionalGeneration.from_pretrained(tmp_path)
+    assert max(len(line) for line in caplog.text.splitlines()) < 1000
+
+
+# ---- the smaller tools: average, convert-marian, the model card -----------------------------------------------------
+
+
+def test_average_refuses_a_checkpoint_given_twice(tiny_model, tmp_path, monkeypatch, capsys):
+    from hf_deep_nmt.training.averaging import average_checkpoints
+
+    tiny_model.save_pretrained(tmp_path / "ck")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"The checkpoint 'ck' is given twice: the average would count it twice"):
+        average_checkpoints(["ck", "ck"])
+    capsys.readouterr()
+    assert main(["average", "ck", str(tmp_path / "ck"), "--output", "avg"]) == 2
+    assert f"is given twice (as 'ck' and '{tmp_path / 'ck'}')" in _error(capsys)
+    assert not (tmp_path / "avg").exists()
+
+
+def test_a_converted_marian_model_has_a_start_token_and_its_tokenizer_fingerprint(tmp_path, caplog):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+
+    from hf_deep_nmt.fingerprints import check_tokenizer_matches, tokenizer_fingerprint
+    from hf_deep_nmt.tools.marian import convert_marian
+
+    words = ["</s>", "<unk>", *(f"w{index}" for index in range(20)), "<pad>"]
+    backend = Tokenizer(models.WordLevel({word: index for index, word in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    pad = len(words) - 1
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=len(words),
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=16,
+            decoder_ffn_dim=16,
+            max_position_embeddings=32,
+            pad_token_id=pad,
+            decoder_start_token_id=pad,
+            eos_token_id=0,
+            bos_token_id=None,
+        )
+    ).eval()
+    marian.save_pretrained(tmp_path / "marian")
+    tokenizer.save_pretrained(tmp_path / "marian")
+    out = convert_marian(tmp_path / "marian", tmp_path / "converted")
+    values = json.loads((out / "config.json").read_text())
+    assert values["bos_token_id"] == pad  # Marian's start: CTranslate2 needs an id of the vocabulary
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(out)
+    saved_tokenizer = AutoTokenizer.from_pretrained(out)
+    assert values["tokenizer_fingerprint"] == tokenizer_fingerprint(saved_tokenizer)
+    with caplog.at_level("WARNING"):
+        check_tokenizer_matches(loaded, saved_tokenizer)
+    assert "another tool" not in caplog.text
+
+
+def test_the_model_card_names_the_default_lora_targets(tiny_model):
+    from hf_deep_nmt.adapters import LORA_TARGET_MODULES
+    from hf_deep_nmt.hub import render_model_card
+
+    card = render_model_card(tiny_model, "org/tiny").text
+    targets = ", ".join(f'"{name}"' for name in LORA_TARGET_MODULES)
+    assert f'LoraConfig(task_type="SEQ_2_SEQ_LM", target_modules=[{targets}])' in card
