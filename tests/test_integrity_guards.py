@@ -496,6 +496,10 @@ def test_a_converted_marian_model_has_a_start_token_and_its_tokenizer_fingerprin
     values = json.loads((out / "config.json").read_text())
     assert values["bos_token_id"] == pad  # Marian's start: CTranslate2 needs an id of the vocabulary
     loaded = AutoModelForSeq2SeqLM.from_pretrained(out)
+    from hf_deep_nmt.serving.ctranslate2 import _token, ctranslate2_blockers
+
+    assert ctranslate2_blockers(loaded.config) == []
+    assert _token(words, loaded.config.bos_token_id, "bos_token_id") == "<pad>"
     saved_tokenizer = AutoTokenizer.from_pretrained(out)
     assert values["tokenizer_fingerprint"] == tokenizer_fingerprint(saved_tokenizer)
     with caplog.at_level("WARNING"):
@@ -510,3 +514,17 @@ def test_the_model_card_names_the_default_lora_targets(tiny_model):
     card = render_model_card(tiny_model, "org/tiny").text
     targets = ", ".join(f'"{name}"' for name in LORA_TARGET_MODULES)
     assert f'LoraConfig(task_type="SEQ_2_SEQ_LM", target_modules=[{targets}])' in card
+
+
+def test_the_decoding_estimate_counts_what_a_step_of_the_newer_methods_holds():
+    """d 16: a 5,000-layer Attention Residuals decoder holds 5,001 stored values of 16 per hypothesis in a step; four
+    Hyper-Connections streams and their mix 2 * 4 * 16."""
+    from hf_deep_nmt import DeepNMTConfig
+    from hf_deep_nmt.modeling.sizes_deep_nmt import decoding_memory
+
+    plain = DeepNMTConfig(**{**SMALL, "encoder_layers": 1, "decoder_layers": 5000})
+    deep = DeepNMTConfig(**{**SMALL, "encoder_layers": 1, "decoder_layers": 5000}, decoder_layer_aggregation="attnres")
+    assert decoding_memory(deep, 10, 5, 7) - decoding_memory(plain, 10, 5, 7) == 4 * 10 * 5001 * 16
+    plain = DeepNMTConfig(**{**SMALL, "encoder_layers": 1})
+    streams = DeepNMTConfig(**{**SMALL, "encoder_layers": 1}, decoder_hyper_connections=4)
+    assert decoding_memory(streams, 10, 5, 7) - decoding_memory(plain, 10, 5, 7) == 4 * 10 * 2 * 4 * 16
