@@ -93,7 +93,6 @@ def test_a_same_size_edit_of_the_prepared_tokenizer_is_refused_naming_the_file(p
         (lambda record: {**record, "counts": {**record["counts"], "train": {"pairs_kept": "x"}}}, "`counts.train"),
         (lambda record: {key: value for key, value in record.items() if key != "id_dtype"}, "`id_dtype` is missing"),
         (lambda record: {**record, "sha256": {"train": "0"}}, "`sha256` is"),
-        (lambda record: {**record, "inputs": {**record["inputs"], "max_source_length": 4}}, "`inputs` is"),
     ],
 )
 def test_a_malformed_record_is_one_line_naming_the_file_and_the_field(prepared, edit, field, capsys):
@@ -101,6 +100,15 @@ def test_a_malformed_record_is_one_line_naming_the_file_and_the_field(prepared, 
     record = json.loads((folder / RECORD).read_text())
     (folder / RECORD).write_text(json.dumps(edit(record)))
     with pytest.raises(PreparedDataError, match=re.escape(f"{folder / RECORD}: {field}")):
+        prepare_data(model_args, data_args, seed=1)
+
+
+def test_a_record_whose_inputs_were_edited_is_refused(prepared):
+    model_args, data_args, folder = prepared
+    record = json.loads((folder / RECORD).read_text())
+    record["inputs"]["max_source_length"] = 4
+    (folder / RECORD).write_text(json.dumps(record))
+    with pytest.raises(PreparedDataError, match=rf"{folder} does not match: its `inputs` were edited"):
         prepare_data(model_args, data_args, seed=1)
 
 
