@@ -14,6 +14,7 @@ from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResul
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_deep_nmt import registration  # noqa: F401  (an export writes the `auto_map` and model code of the registered classes)
+from hf_deep_nmt.adapters import LORA_TARGET_MODULES
 from hf_deep_nmt.fingerprints import record_tokenizer_fingerprint
 from hf_deep_nmt.folders import (  # noqa: F401  (the folder-safety functions, imported from here by earlier code)
     EXPORT_FLAG,
@@ -194,6 +195,7 @@ def render_model_card(
         length_rule=length_rule,
         examples=[{key: _cell(value) for key, value in example.items()} for example in (examples or [])],
         origin_section=_origin_section(config, trained=bool(training_data or results)),
+        lora_targets=", ".join(f'"{name}"' for name in LORA_TARGET_MODULES),
     )
 
 

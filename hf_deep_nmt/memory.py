@@ -12,6 +12,7 @@ import torch
 from transformers import AutoConfig
 
 from hf_deep_nmt import registration  # noqa: F401  (AutoConfig reads this package's model types)
+from hf_deep_nmt.modeling.configuration_deep_nmt import ATTENTION_RESIDUAL_AGGREGATIONS, hyper_connection_sublayers
 from hf_deep_nmt.modeling.contract_deep_nmt import (  # noqa: F401  (the model code's own, re-exported)
     GIB,
     InsufficientMemoryError,
@@ -44,12 +45,51 @@ def training_memory(config, batch_tokens: int) -> int:
     """Bytes a training step of a model with `config` holds at least, in float32, for batches of `batch_tokens`
     (padded) source and as many target tokens: weights, gradients and the two Adam moments (4 copies of
     `estimate_parameters`), and the activations each layer keeps for the backward pass (per token, about 8 vectors of
-    `d_model` and 2 of the FFN width in an encoder layer, 12 and 2 in a decoder layer). A lower bound, for refusing a
-    run that cannot fit before anything is built."""
+    `d_model` and 2 of the FFN width in an encoder layer, 12 and 2 in a decoder layer), with what the layer history or
+    the residual streams of each stack add (`method_activations`). A lower bound, for refusing a run that cannot fit
+    before anything is built."""
     d = int(config.d_model)
     encoder = int(config.encoder_layers) * (8 * d + 2 * int(config.encoder_ffn_dim))
     decoder = int(config.decoder_layers) * (12 * d + 2 * int(config.decoder_ffn_dim))
-    return 4 * (4 * estimate_parameters(config) + batch_tokens * (encoder + decoder))
+    methods = sum(method_activations(config, side) for side in ("encoder", "decoder"))
+    return 4 * (4 * estimate_parameters(config) + batch_tokens * (encoder + decoder + methods))
+
+
+def _attention_residual_values(config, side: str) -> int:
+    """How many stored values the Attention Residuals of stack `side` attend over all its layers and its output
+    together: layer i of block n attends the embedding, the n completed blocks and (past the block's first layer)
+    the running sum of the current one; the output attends the embedding and every block."""
+    layers = int(getattr(config, f"{side}_layers"))
+    if getattr(config, f"{side}_layer_aggregation") == "attnres":
+        return (layers + 1) * (layers + 2) // 2  # every layer a block: 1 + 2 + ... + (L + 1)
+    boundaries = getattr(config, f"{side}_block_boundaries")
+    sizes = [end - start for start, end in zip(boundaries, boundaries[1:])]
+    return sum(size * (block + 1) + size - 1 for block, size in enumerate(sizes)) + len(sizes) + 1
+
+
+def method_activations(config, side: str) -> int:
+    """Values per token the layer history or the residual streams of stack `side` keep for the backward pass, beyond
+    a plain stack's: Attention Residuals stack their stored values for every layer and keep them with their
+    normalised keys (2 vectors of `d_model` per value attended, `_attention_residual_values`, which grows with the
+    square of the depth); DLCL's and DenseFormer's combination keeps nothing beyond the layer outputs (its history
+    buffer is not held for the backward pass; its (L+1)^2 weights are parameters); Hyper-Connections keep, per
+    residual block, the n streams and their mix (2n vectors), with dynamic weights the normalised streams (n vectors)
+    and their n x (n+1) weights, and with mHC's Sinkhorn-Knopp iterations on dynamic weights two n x n matrices per
+    iteration (static weights are mixed once per step, for every token together). Mix-LN's post-norm layers hold
+    what pre-norm ones do. Held to the saved tensors of a training forward by the tests."""
+    d, layers = int(config.d_model), int(getattr(config, f"{side}_layers"))
+    aggregation = getattr(config, f"{side}_layer_aggregation")
+    values = 0
+    if aggregation in ATTENTION_RESIDUAL_AGGREGATIONS:
+        values += 2 * d * _attention_residual_values(config, side)
+    streams = int(getattr(config, f"{side}_hyper_connections", 0) or 0)
+    if streams:
+        block = 2 * streams * d
+        if config.hyper_connections_dynamic:
+            block += streams * d + streams * (streams + 1)
+            block += 2 * streams * streams * int(config.hyper_connections_sinkhorn_iterations)
+        values += layers * hyper_connection_sublayers(config, side) * block
+    return values
 
 
 def check_training_size(config, batch_tokens: int, device: str | torch.device = "cpu") -> None:

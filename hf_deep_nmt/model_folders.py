@@ -206,6 +206,8 @@ def check_saved_json_files(
                 f"{what} {str(folder)!r}: {name} is not valid JSON ({error.msg}: line {error.lineno} column "
                 f"{error.colno} of {path.stat().st_size} bytes; cut off, or edited by hand?); {way_out}."
             ) from None
+        except RecursionError:
+            raise ValueError(f"{what} {str(folder)!r}: {name} is nested too deeply to parse; {way_out}.") from None
         if not isinstance(value, dict):
             raise ValueError(
                 f"{what} {str(folder)!r}: {name} holds a JSON {type(value).__name__}, not the object of settings it "
@@ -213,6 +215,8 @@ def check_saved_json_files(
             )
         if name == "config.json" and "auto_map" not in value:
             _check_model_type(value.get("model_type"), f"{what} {str(folder)!r}: config.json", way_out)
+        if name == "config.json":
+            _check_dtype(value, f"{what} {str(folder)!r}: config.json", way_out)
     path = folder / "tokenizer.json"
     if path.is_file():
         from tokenizers import Tokenizer  # here, not at start-up: only a folder with a tokenizer needs it
@@ -224,6 +228,20 @@ def check_saved_json_files(
                 f"{what} {str(folder)!r}: tokenizer.json is JSON but not a tokenizer ({' '.join(str(error).split())})"
                 f"; {way_out}."
             ) from None
+
+
+def _check_dtype(values: dict, where: str, way_out: str) -> None:
+    """`ValueError` naming the field for a config's `dtype` / `torch_dtype` that torch does not know (transformers
+    would fail on `getattr(torch, ...)` with no file named)."""
+    import torch
+
+    for field in ("dtype", "torch_dtype"):
+        value = values.get(field)
+        if value is None or value == "auto":
+            continue
+        known = isinstance(value, str) and isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype)
+        if not known:
+            raise ValueError(f"{where}: `{field}` {value!r} is not a torch dtype (e.g. 'float32'); {way_out}.")
 
 
 def _check_model_type(model_type, where: str, way_out: str) -> None:

@@ -99,6 +99,36 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Upper bounds of the newer methods' settings, far above what their papers use (Hyper-Connections: 2 to 8 streams;
+# mHC: 4 streams, 20 Sinkhorn-Knopp iterations), below what makes a model that cannot train: each stream is a copy of
+# the stack's activations, and each iteration runs in every sublayer at every step (the iteration converges
+# geometrically, so more than a hundred change nothing a float32 shows).
+MAX_HYPER_CONNECTION_STREAMS = 64
+MAX_SINKHORN_ITERATIONS = 100
+
+
+def _model_types(config_class: type) -> set[str]:
+    """The model types of `config_class` and of every config class derived from it (the named configs)."""
+    types = {config_class.model_type}
+    for derived in config_class.__subclasses__():
+        types |= _model_types(derived)
+    return types
+
+
+def _is_dtype_name(value: object) -> bool:
+    import torch
+
+    return isinstance(value, str) and isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype)
+
+
+def _shown_list(value: object, most: int = 6) -> str:
+    """`value` for a message, a long list as its first entries and its length (a million layers' list would make a
+    line of megabytes)."""
+    if isinstance(value, list) and len(value) > most:
+        return f"[{', '.join(repr(item) for item in value[:3])}, ...] ({len(value):,} entries)"
+    return repr(value)
+
+
 def _is_number(value: object) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -182,14 +212,16 @@ FIELD_KINDS: dict[str, FieldKind] = {
     **dict.fromkeys(
         ("hyper_connections", *_HYPER_CONNECTION_SIDES),
         FieldKind(
-            "0 (off) or an integer >= 2 (the number of residual streams; one stream is the plain residual)",
-            lambda value: _is_int(value) and (value == 0 or value >= 2),
+            f"0 (off) or an integer >= 2 and <= {MAX_HYPER_CONNECTION_STREAMS} (the number of residual streams; one "
+            "stream is the plain residual, and each stream holds a copy of the stack's activations)",
+            lambda value: _is_int(value) and (value == 0 or 2 <= value <= MAX_HYPER_CONNECTION_STREAMS),
         ),
     ),
     "hyper_connections_dynamic": BOOL,
     "hyper_connections_sinkhorn_iterations": FieldKind(
-        "a non-negative integer (0 = plain Hyper-Connections, > 0 = mHC's Sinkhorn-Knopp iterations)",
-        lambda value: _is_int(value) and value >= 0,
+        f"a non-negative integer <= {MAX_SINKHORN_ITERATIONS} (0 = plain Hyper-Connections, > 0 = mHC's "
+        "Sinkhorn-Knopp iterations, each run in every sublayer at every step, and held for the backward pass)",
+        lambda value: _is_int(value) and 0 <= value <= MAX_SINKHORN_ITERATIONS,
     ),
     **dict.fromkeys(("dlcl_dilation", "dlcl_period"), POSITIVE_INT),
     **dict.fromkeys(
@@ -480,6 +512,26 @@ def _mix_ln_fits_its_stacks(config: DeepNMTConfig) -> str | None:
     return None
 
 
+def _denseformer_variants_fit_their_stacks(config: DeepNMTConfig) -> str | None:
+    # a dilation or period beyond the stored outputs of every DLCL/sparse stack holds out every weight but the first
+    # row's: the stack is then a plain residual one with extra weights, which is never what was meant
+    rows = [
+        len(getattr(config, f"{side}_block_boundaries"))
+        if getattr(config, f"{side}_layer_aggregation") == "sparse"
+        else getattr(config, f"{side}_layers") + 1
+        for side in ("encoder", "decoder")
+        if getattr(config, f"{side}_layer_aggregation") in ("dlcl", "sparse")
+    ]
+    for field in ("dlcl_dilation", "dlcl_period"):
+        value = getattr(config, field)
+        if rows and value > 1 and value >= max(rows):
+            return (
+                f"`{field}` must be smaller than the number of stored outputs of its stacks ({max(rows)}: the "
+                f"embedding and one per layer or block), got {value}."
+            )
+    return None
+
+
 def _hyper_connections_fit_their_stacks(config: DeepNMTConfig) -> str | None:
     for side in ("encoder", "decoder"):
         field = f"{side}_hyper_connections"
@@ -529,6 +581,7 @@ STRUCTURAL_RULES = (
     _block_boundaries_cut_their_stack,
     _token_ids_are_in_their_vocabulary,
     _hyper_connections_fit_their_stacks,
+    _denseformer_variants_fit_their_stacks,
 )
 
 
@@ -706,8 +759,8 @@ class DeepNMTConfig(PreTrainedConfig):
             Pagliardini et al. 2024: weight 1 on the newest stored output, 0 on the others), under which the stack
             starts as the plain residual stack with the same layers. Written into `config.json` only when set.
         hyper_connections (`int`, *optional*, defaults to 0):
-            Hyper-Connections (Zhu et al., ICLR 2025) with this many residual streams n >= 2 on both stacks; 0 is the
-            plain residual. `encoder_hyper_connections` / `decoder_hyper_connections` override it per stack. The
+            Hyper-Connections (Zhu et al., ICLR 2025) with this many residual streams n (2 to 64) on both stacks; 0 is
+            the plain residual. `encoder_hyper_connections` / `decoder_hyper_connections` override it per stack. The
             stack carries n copies of its stream; each sublayer reads a learned mix of them and writes its output
             back into each with a learned weight, while an n x n matrix mixes the copies (the modeling file's
             `DeepNMTHyperConnection`); the stack starts from n copies of the embedding and ends with their sum. At
@@ -720,7 +773,8 @@ class DeepNMTConfig(PreTrainedConfig):
         hyper_connections_sinkhorn_iterations (`int`, *optional*, defaults to 0):
             0: the Hyper-Connections' weights are used as they are. > 0: mHC (Xie et al., DeepSeek 2025): they are
             logits, the input mix goes through a sigmoid, the output weights through 2 x sigmoid, and the stream
-            mixing matrix is made doubly stochastic by this many Sinkhorn-Knopp iterations of its exponential.
+            mixing matrix is made doubly stochastic by this many Sinkhorn-Knopp iterations of its exponential (at
+            most 100; mHC uses 20).
         dlcl_dilation (`int`, *optional*, defaults to 1):
             DenseFormer's dilation k: row r of the combination (stored outputs `y_0..y_r`) weighs only `y_j` with
             `r - j` a multiple of k (the newest, `y_r`, always); the other weights are held at exactly 0. 1 is DLCL.
@@ -953,6 +1007,38 @@ class DeepNMTConfig(PreTrainedConfig):
             return 0.81 * (n**4 * m) ** (1 / 16), 0.87 * (n**4 * m) ** (-1 / 16)
         return (3 * m) ** (1 / 4), (12 * m) ** (-1 / 4)
 
+    @classmethod
+    def _dict_from_json_file(cls, json_file) -> dict:
+        """The values of a `config.json` this class loads, or `ValueError` in one line naming the file and the field:
+        text that is not JSON, or nested too deeply to parse (the parser's own words name no file), a value that is
+        not an object of fields, a `model_type` of no model of this package, a `dtype` torch does not know."""
+        try:
+            values = super()._dict_from_json_file(json_file)
+        except RecursionError:
+            raise ValueError(f"{json_file} is nested too deeply to be a config; restore the saved one.") from None
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ValueError(f"{json_file} is not valid JSON ({error}); restore the saved config.json.") from None
+        if not isinstance(values, dict):
+            raise ValueError(
+                f"{json_file} holds a JSON {type(values).__name__}, not an object of config fields; restore the "
+                "saved config.json."
+            )
+        known = sorted(_model_types(DeepNMTConfig))
+        if "model_type" in values and values["model_type"] not in known:
+            raise ValueError(
+                f"{json_file}: {cls.__name__} takes a {cls.__name__} (model_type {cls.model_type!r}) or another "
+                f"config of this package ({', '.join(known)}), not one of model_type {values['model_type']!r}; load "
+                "it with the class of its own package, or restore the saved config.json."
+            )
+        for field in ("dtype", "torch_dtype"):
+            value = values.get(field)
+            if value is not None and value != "auto" and not _is_dtype_name(value):
+                raise ValueError(
+                    f"{json_file}: `{field}` {value!r} is not a torch dtype (e.g. 'float32', 'bfloat16'); restore "
+                    "the saved config.json."
+                )
+        return values
+
     def to_dict(self) -> dict:
         output = super().to_dict()
         # Left out only at the default of the base config and of this class alike: a named config that switches a
@@ -1045,7 +1131,7 @@ class DeepNMTConfig(PreTrainedConfig):
         if given != derived and not earlier:
             logger.warning(
                 f"`decoder_layer_types` is derived (a {CACHE_LAYER_TYPE!r} cache layer per decoder layer): the given "
-                f"{given!r} is replaced by {derived!r}."
+                f"{_shown_list(given)} is replaced by {_shown_list(derived)}."
             )
         self.decoder_layer_types = derived
 
@@ -1291,6 +1377,10 @@ class HyperConnectionsConfig(DeepNMTConfig):
 # Output cap of a new model's generation config: `generate()` stops after this many tokens plus `</s>`. Positions are
 # sinusoidal, so the model sets no maximum length of its own, and transformers' default (20) cuts translations short.
 DEFAULT_MAX_OUTPUT_TOKENS = 1024
+# The most output tokens one `generate()` call may allow (`max_new_tokens`, or `max_length` less the start token):
+# every step attends all earlier outputs, so a cap of a million runs for days before it fails or ends; sixteen times
+# the default cap leaves room for documents decoded whole.
+MAX_GENERATE_TOKENS = 16 * DEFAULT_MAX_OUTPUT_TOKENS
 
 
 class DeepNMTGenerationConfig(GenerationConfig):
@@ -1314,6 +1404,7 @@ __all__ = [
     "DLCL_WEIGHTS",
     "DEFAULT_MAX_OUTPUT_TOKENS",
     "DS_INIT_MODES",
+    "MAX_GENERATE_TOKENS",
     "INIT_SCHEMES",
     "LAYER_AGGREGATIONS",
     "SINUSOID_FREQUENCIES",

@@ -30,6 +30,7 @@ from transformers.utils import logging
 from .configuration_deep_nmt import (
     CACHE_LAYER_TYPE,
     DEFAULT_MAX_OUTPUT_TOKENS,
+    MAX_GENERATE_TOKENS,
     AttnResConfig,
     DeepNMTConfig,
     DeepNMTGenerationConfig,
@@ -106,6 +107,51 @@ def check_token_ids(ids: object, name: str) -> None:
         raise ValueError(
             f"`{name}` must hold integer token ids (torch.long or torch.int32), got {ids.dtype}; tokenize with "
             f"`tokenizer(..., return_tensors='pt')`, or convert with `{name}.long()` if the values are ids."
+        )
+
+
+def _inspectable(tensor: torch.Tensor) -> bool:
+    """Whether a value of `tensor` may be read here: on the CPU (no device to wait for) and not while tracing."""
+    return tensor.device.type == "cpu" and not torch.compiler.is_compiling() and not torch.jit.is_tracing()
+
+
+def warn_of_an_empty_loss(loss: torch.Tensor, labels: torch.Tensor) -> None:
+    """Warn once when the loss is NaN because every label is -100 (ignored): the mean over no token is 0 / 0, and
+    the update it drives is NaN too. Read on the CPU only (elsewhere reading it would wait for the device at every
+    step; the Trainer's guard against non-finite losses names the step there)."""
+    if _inspectable(loss) and bool(torch.isnan(loss)) and not bool(labels.ne(-100).any()):
+        logger.warning_once(
+            "Every label of this batch is -100 (ignored by the loss), so the loss is NaN (a mean over no token): "
+            "give labels of target ids, with -100 only on padding."
+        )
+
+
+def check_output_cap(cap: int, new_tokens: bool) -> None:
+    """`ValueError` naming the setting and the bound when one `generate()` call may decode more than
+    `MAX_GENERATE_TOKENS` output tokens (`new_tokens`: the cap is `max_new_tokens`, else `max_length`)."""
+    if cap > MAX_GENERATE_TOKENS:
+        raise ValueError(
+            f"`{'max_new_tokens' if new_tokens else 'max_length'}` allows {cap:,} output tokens, over the "
+            f"{MAX_GENERATE_TOKENS:,} one generate() call decodes at most (each step attends every earlier output, "
+            f"so the time grows with the square of the length); lower it (a new model's cap is "
+            f"{DEFAULT_MAX_OUTPUT_TOKENS:,} tokens)."
+        )
+
+
+def warn_of_padding_read_as_text(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pad: int) -> None:
+    """Warn once when `input_ids` hold the pad id where `attention_mask` is 1 (or where no mask is given, in a row of
+    pad ids only): those positions are encoded as text and attended, and the translation of a row of padding is
+    made up. Reads the ids once per `generate()` call, which reads the device at every step anyway."""
+    if pad is None or input_ids.dim() != 2 or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        return
+    padding = input_ids.eq(pad)
+    read = padding & attention_mask.bool() if attention_mask is not None else padding.all(dim=1, keepdim=True)
+    if bool(read.any()):
+        rows = int(read.any(dim=1).sum())
+        logger.warning_once(
+            f"`input_ids` hold the pad id ({pad}) where `attention_mask` is 1 (or a row of pad ids only) in {rows} "
+            "row(s): padding is encoded and translated as text. Give `attention_mask` 0 on padding (the tokenizer's "
+            "`return_tensors='pt'` output does), and leave out empty rows."
         )
 
 
@@ -1886,6 +1932,8 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
                     ignore_index=-100,
                     label_smoothing=label_smoothing,
                 )
+        if loss is not None:
+            warn_of_an_empty_loss(loss, labels)
         if loss is not None and self.training and self.config.encoder_l2_lambda:
             loss = loss + self.config.encoder_l2_lambda * self.encoder_l2_penalty()
         return with_decoding_state(
@@ -1954,6 +2002,7 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
         ids = inputs if inputs is not None else kwargs.get("input_ids")
         if ids is not None:
             check_token_ids(ids, "input_ids")
+            warn_of_padding_read_as_text(ids, kwargs.get("attention_mask"), self.config.pad_token_id)
         if kwargs.get("decoder_input_ids") is not None:
             check_token_ids(kwargs["decoder_input_ids"], "decoder_input_ids")
         for name, means in (
@@ -1966,13 +2015,14 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 continue
             raise ValueError(f"`{name}` must be a positive integer ({means}), got {value!r}.")
+        new_tokens = setting("max_new_tokens")
+        cap = new_tokens if new_tokens is not None else (setting("max_length") or DEFAULT_MAX_OUTPUT_TOKENS + 2) - 1
         if ids is None or ids.dim() != 2:
+            check_output_cap(cap, new_tokens is not None)
             return  # the encoder names what is wrong with the source's shape
         beams, sequences = setting("num_beams") or 1, setting("num_return_sequences") or 1
         rows = ids.shape[0] * max(beams, sequences)
         static = setting("cache_implementation") == "static"
-        new_tokens = setting("max_new_tokens")
-        cap = new_tokens if new_tokens is not None else (setting("max_length") or DEFAULT_MAX_OUTPUT_TOKENS + 2) - 1
         cached = cap if static else 1
         source = ids.shape[1]
         per_row = decoding_memory(self.config, 1, source, cached, self.dtype)
@@ -1991,6 +2041,7 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             return "; ".join(ways)
 
         check_fits(rows * per_row, what, what_fits, self.device)
+        check_output_cap(cap, new_tokens is not None)  # after the memory, which says how many positions fit
 
     def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
         """One output cap per call: a `max_new_tokens` given to `generate()` replaces the saved `max_length` (the

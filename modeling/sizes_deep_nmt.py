@@ -207,12 +207,27 @@ def decoding_memory(
     cross-attention keys and values of every decoder layer (and MSC's context keys and values where the decoder
     attends them), the self-attention keys and values (multi-head self-attention only: the averaging sublayers keep
     one running sum), all in `dtype`; and the scores over the target vocabulary, in float32 (logits, log-probabilities
-    and processed scores). A lower bound, for refusing a decoding that cannot fit before it starts."""
+    and processed scores); plus what one decoding step of the newer methods holds at once (`_step_states`). A lower
+    bound, for refusing a decoding that cannot fit before it starts."""
     d, layers = config.d_model, config.decoder_layers
     cross = 2 * d * (2 if msc_attends_context(config, "decoder") else 1)
     own = 2 * d if config.decoder_self_attention == "multi_head" else 0
-    states = rows * (source_tokens * d + layers * (cross * source_tokens + own * cached_tokens))
+    states = rows * (source_tokens * d + layers * (cross * source_tokens + own * cached_tokens) + _step_states(config))
     return states * dtype.itemsize + 4 * 3 * rows * config.decoder_vocab_size
+
+
+def _step_states(config: DeepNMTConfig) -> int:
+    """Values per hypothesis that one decoding step of the decoder holds at once beyond a plain stack's: Attention
+    Residuals' stored values (the embedding and one per completed block, all kept until the stack output attends
+    them), and the n residual streams of Hyper-Connections with their mix (2n vectors)."""
+    d, layers = config.d_model, config.decoder_layers
+    values = 0
+    if config.decoder_layer_aggregation in ATTENTION_RESIDUAL_AGGREGATIONS:
+        blocks = layers if config.decoder_layer_aggregation == "attnres" else len(config.decoder_block_boundaries) - 1
+        values += (blocks + 1) * d
+    if config.decoder_hyper_connections:
+        values += 2 * config.decoder_hyper_connections * d
+    return values
 
 
 # ---- a config against the shapes of its weights ---------------------------------------------------------------------

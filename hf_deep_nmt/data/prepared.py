@@ -7,7 +7,8 @@ A prepared-data folder holds
   type that holds the vocabulary (uint16 under 65,536 entries, else int32; the collator pads them and derives the
   attention mask), the validation split with its `source` / `target` text as well (for scoring);
 * `prepared.json`: the record: the fingerprint and what it was computed from, the counts (pairs read, kept, dropped,
-  tokens per side), the bytes on disk, the seconds taken, the library versions and the size of every file.
+  tokens per side), the bytes on disk, the seconds taken, the library versions, the size and the sha256 of every
+  file.
 
 The fingerprint (sha256) covers everything the contents depend on: the corpus files' bytes (or a Hub dataset's own
 `datasets` fingerprint), the languages, the tokenizer (its training settings, or the given tokenizer's files), the
@@ -18,8 +19,14 @@ A folder is built under a temporary name beside its final one (named by host and
 complete, while holding the preparation lock (`hf_deep_nmt.data.prepared_lock`: an owner record with a lease, valid
 across hosts): a second preparer of the same data waits for the first and then reuses its folder; a silent owner is
 taken over; a half-written folder is never read. Each tokenized split is written once, straight into its place. A
-folder whose record does not match (another fingerprint, a missing or resized file) is refused, naming the folder
-and what differs.
+folder whose record does not match (another fingerprint, a missing, resized or edited file, a record of another
+shape) is refused, naming the folder and what differs.
+
+Every use of a folder (`prepare` finding it, a run starting or resuming from it) hashes every file against the record:
+a same-size edit of the tokenized ids or of the tokenizer would otherwise be trained on, and that tokenizer saved with
+the model as its own. At about 1.4 GB per CPU-second (sha256 with the CPU's SHA instructions) this is under a
+CPU-second for 4M pairs (about 1.1 GB); a record written before the digests were kept is checked by size, with a
+warning. The counts and length limits the record states are checked against the opened data before they are printed.
 """
 
 from __future__ import annotations
@@ -204,6 +211,65 @@ def prepared_folder(data_args, fingerprint_: str) -> Path:
     return Path(named).expanduser() if named else default_root() / fingerprint_[:16]
 
 
+def _relation(folder: Path, other: Path) -> str | None:
+    """How `folder` stands to `other` ("is", "holds", "is inside"), or None when neither holds the other."""
+    if folder == other:
+        return "is"
+    if folder in other.parents:
+        return "holds"
+    return "is inside" if other in folder.parents else None
+
+
+def check_prepared_location(data_args, output_dir: str | None = None, export_dir: str | None = None) -> None:
+    """`ValueError` naming the setting, before anything is read or trained, for a prepared-data folder that cannot be
+    one: `HF_DEEP_NMT_PREPARED_DATA` naming a file, or a `prepared_data_dir` that is (or holds) the current folder,
+    the run's `output_dir`, its `export_dir` or a corpus file's folder. A prepared folder is checked file by file
+    against its record and rebuilt when it does not match, so it must be a folder of its own; and the advice to
+    remove a folder that does not match must never be about one of these."""
+    if getattr(data_args, "streaming", False):
+        return
+    named = getattr(data_args, "prepared_data_dir", None)
+    if not named:
+        root = default_root()
+        if os.environ.get(ENVIRONMENT_VARIABLE) and os.path.lexists(root) and not root.is_dir():
+            raise ValueError(
+                f"{ENVIRONMENT_VARIABLE}={os.environ[ENVIRONMENT_VARIABLE]!r} is not a folder (a file is there): "
+                "point it at a folder for the prepared data (created when missing), or unset it."
+            )
+        return
+    folder = Path(named).expanduser().resolve()
+    others = {"the current folder": Path.cwd().resolve()}
+    for setting, path in (("output_dir", output_dir), ("export_dir", export_dir)):
+        if path:
+            others[f"the run's `{setting}` {path!r}"] = Path(path).expanduser().resolve()
+    for corpus in data_args.corpus_files() if hasattr(data_args, "corpus_files") else ():
+        others[f"the folder of the corpus file {corpus!r}"] = Path(corpus).expanduser().resolve().parent
+    for what, other in others.items():
+        relation = _relation(folder, other)
+        if relation and not (relation == "is inside" and what.startswith(("the current", "the folder of"))):
+            raise ValueError(
+                f"`prepared_data_dir` {named!r} {relation} {what}: the prepared data needs a folder of its own (it "
+                "must hold only what the preparation wrote); name a new or empty folder, e.g. 'prepared/'."
+            )
+
+
+def _make_root(folder: Path, data_args) -> None:
+    """Create the folder that holds `folder`, or say which setting named a place where it cannot be."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        if getattr(data_args, "prepared_data_dir", None):
+            setting = f"`prepared_data_dir` {data_args.prepared_data_dir!r}"
+        elif os.environ.get(ENVIRONMENT_VARIABLE):
+            setting = f"{ENVIRONMENT_VARIABLE}={os.environ[ENVIRONMENT_VARIABLE]!r}"
+        else:
+            setting = "the default prepared-data root (set HF_DEEP_NMT_PREPARED_DATA or `prepared_data_dir`)"
+        raise PreparedDataError(
+            f"Cannot create {folder.parent} for the prepared data, as {setting} asks: {error.strerror or error}; "
+            "name a folder that can be created and written."
+        ) from None
+
+
 def preprocessing_workers(data_args) -> int:
     """The recipe's `preprocessing_num_workers`, else the cores this process may run on."""
     return getattr(data_args, "preprocessing_num_workers", None) or len(os.sched_getaffinity(0))
@@ -221,42 +287,125 @@ def _files(folder: Path) -> dict[str, int]:
 
 
 def check_prepared_folder(folder: Path, expected: str | None = None) -> dict[str, Any]:
-    """The record of a complete prepared folder, after checking it against its files (every recorded file there with
-    its size, none added) and, given `expected`, the fingerprint. `PreparedDataError` naming the folder and what
-    differs otherwise."""
+    """The record of a complete prepared folder, after checking its shape (`check_record`) and checking it against its
+    files (every recorded file there with its size and sha256, none added) and, given `expected`, the fingerprint.
+    `PreparedDataError` naming the folder and what differs otherwise."""
     record_path = folder / RECORD
     try:
         record = json.loads(record_path.read_text())
-        recorded_files = record["files"]
-        recorded = record["fingerprint"]
     except (FileNotFoundError, NotADirectoryError):
         raise PreparedDataError(
-            f"{folder} is not a prepared-data folder (no {RECORD}); remove it or name another `prepared_data_dir`."
+            f"{folder} is not a prepared-data folder (it holds files but no {RECORD}); name a new or empty folder as "
+            "`prepared_data_dir`, or move those files away."
         ) from None
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, UnicodeDecodeError) as error:
         raise PreparedDataError(
             f"{record_path} is damaged ({type(error).__name__}: {error}); remove {folder} and prepare again."
         ) from None
     problems = []
-    if record.get("format") != FORMAT_VERSION:
-        problems.append(f"format {record.get('format')!r}, this version reads {FORMAT_VERSION}")
-    if expected is not None and recorded != expected:
-        problems.append(f"fingerprint {str(recorded)[:16]}, the recipe's data is {expected[:16]}")
-    found = _files(folder)
-    for name, size in recorded_files.items():
-        if name not in found:
-            problems.append(f"{name} is missing")
-        elif found[name] != size:
-            problems.append(f"{name} has {found[name]} bytes, {size} recorded")
-    added = sorted(set(found) - set(recorded_files))
-    if added:
-        problems.append(f"files not written by the preparation: {added[:3]}")
+    if not isinstance(record, dict) or record.get("format") != FORMAT_VERSION:
+        found = record.get("format") if isinstance(record, dict) else type(record).__name__
+        problems.append(f"format {found!r}, this version reads {FORMAT_VERSION}")
+    else:
+        check_record(record, record_path)
+        if expected is not None and record["fingerprint"] != expected:
+            problems.append(f"fingerprint {record['fingerprint'][:16]}, the recipe's data is {expected[:16]}")
+        elif fingerprint(record["inputs"]) != record["fingerprint"]:  # e.g. a length limit edited by hand
+            problems.append("its `inputs` were edited (they do not give its `fingerprint`)")
+        problems += _file_problems(folder, record)
     if problems:
         raise PreparedDataError(
             f"Prepared data folder {folder} does not match: {'; '.join(problems)}. Remove it (it is rebuilt) or "
             "name another `prepared_data_dir`."
         )
     return record
+
+
+def _file_problems(folder: Path, record: dict[str, Any]) -> list[str]:
+    """What differs between `folder`'s files and the record: missing, added, resized or (by sha256) edited files."""
+    recorded_files, digests = record["files"], record.get("sha256")
+    found, problems = _files(folder), []
+    for name, size in recorded_files.items():
+        if name not in found:
+            problems.append(f"{name} is missing")
+        elif found[name] != size:
+            problems.append(f"{name} has {found[name]} bytes, {size} recorded")
+        elif digests is not None and file_digest(folder / name) != digests[name]:
+            problems.append(f"{name} was changed since it was prepared (its sha256 is not the recorded one)")
+    added = sorted(set(found) - set(recorded_files))
+    if added:
+        problems.append(f"files not written by the preparation: {added[:3]}")
+    if digests is None and not problems:
+        logger.warning(
+            f"{folder / RECORD} records no sha256 of its files (prepared by an earlier version): only their sizes "
+            "could be checked. Remove the folder to have it prepared again with them."
+        )
+    return problems
+
+
+# The shape of a record: each field's path and what it must hold (checked before any field is used).
+_COUNT_FIELDS = ("pairs_read", "pairs_kept", "pairs_dropped", "source_tokens", "target_tokens")
+_HEX64 = frozenset("0123456789abcdef")
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_hex64(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX64
+
+
+def _is_relative_name(name: Any) -> bool:
+    return isinstance(name, str) and bool(name) and not name.startswith("/") and ".." not in name.split("/")
+
+
+def _record_fields(record: dict[str, Any]) -> list[tuple[str, Any, Any, str]]:
+    """(field, value, check, what it must be) for every field `check_record` checks, in order."""
+    inputs, counts = record.get("inputs"), record.get("counts")
+    fields = [
+        ("fingerprint", record.get("fingerprint"), _is_hex64, "a sha256 (64 hex digits)"),
+        ("inputs", inputs, lambda value: isinstance(value, dict), "an object"),
+        ("counts", counts, lambda value: isinstance(value, dict) and "train" in value, "an object with `train`"),
+        ("id_dtype", record.get("id_dtype"), lambda value: value in ("uint16", "int32"), '"uint16" or "int32"'),
+        ("vocab_size", record.get("vocab_size"), lambda value: _is_count(value) and value > 0, "a positive integer"),
+        ("bytes_on_disk", record.get("bytes_on_disk"), _is_count, "a non-negative integer"),
+        ("files", record.get("files"), lambda value: isinstance(value, dict), "an object of file sizes"),
+    ]
+    if isinstance(inputs, dict):
+        for key in ("max_source_length", "max_target_length"):
+            fields.append((f"inputs.{key}", inputs.get(key), lambda v: _is_count(v) and v > 0, "a positive integer"))
+    if isinstance(counts, dict):
+        for split in [name for name in ("train", "validation") if name in counts]:
+            fields.append((f"counts.{split}", counts[split], lambda value: isinstance(value, dict), "an object"))
+            if isinstance(counts[split], dict):
+                fields += [
+                    (f"counts.{split}.{key}", counts[split].get(key), _is_count, "a count") for key in _COUNT_FIELDS
+                ]
+    return fields
+
+
+def check_record(record: dict[str, Any], path: Path) -> None:
+    """`PreparedDataError` naming `path` and the first field of the record that is missing or of another shape (a
+    record edited by hand, or written by something else), before any of its values is used."""
+
+    def refuse(field: str, value: Any, wanted: str) -> None:
+        shown = "missing" if value is None else f"{json.dumps(value)[:60]}"
+        raise PreparedDataError(f"{path}: `{field}` is {shown}, not {wanted}; remove {path.parent} and prepare again.")
+
+    for field, value, check, wanted in _record_fields(record):
+        if not check(value):
+            refuse(field, value, wanted)
+    for name, size in record["files"].items():
+        if not _is_relative_name(name) or not _is_count(size):
+            refuse(f"files.{name}", size, "a byte count of a file inside the folder")
+    digests = record.get("sha256")
+    if digests is not None:
+        if not isinstance(digests, dict) or set(digests) != set(record["files"]):
+            refuse("sha256", digests, "an object with a sha256 for each of `files`")
+        for name, digest in digests.items():
+            if not _is_hex64(digest):
+                refuse(f"sha256.{name}", digest, "a sha256 (64 hex digits)")
 
 
 def _mismatch(record: dict[str, Any], inputs: dict[str, Any]) -> str:
@@ -278,12 +427,51 @@ def open_prepared(folder: Path, expected: str, inputs: dict[str, Any], reused: b
             recorded = json.loads((folder / RECORD).read_text())
         except (OSError, ValueError):
             raise error from None
+        if not isinstance(recorded, dict) or not isinstance(recorded.get("inputs"), dict):
+            raise error from None
         differs = _mismatch(recorded, inputs) if recorded.get("fingerprint") != expected else ""
         raise PreparedDataError(f"{error}{f' Differs: {differs}.' if differs else ''}") from None
     tokenizer = AutoTokenizer.from_pretrained(folder / "tokenizer")
     train = datasets.load_from_disk(str(folder / "train"))
     validation = datasets.load_from_disk(str(folder / "validation")) if (folder / "validation").is_dir() else None
+    check_counts(folder, record, len(tokenizer), {"train": train, "validation": validation})
     return PreparedData(folder, reused, tokenizer, train, validation, record, time.perf_counter() - started)
+
+
+def check_counts(folder: Path, record: dict[str, Any], vocabulary: int, splits: dict[str, Any]) -> None:
+    """`PreparedDataError` when the opened data does not hold what the record states (the pairs and tokens counted,
+    the length limits, the vocabulary and its id type), so what is printed from the record is what is trained on.
+    Reads only the rows' lengths (the offsets of the memory-mapped columns)."""
+    import pyarrow.compute as pc
+
+    problems = []
+    if record["vocab_size"] != vocabulary:
+        problems.append(f"`vocab_size` {record['vocab_size']}, its tokenizer has {vocabulary}")
+    limits = {"input_ids": record["inputs"]["max_source_length"], "labels": record["inputs"]["max_target_length"]}
+    for split, dataset in splits.items():
+        counts = record["counts"].get(split)
+        if dataset is None or counts is None:
+            if (dataset is None) != (counts is None):
+                problems.append(f"`counts.{split}` {'without' if dataset is None else 'missing for'} its split")
+            continue
+        found = _token_counts(dataset, counts["pairs_read"])
+        problems += [
+            f"`counts.{split}.{key}` {counts[key]}, the data holds {found[key]}"
+            for key in ("pairs_kept", "pairs_dropped", "source_tokens", "target_tokens")
+            if counts[key] != found[key]
+        ]
+        table = dataset.with_format("arrow")[:]
+        for column, limit in limits.items():
+            dtype = str(dataset.features[column].feature.dtype)
+            if dtype != record["id_dtype"]:
+                problems.append(f"{split} `{column}` of type {dtype}, `id_dtype` {record['id_dtype']}")
+            longest = pc.max(pc.list_value_length(table[column])).as_py() or 0
+            if longest > limit:
+                problems.append(f"{split} `{column}` rows of {longest} ids, over the recorded limit {limit}")
+    if problems:
+        raise PreparedDataError(
+            f"{folder / RECORD} does not describe its data: {'; '.join(problems)}. Remove {folder} and prepare again."
+        )
 
 
 # ---- building one --------------------------------------------------------------------------------------------------
@@ -319,6 +507,7 @@ def prepare_data(
         return _log_use(open_prepared(folder, expected, inputs, True, started))
     if not build:
         return None
+    _make_root(folder, data_args)
     with _lock(folder) as lock:
         if (folder / RECORD).is_file():  # built by another process while this one waited
             return _log_use(open_prepared(folder, expected, inputs, True, started))
@@ -482,6 +671,7 @@ def _build(
         "workers": workers,
         "versions": _versions(),
         "files": files,
+        "sha256": {name: file_digest(building / name) for name in files},
     }
     (building / RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
 

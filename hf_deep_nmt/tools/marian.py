@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from hf_deep_nmt import registration  # noqa: F401  (the converted model is saved with its `auto_map` and model code)
+from hf_deep_nmt.fingerprints import record_tokenizer_fingerprint
 from hf_deep_nmt.folders import check_export_folder, write_marked_folder
 from hf_deep_nmt.hub import settle_output_cap
 from hf_deep_nmt.model_folders import check_model_folder
@@ -133,7 +134,9 @@ def deep_nmt_config(marian):
         layer_aggregation="residual",
         layer_norm_eps=norm.eps if norm is not None else 1e-5,
         pad_token_id=source.pad_token_id,
-        bos_token_id=source.bos_token_id,
+        # Marian has no beginning-of-sentence token (None): its decoder starts from `decoder_start_token_id`, which
+        # is what a start token means to the exports (CTranslate2 needs an id of the vocabulary there)
+        bos_token_id=source.bos_token_id if source.bos_token_id is not None else source.decoder_start_token_id,
         eos_token_id=source.eos_token_id,
         decoder_start_token_id=source.decoder_start_token_id,
     )
@@ -273,6 +276,8 @@ def convert_marian(source: str | Path, out: str | Path, *, overwrite: bool = Fal
     model = convert_marian_model(marian)
     model.config.converted_from = origin_record(source, marian)
     tokenizer = _source_tokenizer(source)
+    if tokenizer is not None:  # made by this version: `grow` and the exports check the tokenizer against it
+        record_tokenizer_fingerprint(model.config, tokenizer)
 
     def write(staging: Path) -> None:
         model.save_pretrained(staging)

@@ -354,6 +354,20 @@ def multi_process_launch_without_gpu() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.cuda.is_available()
 
 
+def json_object(text: str) -> dict[str, Any]:
+    """A mapping flag's value: a JSON object (argparse would call `dict` on the text, refusing any value)."""
+    import argparse
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({error}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'a JSON object ({{"key": value, ...}}) is needed, got {text!r}')
+    return value
+
+
 def parse_arguments(
     argv: list[str] | None = None, classes: tuple = ARGUMENT_CLASSES, given: set[str] | None = None
 ) -> tuple[Any, ...]:
@@ -367,6 +381,9 @@ def parse_arguments(
     if given is not None:
         given |= _flag_names(argv)
     parser = HfArgumentParser(classes)
+    for action in parser._actions:  # a mapping flag (`--model-overrides`) takes a JSON object, as its help says
+        if action.type is dict or typing.get_origin(action.type) is dict:
+            action.type = json_object
     cpu_default = {"use_cpu": True} if multi_process_launch_without_gpu() else {}
     parser.set_defaults(**cpu_default)
     path = recipe_path(argv)
@@ -481,6 +498,36 @@ def check_config_overrides(config_class: type, overrides: dict[str, Any]) -> Non
         )
 
 
+def check_model_paths(model_args: ModelArguments) -> None:
+    """`FileNotFoundError` naming the setting for a `model_name_or_path` or `tokenizer_name_or_path` that is not a
+    local file or folder and cannot be a Hub repository id: written as a path (`./`, `/`, `~`, more than one `/`, a
+    first part that is a local folder), or, in offline mode, not in the local cache. Said before any Hub lookup, which
+    would answer with its own words (a malformed repo id, the internet connection) or, for a tokenizer, after the
+    recipe's other settings were compared with it."""
+    from hf_deep_nmt.model_folders import _HUB_ID, _LOCAL_PREFIXES
+
+    for setting in ("model_name_or_path", "tokenizer_name_or_path"):
+        text = getattr(model_args, setting)
+        if not text or not isinstance(text, str) or Path(text).expanduser().exists():
+            continue
+        where = f"no such file or folder: {Path(text).expanduser().absolute()}"
+        first = text.split("/")[0]
+        if text.startswith(_LOCAL_PREFIXES) or not _HUB_ID.fullmatch(text) or ("/" in text and Path(first).is_dir()):
+            raise FileNotFoundError(
+                f"`{setting}` {text!r} does not exist: it is not a local folder ({where}) nor a Hub repository id "
+                "(ORG/NAME); check the path."
+            )
+        from huggingface_hub import constants, try_to_load_from_cache
+
+        if constants.is_offline_mode() and not isinstance(try_to_load_from_cache(text, "config.json"), str):
+            if not isinstance(try_to_load_from_cache(text, "tokenizer_config.json"), str):
+                raise FileNotFoundError(
+                    f"`{setting}` {text!r} does not exist: it is not a local folder ({where}), and in offline mode "
+                    "(HF_HUB_OFFLINE is set) not a Hub repository in the local cache; check the path, or unset "
+                    "HF_HUB_OFFLINE to download it."
+                )
+
+
 def check_model_arguments(model_args: ModelArguments) -> None:
     """`ValueError` for settings of a new tokenizer beside a saved one (they would be ignored); for a fresh preset (no
     `model_name_or_path`), for a preset that does not exist, an override that is not a field of its config, or one
@@ -489,6 +536,7 @@ def check_model_arguments(model_args: ModelArguments) -> None:
     blank = empty_settings((model_args, ("model_name_or_path", "tokenizer_name_or_path", "model_type")))
     if blank:
         raise ValueError("; ".join(blank) + ".")
+    check_model_paths(model_args)
     saved_tokenizer = model_args.saved_tokenizer()
     if saved_tokenizer:
         given = {name: getattr(model_args, name) for name in DEFAULT_TOKENIZER_SETTINGS}

@@ -143,6 +143,21 @@ def check_same_tokenizer(paths: Sequence[Path]) -> None:
         )
 
 
+def check_distinct_checkpoints(paths: Sequence[Path]) -> None:
+    """`ValueError` naming a checkpoint given more than once (by any spelling of its path): the mean would weigh it
+    twice, silently, where an average of distinct checkpoints was asked for."""
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        resolved = path.resolve()
+        if resolved in seen:
+            same = "" if str(seen[resolved]) == str(path) else f" (as {str(seen[resolved])!r} and {str(path)!r})"
+            raise ValueError(
+                f"The checkpoint {str(path)!r} is given twice{same}: the average would count it twice. Give each "
+                "checkpoint once."
+            )
+        seen[resolved] = path
+
+
 def average_checkpoints(
     checkpoints: Sequence[str | Path] | None = None,
     *,
@@ -167,6 +182,7 @@ def average_checkpoints(
             raise ValueError("`output_dir` needs `last`, the number of newest checkpoints to average.")
         checkpoints = last_checkpoints(output_dir, last)
     paths = [Path(path) for path in checkpoints]
+    check_distinct_checkpoints(paths)
     for path in paths:
         problem = input_problem(path)
         if problem is not None:

@@ -25,6 +25,7 @@ from transformers import AutoConfig
 
 from hf_deep_nmt import MODEL_CLASSES
 from hf_deep_nmt.data.corpus import parallel_files
+from hf_deep_nmt.data.prepared import check_prepared_location
 from hf_deep_nmt.folders import check_export_folder, check_run_folders
 from hf_deep_nmt.memory import check_training_size
 from hf_deep_nmt.model_folders import check_saved_json_files, check_saved_model_folder, check_saved_weights_finite
@@ -38,6 +39,7 @@ from hf_deep_nmt.training.arguments import (
     ModelArguments,
     check_arguments,
     check_model_arguments,
+    check_model_paths,
 )
 
 # the commands that write a run folder: their plans check its folders, the export, the averaging and the memory
@@ -109,6 +111,8 @@ def plan_run(
     corpus = {  # each file there and readable; its text is checked when it is read
         path: tuple(parallel_files(path, data_args.source_lang, data_args.target_lang)) for path in corpus_files
     }
+    # a prepared-data folder of its own: a run's, an export's or the current folder is refused before training
+    check_prepared_location(data_args, *((training_args.output_dir, export_args.export_dir) if runs else ()))
     generation = DecodingOptions.from_recipe(export_args).generation_settings(data_args.max_source_length)
     lengths = max(data_args.max_source_length, data_args.max_target_length)
     tokens = training_args.max_tokens or training_args.per_device_train_batch_size * lengths
@@ -250,6 +254,7 @@ def check_saved_model(model_args: ModelArguments):
     downloaded."""
     path = model_args.model_name_or_path
     what = "`model_name_or_path`"
+    check_model_paths(model_args)  # a path that is not there is said to be missing, before any Hub lookup
     check_saved_model_folder(path, what, need_tokenizer=not model_args.tokenizer_name_or_path)
     check_saved_json_files(path, what)
     if model_args.tokenizer_name_or_path:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -85,10 +86,18 @@ def _recipe_text(path: Path) -> str:
 
 def recipe_path(argv: list[str]) -> Path | None:
     """The recipe file a command line names first (a `.json`, `.yaml` or `.yml` name), None when it starts with flags;
-    `FileNotFoundError` when that file does not exist."""
-    if not argv or not argv[0].endswith(CONFIG_SUFFIXES):
+    `FileNotFoundError` when that file does not exist, `ValueError` for a first word that is not a flag and not a
+    recipe file name (a `.txt` file, a folder), which would otherwise be reported as an argument not used."""
+    if not argv or argv[0].startswith("-"):
         return None
     path = Path(argv[0])
+    if not argv[0].endswith(CONFIG_SUFFIXES):
+        if not os.path.lexists(path):
+            raise FileNotFoundError(f"Config file not found: {path} (a recipe is a .json, .yaml or .yml file)")
+        raise ValueError(
+            f"{path}: a recipe is a JSON (.json) or YAML (.yaml, .yml) file, named so; rename it, or give the "
+            "settings as flags (--output-dir run ...)."
+        )
     if not path.is_file():
         raise FileNotFoundError(f"Config file not found: {path}")
     return path
