@@ -59,9 +59,7 @@ def as_decoder(model: PreTrainedModel | Decoder, compile: bool = False) -> Decod
     say), else the `TorchDecoder` of a transformers model. `compile=True` asks for the compiled decoding step,
     which a backend without one refuses by name (`Decoder.check_settings`)."""
     if not isinstance(model, Decoder):
-        from hf_deep_nmt.serving.torch_decoder import TorchDecoder
-
-        return TorchDecoder(model, compile=compile)
+        return __getattr__("TorchDecoder")(model, compile=compile)  # imported here first when no name was
     type(model).check_settings(compile=compile)
     return model.compiled() if compile else model
 
