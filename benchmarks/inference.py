@@ -621,7 +621,7 @@ sys.exit(code)
 """
 
 
-def translate_arguments(model: Path, lines: Path, output: Path, backend: str, beams: int, cap: int) -> list[str]:
+def whole_process_arguments(model: Path, lines: Path, output: Path, backend: str, beams: int, cap: int) -> list[str]:
     """`hf-deep-nmt translate`'s arguments for one whole-process run: one thread, beam `beams`, outputs capped at
     `cap` tokens, the batches of its defaults."""
     return [
@@ -657,7 +657,7 @@ def whole_process(model: Path, lines: Path, workdir: Path, codes: dict, repeats:
             if codes[label] is not None:
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(codes[label]), env.get("PYTHONPATH")]))
             output = workdir / f"{label}.{backend}.txt"
-            arguments = translate_arguments(model, lines, output, backend, beams, cap)
+            arguments = whole_process_arguments(model, lines, output, backend, beams, cap)
             seconds[f"{label} {backend}"].append(
                 child_seconds([sys.executable, "-m", "hf_deep_nmt_cli", *arguments], env)
             )
@@ -679,7 +679,7 @@ def profile_translate(model: Path, lines: Path, workdir: Path, backend: str, bea
     falls mostly on the imports (many small calls): time them alone too."""
     stats_file = workdir / f"translate-{backend}.prof"
     child = _PROFILED_CHILD.replace("OUT", repr(str(stats_file)))
-    arguments = translate_arguments(model, lines, workdir / f"profiled.{backend}.txt", backend, beams, cap)
+    arguments = whole_process_arguments(model, lines, workdir / f"profiled.{backend}.txt", backend, beams, cap)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     measured = child_seconds([sys.executable, "-c", child, "hf-deep-nmt", *arguments], env)
     stats = pstats.Stats(str(stats_file)).stats
