@@ -582,6 +582,140 @@ def print_profile(figures: dict) -> None:
         print(f"| {part} | {seconds:.3f} | {seconds / total:.1%} |")
 
 
+# ---- whole processes: `hf-deep-nmt translate` on real lines, as a user runs it ------------------------------------
+
+TRANSLATE_BACKENDS = {
+    "torch": [],
+    "ort_fp32": ["--backend", "onnxruntime"],
+    "ort_int8": ["--backend", "onnxruntime", "--int8"],
+}
+# what one whole-process profile adds up, by the functions its time is spent under (cumulative, not nested in another)
+PROFILE_PARTS = {
+    "imports (module code included)": [("", "_find_and_load")],
+    "loading the graphs or the model": [("onnxruntime_inference_collection", "__init__"), ("", "from_pretrained")],
+    "tokenization, batching, detokenization": [("translate.py", "iter_translations"), ("", "batch_decode")],
+    "session runs (start and step graphs)": [
+        ("onnxruntime_inference_collection", "run"),
+        ("onnxruntime_inference_collection", "run_with_iobinding"),
+    ],
+    "cache handling (repeat, reorder, drop rows)": [
+        ("~", "<method 'take' of 'numpy.ndarray' objects>"),
+        ("~", "<method 'repeat' of 'numpy.ndarray' objects>"),
+    ],
+    "search bookkeeping (top-k, finished beams, log-softmax)": [
+        ("onnx.py", "advance"),
+        ("", "<built-in method torch.log_softmax>"),
+    ],
+    "torch generate() (the torch backend's decoding)": [("", "generate")],
+}
+_PROFILED_CHILD = """
+import cProfile, sys, time
+profile = cProfile.Profile()  # wall clock: a CPU-time timer is a system call per event, which swamps the profile
+sys.argv = ["hf-deep-nmt", *sys.argv[2:]]
+profile.enable()
+from hf_deep_nmt_cli import main
+code = main()
+profile.disable()
+profile.dump_stats(OUT)
+sys.exit(code)
+"""
+
+
+def whole_process_arguments(model: Path, lines: Path, output: Path, backend: str, beams: int, cap: int) -> list[str]:
+    """`hf-deep-nmt translate`'s arguments for one whole-process run: one thread, beam `beams`, outputs capped at
+    `cap` tokens, the batches of its defaults."""
+    return [
+        "translate", "--model", str(model), "--input", str(lines), "--output", str(output), "--overwrite",
+        "--threads", "1", "--no-progress", "--num-beams", str(beams), "--max-output-tokens", str(cap),
+        *TRANSLATE_BACKENDS[backend],
+    ]  # fmt: skip
+
+
+def child_seconds(command: list[str], env: dict) -> dict:
+    """User and system CPU seconds of `command` and every process it starts (the waited-for process tree:
+    `RUSAGE_CHILDREN`), and its wall seconds."""
+    import resource
+    import subprocess
+
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
+    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL)
+    after, wall = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter() - start
+    user, system = after.ru_utime - before.ru_utime, after.ru_stime - before.ru_stime
+    return dict(cpu_seconds=user + system, user_seconds=user, system_seconds=system, wall_seconds=wall)
+
+
+def whole_process(model: Path, lines: Path, workdir: Path, codes: dict, repeats: int, beams: int = 4, cap: int = 64):
+    """Every backend of `TRANSLATE_BACKENDS` under every code tree of `codes` (label -> a checkout put first on
+    PYTHONPATH, or None: the installed package) as whole `hf-deep-nmt translate` processes at OMP_NUM_THREADS=1,
+    contenders alternating, `repeats` rounds; median seconds per contender, and whether each contender's output is
+    the first contender's of its backend."""
+    contenders = [(label, backend) for backend in TRANSLATE_BACKENDS for label in codes]
+    seconds: dict[str, list[dict]] = {f"{label} {backend}": [] for label, backend in contenders}
+    for _ in range(repeats):
+        for label, backend in contenders:
+            env = {**os.environ, "OMP_NUM_THREADS": "1"}
+            if codes[label] is not None:
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(codes[label]), env.get("PYTHONPATH")]))
+            output = workdir / f"{label}.{backend}.txt"
+            arguments = whole_process_arguments(model, lines, output, backend, beams, cap)
+            seconds[f"{label} {backend}"].append(
+                child_seconds([sys.executable, "-m", "hf_deep_nmt_cli", *arguments], env)
+            )
+    figures = {"lines": sum(1 for _ in lines.open(encoding="utf-8")), "beams": beams, "cap": cap, "rows": {}}
+    for label, backend in contenders:
+        runs = seconds[f"{label} {backend}"]
+        reference = workdir / f"{next(iter(codes))}.{backend}.txt"
+        same = (workdir / f"{label}.{backend}.txt").read_bytes() == reference.read_bytes()
+        median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        figures["rows"][f"{label} {backend}"] = {**median, "same_output": same}
+    return figures
+
+
+def profile_translate(model: Path, lines: Path, workdir: Path, backend: str, beams: int = 4, cap: int = 64) -> dict:
+    """One whole `hf-deep-nmt translate` process profiled (cProfile), its seconds scaled to the process's CPU
+    seconds (a CPU-bound process on a shared machine waits in proportion to the time it runs) and summed into
+    `PROFILE_PARTS` (for each name of a part, the largest cumulative time among the functions of that name, so that
+    one under another is not counted twice); the rest, and system time from rusage, beside. The profiler's own cost
+    falls mostly on the imports (many small calls): time them alone too."""
+    stats_file = workdir / f"translate-{backend}.prof"
+    child = _PROFILED_CHILD.replace("OUT", repr(str(stats_file)))
+    arguments = whole_process_arguments(model, lines, workdir / f"profiled.{backend}.txt", backend, beams, cap)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    measured = child_seconds([sys.executable, "-c", child, "hf-deep-nmt", *arguments], env)
+    stats = pstats.Stats(str(stats_file)).stats
+    parts = {}
+    for part, functions in PROFILE_PARTS.items():
+        parts[part] = sum(
+            max((value[3] for key, value in stats.items() if where in key[0] and key[2] == name), default=0.0)
+            for where, name in functions
+        )
+    scale = measured["cpu_seconds"] / sum(value[2] for value in stats.values())
+    parts = {part: seconds * scale for part, seconds in parts.items()}
+    return {"backend": backend, "profiled_seconds": measured["cpu_seconds"], "parts": parts, "process": measured}
+
+
+def print_whole_process(figures: dict) -> None:
+    print(f"\n{figures['lines']} lines, beam {figures['beams']}, cap {figures['cap']}, whole process, 1 thread")
+    print("| contender | CPU s | user s | system s | wall s | same output |")
+    print("|---|---:|---:|---:|---:|---|")
+    for name, row in figures["rows"].items():
+        print(
+            f"| {name} | {row['cpu_seconds']:.2f} | {row['user_seconds']:.2f} | {row['system_seconds']:.2f} | "
+            f"{row['wall_seconds']:.1f} | {row['same_output']} |"
+        )
+
+
+def print_translate_profile(figures: dict) -> None:
+    total = figures["profiled_seconds"]
+    print(f"\n`translate` ({figures['backend']}), profiled CPU seconds {total:.2f}; process: {figures['process']}")
+    print("| part | CPU s | share |")
+    print("|---|---:|---:|")
+    for part, seconds in figures["parts"].items():
+        print(f"| {part} | {seconds:.2f} | {seconds / total:.0%} |")
+    rest = total - sum(figures["parts"].values())
+    print(f"| the rest | {rest:.2f} | {rest / total:.0%} |")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
@@ -593,7 +727,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--profile", choices=FAMILIES, default=None, help="profile one family's beam search instead")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     parser.add_argument("--workdir", type=Path, default=None, help="where the exports are written (default: a temp)")
+    parser.add_argument("--end-to-end", type=Path, default=None, metavar="MODEL", help="whole translate processes")
+    parser.add_argument("--profile-translate", type=Path, default=None, metavar="MODEL", help="profile one of them")
+    parser.add_argument(
+        "--lines", type=Path, default=None, help="the source lines of --end-to-end/--profile-translate"
+    )
+    parser.add_argument("--before", type=Path, default=None, help="--end-to-end: also this checkout's code")
+    parser.add_argument("--backend", choices=sorted(TRANSLATE_BACKENDS), default="ort_fp32")
+    parser.add_argument("--repeats", type=int, default=1)
     args = parser.parse_args(argv)
+    if args.end_to_end or args.profile_translate:
+        return whole_process_main(args)
     size = "quick" if args.quick else args.size
     threads = torch.get_num_threads()
     try:
@@ -607,6 +751,22 @@ def main(argv: list[str] | None = None) -> dict:
             print_table(results)
     finally:
         torch.set_num_threads(threads)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def whole_process_main(args) -> dict:
+    with contextlib.ExitStack() as stack:
+        workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        workdir.mkdir(parents=True, exist_ok=True)
+        if args.profile_translate:
+            results = profile_translate(args.profile_translate, args.lines, workdir, args.backend)
+            print_translate_profile(results)
+        else:
+            codes = {"before": args.before, "after": None} if args.before else {"this": None}
+            results = whole_process(args.end_to_end, args.lines, workdir, codes, args.repeats)
+            print_whole_process(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return results

@@ -1,13 +1,17 @@
 """The registration of the package's models: importing this module registers every config with `AutoConfig`, its
 translation model with `AutoModelForSeq2SeqLM` and its encoder-decoder without the output layer with `AutoModel`, and
 marks them for auto-class saving, so that `save_pretrained` writes `auto_map` and the modeling files (Hub remote
-code). With `peft` installed, it also registers the models' default LoRA target modules (`hf_deep_nmt.adapters`).
+code). With `peft` installed, it also registers the models' default LoRA target modules (`hf_deep_nmt.adapters`):
+at once where peft's table is already imported, else when it is (`register_lora_defaults_on_import`), so that
+registering, and so `import hf_deep_nmt`, does not import peft (a third of a second, for a command that never uses it).
 
 It is also where the package's names live. The classes of every method (config, model, encoder-decoder) are names of
 this module by the names `METHODS` gives them, read at each lookup (`method_classes`), so that no list of them is kept
 by hand and a method registered later is named too. The package imports it when one of its names is first used
 (`from hf_deep_nmt import DlclConfig`, `hf_deep_nmt.register()`), and so does every module of the package that loads
 or builds a model."""
+
+import sys
 
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -37,7 +41,8 @@ BASE_MODEL_CLASSES: dict[type, type] = {}
 def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
     """Make `method` a method of the package: added to the model code's `METHODS`, its classes to `MODEL_CLASSES` /
     `BASE_MODEL_CLASSES`, registered with `AutoConfig`, `AutoModelForSeq2SeqLM` and `AutoModel` and marked for
-    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets; its classes
+    auto-class saving (so `save_pretrained` writes remote code), and given peft's default LoRA targets (when peft is
+    imported: `register_lora_defaults_on_import`); its classes
     are names of this module and of the package from then on (`method_classes`). Every built-in method comes this
     way; `docs/methods.md` ("Adding a method") says what a new one needs besides."""
     modeling_deep_nmt.register_method(method)
@@ -50,8 +55,46 @@ def register_method(method: DeepNMTMethod) -> DeepNMTMethod:
     model_class.register_for_auto_class("AutoModelForSeq2SeqLM")
     AutoModel.register(config_class, base_model_class, exist_ok=True)
     base_model_class.register_for_auto_class("AutoModel")
-    register_lora_defaults([config_class.model_type])
+    register_lora_defaults_on_import([config_class.model_type])
     return method
+
+
+PEFT_TABLE = "peft.utils.constants"  # the module of peft's table of default LoRA targets
+_LORA_PENDING: list[str] = []  # model types whose LoRA defaults wait for peft's table to be imported
+
+
+class _AfterPeftTable:
+    """A meta path finder that lets the usual finders find `PEFT_TABLE`, then has its module, once executed, take
+    the pending LoRA defaults (`register_lora_defaults`): the registration happens when peft is imported, however
+    it is imported, and never imports it."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != PEFT_TABLE:
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else getattr(finder, "find_spec", lambda *_: None)(name, path, target)
+            if spec is not None and spec.loader is not None:
+                execute = spec.loader.exec_module
+
+                def exec_module(module, execute=execute):
+                    execute(module)
+                    register_lora_defaults(_LORA_PENDING)
+
+                spec.loader.exec_module = exec_module  # this module's own loader object
+                return spec
+        return None
+
+
+_PEFT_HOOK = _AfterPeftTable()
+
+
+def register_lora_defaults_on_import(model_types: list[str]) -> None:
+    """`register_lora_defaults(model_types)` now if peft's table is imported, else as soon as it is."""
+    _LORA_PENDING.extend(model_types)
+    if PEFT_TABLE in sys.modules:
+        register_lora_defaults(model_types)
+    elif _PEFT_HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _PEFT_HOOK)
 
 
 def method_classes() -> dict[str, type]:

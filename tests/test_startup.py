@@ -62,17 +62,24 @@ def test_every_help_answers_on_stdout_without_torch_or_transformers(tmp_path):
 
 def test_a_bare_import_registers_the_models(tmp_path):
     """What the README promises the Python API: `import hf_deep_nmt`, then the Auto classes load a saved folder
-    without `trust_remote_code`."""
+    without `trust_remote_code`; peft is not imported by it, and has the default LoRA targets once it is."""
     script = """
-import json
+import importlib.util, json, sys
 import hf_deep_nmt
 from transformers import CONFIG_MAPPING, AutoModelForSeq2SeqLM
 from hf_deep_nmt.registration import MODEL_CLASSES
-print(json.dumps([c.model_type in CONFIG_MAPPING for c in MODEL_CLASSES]))
+peft_imported = "peft" in sys.modules
+lora = True
+if importlib.util.find_spec("peft") is not None:
+    import peft
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as defaults
+    lora = all(c.model_type in defaults for c in MODEL_CLASSES)
+print(json.dumps([[c.model_type in CONFIG_MAPPING for c in MODEL_CLASSES], peft_imported, lora]))
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, check=True)
-    registered = json.loads(result.stdout)
+    registered, peft_imported, lora = json.loads(result.stdout)
     assert len(registered) >= 6 and all(registered)
+    assert not peft_imported and lora
 
 
 def test_the_command_line_registers_the_models_at_the_first_use_of_a_name(tmp_path):

@@ -2,20 +2,44 @@
 per run, and the translate loop (or the server's batching queue) sees only its `Decoder` interface.
 
 `serve` without `--backend` takes the fastest backend that can run the model here: `FASTEST_FIRST` walked in order,
-each asked `unavailable_reason` (cheap: nothing is loaded), torch last because it runs every model."""
+each asked `unavailable_reason` (cheap: nothing is loaded), torch last because it runs every model.
+
+A decoder's module is imported when its name is first looked up in `DECODERS`, so that `translate` imports only its
+own backend (the torch decoder brings the model code and its registration, which ONNX Runtime and CTranslate2 never
+need)."""
 
 from __future__ import annotations
 
-from hf_deep_nmt.serving.ctranslate2_decoder import CTranslate2Decoder  # imports ctranslate2 only when made
-from hf_deep_nmt.serving.decoder import Decoder
-from hf_deep_nmt.serving.onnx import OnnxDecoder
-from hf_deep_nmt.serving.torch_decoder import TorchDecoder
+import importlib
+from collections.abc import Iterator, Mapping
 
-DECODERS: dict[str, type[Decoder]] = {
-    "torch": TorchDecoder,
-    "onnxruntime": OnnxDecoder,
-    "ctranslate2": CTranslate2Decoder,
+from hf_deep_nmt.serving.decoder import Decoder
+
+_PLACES = {
+    "torch": ("hf_deep_nmt.serving.torch_decoder", "TorchDecoder"),
+    "onnxruntime": ("hf_deep_nmt.serving.onnx", "OnnxDecoder"),
+    "ctranslate2": ("hf_deep_nmt.serving.ctranslate2_decoder", "CTranslate2Decoder"),  # imports ctranslate2 when made
 }
+
+
+class _Decoders(Mapping):
+    """The decoder classes by backend name, each module imported at the first lookup of its name."""
+
+    def __getitem__(self, name: str) -> type[Decoder]:
+        module, attribute = _PLACES[name]
+        return getattr(importlib.import_module(module), attribute)
+
+    def __contains__(self, name: object) -> bool:
+        return name in _PLACES  # without importing the decoder
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_PLACES)
+
+    def __len__(self) -> int:
+        return len(_PLACES)
+
+
+DECODERS: Mapping[str, type[Decoder]] = _Decoders()
 # fastest first on the CPU at batch 32 (benchmarks/README.md, `inference.py`: CTranslate2, then ONNX Runtime, then
 # torch, for every family each runs); a name with no decoder in `DECODERS` is passed over
 FASTEST_FIRST = ("ctranslate2", "onnxruntime", "torch")

@@ -72,10 +72,12 @@ class _BeamSearch:
         self.unsatisfied = torch.ones(batch, 1, dtype=torch.bool)  # a sentence that may still improve
         self.unfinished = True
 
-    def advance(self, log_probs: torch.Tensor) -> np.ndarray:
+    def advance(self, log_probs: torch.Tensor, gone: torch.Tensor | None = None) -> np.ndarray:
         """Extend the hypotheses by one token, scored by `log_probs` (rows, vocabulary); returns the row of the
         previous step each new row continues. The best 2 * beams of beams x vocabulary are among each row's best
-        2 * beams (a row adds one score to all its tokens): the same candidates as over the whole, sorted less."""
+        2 * beams (a row adds one score to all its tokens): the same candidates as over the whole, sorted less.
+        `gone` (batch, 1): sentences that could no longer improve and left the batch (their scores are stand-ins);
+        their candidates count as ended for the stopping rule, which they can no longer change."""
         batch, beams, keep = self.running.shape[0], self.beams, 2 * self.beams
         best, best_ids = torch.topk(log_probs, k=min(keep, log_probs.shape[-1]), dim=-1)
         candidates = (best.view(batch, beams, -1) + self.running_scores[:, :, None]).view(batch, -1)
@@ -89,7 +91,7 @@ class _BeamSearch:
         self.running, self.running_scores = _take(top_sequences, chosen), torch.gather(still, 1, chosen)
         self._finish(top_sequences, top_scores, hits & (torch.arange(keep) < beams)[None, :])
         self.length += 1
-        self._update_unfinished(hits)
+        self._update_unfinished(hits if gone is None else hits | gone)
         return (torch.gather(source_beam, 1, chosen) + torch.arange(batch)[:, None] * beams).view(-1).numpy()
 
     def _finish(self, sequences: torch.Tensor, scores: torch.Tensor, ended: torch.Tensor) -> None:
@@ -120,6 +122,99 @@ class _BeamSearch:
     def best(self) -> np.ndarray:
         """The best finished hypothesis of each sentence without the start token, as wide as the longest."""
         return self.sequences[:, 0, 1 : 1 + int(self.lengths[:, 0].max())].numpy()
+
+
+def _view(flat: np.ndarray, shape: tuple) -> np.ndarray:
+    """The contiguous leading part of `flat` as an array of `shape` (no copy)."""
+    return flat[: math.prod(shape)].reshape(shape)
+
+
+class _SelfCache:
+    """The self-attention slots of one batch (keys and values gaining a position a step, MAtt/AAN's running sum of
+    one size) in two flat buffers each, allocated once at the positions the caps allow (`capacity`): a step reads
+    one and the graph writes its grown slots straight into the other (`outputs`); then the two swap, or the rows
+    that go on are gathered back into the first (`keep`, before every step: beams reordered, finished sentences
+    dropped; the start graph's slots count as written). Nothing is
+    allocated per step and no copy is made outside the graph but that gather: the memory of a step is bounded by
+    the batch, and untouched pages of a buffer are never mapped."""
+
+    def __init__(self, slots: list[np.ndarray], grows: list[bool], capacity: int):
+        self.grows, self.shapes = grows, [slot.shape for slot in slots]
+        self.read, self.write = [], []
+        for slot, growing in zip(slots, grows):
+            size = slot.size // slot.shape[2] * capacity if growing else slot.size
+            first, second = np.empty(size, slot.dtype), np.empty(size, slot.dtype)
+            _view(second, slot.shape)[...] = slot  # as if a step had written them: `keep` comes first
+            self.read.append(first)
+            self.write.append(second)
+        self.grown = self.shapes
+
+    def inputs(self) -> list[np.ndarray]:
+        return [_view(flat, shape) for flat, shape in zip(self.read, self.shapes)]
+
+    def outputs(self) -> list[np.ndarray]:
+        """The arrays the next step writes its slots into, one position longer where a slot grows."""
+        self.grown = [(*s[:2], s[2] + 1, *s[3:]) if g else s for s, g in zip(self.shapes, self.grows)]
+        return [_view(flat, shape) for flat, shape in zip(self.write, self.grown)]
+
+    def keep(self, rows: np.ndarray | None) -> None:
+        """After a step: the written slots become the read ones, only `rows` of them (in that order) when given."""
+        if rows is None:
+            self.read, self.write, self.shapes = self.write, self.read, self.grown
+            return
+        self.shapes = [(len(rows), *shape[1:]) for shape in self.grown]
+        for read, write, grown, shape in zip(self.read, self.write, self.grown, self.shapes):
+            np.take(_view(write, grown), rows, axis=0, out=_view(read, shape), mode="clip")
+
+
+class _Batch:
+    """One batch's decoding state for the step graph, bound once (ONNX Runtime's I/O binding over numpy memory):
+    the encoder states, cross-attention slots and mask (re-gathered only when rows leave), the self-attention
+    slots in a `_SelfCache`, the logits written into one buffer; `max_lengths`: each row's cap, as in `greedy`."""
+
+    def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None):
+        logits, encoder, slots, mask = started
+        self.decoder, self.session, self.vocab = decoder, decoder.step, logits.shape[-1]
+        own = set(decoder.self_index)
+        cross = {name: slot for index, (name, slot) in enumerate(zip(decoder.names, slots)) if index not in own}
+        self.fixed = {"attention_mask": mask, **encoder, **cross}
+        self.self_names = [decoder.names[index] for index in decoder.self_index]
+        grows = [decoder.layout[index][2] in ("keys", "values") for index in decoder.self_index]
+        self.cache = _SelfCache([slots[index] for index in decoder.self_index], grows, capacity)
+        self.max_lengths = None if max_lengths is None else np.asarray(max_lengths)
+
+    def keep(self, rows: np.ndarray | None, changed: bool = True) -> None:
+        """Go on with `rows` of the last step's (None: all, in order); `changed`: some row left the batch."""
+        self.cache.keep(rows)
+        if rows is not None and changed:
+            self.fixed = {name: np.take(tensor, rows, axis=0) for name, tensor in self.fixed.items()}
+            if self.max_lengths is not None:
+                self.max_lengths = self.max_lengths[rows]
+
+    def step(self, tokens: np.ndarray, done: int) -> np.ndarray:
+        """The next logits after `done` tokens for the rows kept; rows whose `max_lengths` are reached get `</s>`
+        only (log-probability 0, every other token -inf)."""
+        from onnxruntime import OrtValue
+
+        binding = self.session.io_binding()
+        feeds = {"tokens": np.ascontiguousarray(tokens[:, None], dtype=np.int64), **self.fixed}
+        feeds["steps"] = np.zeros(done, dtype=np.float32)
+        feeds.update(zip(self.self_names, self.cache.inputs()))
+        logits = np.empty((len(tokens), self.vocab), dtype=np.float32)
+        outputs = {"logits": logits, **dict(zip(["new." + name for name in self.self_names], self.cache.outputs()))}
+        values = [OrtValue.ortvalue_from_numpy(array) for array in (*feeds.values(), *outputs.values())]
+        for name, value in zip([*feeds, *outputs], values):
+            if name in outputs:
+                binding.bind_ortvalue_output(name, value)
+            else:
+                binding.bind_ortvalue_input(name, value)
+        self.session.run_with_iobinding(binding)
+        if self.max_lengths is not None:
+            capped = self.max_lengths <= done
+            if capped.any():
+                logits[capped] = -np.inf
+                logits[capped, self.decoder.eos] = 0.0
+        return logits
 
 
 class OnnxDecoder(Decoder):
@@ -166,11 +261,17 @@ class OnnxDecoder(Decoder):
         """Tokens as `generate()` gives them for greedy search (without the decoder start token; finished rows
         padded), and the logits of each step (batch, steps, vocab). `forced` (batch, steps): feed these tokens
         instead of the chosen ones (to compare the logits along a given path). `max_lengths` (batch,): each row's own
-        cap on its tokens, `</s>` forced once it has that many (`translate`'s source-relative cap)."""
-        logits, encoder, slots, mask = self._start(input_ids, attention_mask)
+        cap on its tokens, `</s>` forced once it has that many (`translate`'s source-relative cap). Without `forced`,
+        a finished row leaves the batch: its later logits say only that padding follows (0 for the pad id)."""
+        started = self._start(input_ids, attention_mask)
+        logits, rows = started[0], started[0].shape[0]
+        batch = _Batch(self, started, max_new_tokens + 1, max_lengths)
         out, scores = [], []
-        finished = np.zeros(mask.shape[0], dtype=bool)
+        finished, active = np.zeros(rows, dtype=bool), np.arange(rows)
         for step in range(max_new_tokens):
+            if len(active) < rows:
+                logits, padding = np.full((rows, logits.shape[-1]), -np.inf, np.float32), logits
+                logits[:, self.pad], logits[active] = 0.0, padding
             if step < min_new_tokens:
                 logits[:, self.eos] = -np.inf
             scores.append(logits)
@@ -180,24 +281,12 @@ class OnnxDecoder(Decoder):
             finished |= token == self.eos
             if (forced is None and finished.all()) or step + 1 == max_new_tokens:
                 break
-            logits = self._step(token, encoder, slots, mask, step + 1, max_lengths)
+            going = active[~finished[active]] if forced is None else active
+            changed = len(going) < len(active)
+            batch.keep(np.searchsorted(active, going) if changed else None, changed)
+            active = going
+            logits = batch.step(token[active], step + 1)
         return np.stack(out, axis=1), np.stack(scores, axis=1)
-
-    def _step(self, tokens, encoder, slots, mask, done, max_lengths=None):
-        """The next logits after `done` tokens (the self-attention slots updated in place); rows whose
-        `max_lengths` (one per row) are reached get `</s>` only (log-probability 0, every other token -inf)."""
-        feeds = {"tokens": tokens[:, None].astype(np.int64), "attention_mask": mask, **encoder}
-        feeds["steps"] = np.zeros(done, dtype=np.float32)
-        feeds.update(zip(self.names, slots))
-        logits, *new = self.step.run(None, feeds)
-        for index, tensor in zip(self.self_index, new):
-            slots[index] = tensor
-        if max_lengths is not None:
-            capped = np.asarray(max_lengths) <= done
-            if capped.any():
-                logits[capped] = -np.inf
-                logits[capped, self.eos] = 0.0
-        return logits
 
     def beam(
         self,
@@ -211,27 +300,37 @@ class OnnxDecoder(Decoder):
     ):
         """The best hypothesis of beam search, with the rules of `generate()`'s beam search (`_BeamSearch`), so that
         the tokens are `generate()`'s; decoder start token excluded. `max_lengths` (batch,): each sentence's own cap,
-        as in `greedy`; `length_penalty`: instead of the export's."""
-        logits, encoder, slots, mask = self._start(input_ids, attention_mask, num_beams)
+        as in `greedy`; `length_penalty`: instead of the export's. A sentence whose best running hypothesis can no
+        longer beat its finished ones leaves the batch (its result is settled)."""
+        started = self._start(input_ids, attention_mask, num_beams)
+        logits, rows = started[0], started[0].shape[0]
         penalty = self.length_penalty if length_penalty is None else length_penalty
         search = _BeamSearch(
-            mask.shape[0] // num_beams, num_beams, 1 + max_new_tokens, self.start_token, self.pad, self.eos, penalty,
+            rows // num_beams, num_beams, 1 + max_new_tokens, self.start_token, self.pad, self.eos, penalty,
             self.early_stopping,
         )  # fmt: skip
         if max_lengths is not None:
             max_lengths = np.repeat(np.asarray(max_lengths), num_beams)  # rows grouped by sentence
+        batch = _Batch(self, started, max_new_tokens + 2, max_lengths)
+        active, gone = np.arange(rows), None
         while True:
-            log_probs = torch.log_softmax(torch.from_numpy(logits).float(), dim=-1)
+            if len(active) < rows:  # stand-in scores for the sentences that left: nothing reads them
+                logits, kept = np.zeros((rows, logits.shape[-1]), np.float32), logits
+                logits[active] = kept
+            log_probs = torch.log_softmax(torch.from_numpy(logits), dim=-1)
             if search.length - 1 < min_new_tokens:
                 log_probs[:, self.eos] = -math.inf
-            rows = search.advance(log_probs)
+            sources = search.advance(log_probs, gone)
             if not search.unfinished:
                 return search.best()
-            slots = [
-                np.take(slot, rows, axis=0) if entry[0] == "self" else slot for entry, slot in zip(self.layout, slots)
-            ]
-            tokens = search.running[:, :, search.length - 1].reshape(-1).numpy()
-            logits = self._step(tokens, encoder, slots, mask, search.length - 1, max_lengths)
+            gone = ~search.unsatisfied
+            going = np.flatnonzero(np.repeat(search.unsatisfied[:, 0].numpy(), num_beams))
+            position = np.empty(rows, dtype=np.int64)
+            position[active] = np.arange(len(active))
+            batch.keep(position[sources[going]], len(going) < len(active))
+            active = going
+            tokens = search.running[:, :, search.length - 1].reshape(-1).numpy()[active]
+            logits = batch.step(tokens, search.length - 1)
 
     # ---- the serving seam (`Decoder`) ----------------------------------------------------------------------------
 

@@ -14,15 +14,15 @@ here, as they were when this module held them all.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from hf_deep_nmt.data.batching import token_batches
-from hf_deep_nmt.serving.compiled import STATIC_CACHE_BUCKET, compiled_decoding, own_forward  # noqa: F401
 from hf_deep_nmt.serving.decoder import Decoder
 from hf_deep_nmt.serving.options import MAX_LENGTH_A, MAX_OUTPUT_TOKENS, MAX_SOURCE_TOKENS, DecodingOptions  # noqa: F401
 from hf_deep_nmt.serving.text_files import (  # noqa: F401
@@ -33,13 +33,25 @@ from hf_deep_nmt.serving.text_files import (  # noqa: F401
     write_pieces,
 )
 from hf_deep_nmt.serving.threads import default_threads, set_threads, usable_cores  # noqa: F401
-from hf_deep_nmt.serving.torch_decoder import (  # noqa: F401
-    SourceRelativeMaxLength,
-    TorchDecoder,
-    check_decoding_memory,
-    decoding_memory,
-    load_model,
-)
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+# The torch decoder's names and compiled decoding's, importable from here too, imported at their first use: they
+# import torch, transformers and the model code, which the ONNX Runtime backend's `translate` never needs.
+_BESIDE = {
+    **dict.fromkeys(
+        ("SourceRelativeMaxLength", "TorchDecoder", "check_decoding_memory", "decoding_memory", "load_model"),
+        "hf_deep_nmt.serving.torch_decoder",
+    ),
+    **dict.fromkeys(("STATIC_CACHE_BUCKET", "compiled_decoding", "own_forward"), "hf_deep_nmt.serving.compiled"),
+}
+
+
+def __getattr__(name: str):
+    if name in _BESIDE:
+        return getattr(importlib.import_module(_BESIDE[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def as_decoder(model: PreTrainedModel | Decoder, compile: bool = False) -> Decoder:
@@ -47,7 +59,7 @@ def as_decoder(model: PreTrainedModel | Decoder, compile: bool = False) -> Decod
     say), else the `TorchDecoder` of a transformers model. `compile=True` asks for the compiled decoding step,
     which a backend without one refuses by name (`Decoder.check_settings`)."""
     if not isinstance(model, Decoder):
-        return TorchDecoder(model, compile=compile)
+        return __getattr__("TorchDecoder")(model, compile=compile)  # imported here first when no name was
     type(model).check_settings(compile=compile)
     return model.compiled() if compile else model
 
