@@ -1,7 +1,8 @@
-"""`python -c SCRIPT ARGS...` without the interpreter's start: a server process imports torch and transformers once
-(never hf_deep_nmt) and forks a child per script, which runs it as a fresh interpreter would, in its own working
-folder, environment, module cache and output files. `hf-deep-nmt upgrade-code` checks each folder in two clean
-processes; forked from here, each check skips the 3 CPU seconds a fresh interpreter spends importing.
+"""`python -c SCRIPT ARGS...` without the interpreter's start: a server process imports torch, transformers and the
+transformers modules that model code imports, once (never hf_deep_nmt), and forks a child per script, which runs it as
+a fresh interpreter would, in its own working folder, environment, module cache and output files.
+`hf-deep-nmt upgrade-code` checks each folder in two clean processes; forked from here, each check skips the 5 CPU
+seconds a fresh interpreter spends importing.
 
 What differs from a fresh interpreter, and why it does not matter to the scripts run here: the imported modules are
 the server's (torch and transformers, imported before the child's environment was set, so the child's
@@ -21,7 +22,17 @@ import torch  # noqa: F401
 import transformers
 import transformers.dynamic_module_utils
 import transformers.utils.hub
-from transformers import AutoModelForSeq2SeqLM  # noqa: F401  (the modeling and generation modules)
+# what the model code of every release imports from transformers (the activations module alone pulls in
+# torch.distributed.tensor: 1.5 CPU s), and what loading and generating with it imports
+import transformers.activations
+import transformers.cache_utils
+import transformers.configuration_utils
+import transformers.generation
+import transformers.initialization
+import transformers.modeling_layers
+import transformers.modeling_outputs
+import transformers.modeling_utils
+from transformers import AutoModelForSeq2SeqLM, GenerationConfig, GenerationMixin, PreTrainedConfig  # noqa: F401
 
 assert "hf_deep_nmt" not in sys.modules, "the clean server imported hf_deep_nmt"
 
