@@ -241,8 +241,10 @@ class LogitsOnly(torch.nn.Module):
 
 # The whole cache-less forward, for the family whose code tests/test_onnx_decoding.py does not export (that file
 # exports SDT with relative keys, MAtt, MSC, DeepNorm with DLCL connections and a trained plain post-norm model as
-# decoding graphs, every family's cache slots through one code path): the Hyper-Connections' streams.
-ONNX_FORWARD_FAMILIES = ["mhc-2-dynamic"]
+# decoding graphs, every family's cache slots through one code path): the Hyper-Connections' streams. Tracing costs
+# per graph op, so the model is as deep as the streams need: two encoder layers (streams carried from one layer to
+# the next) and one decoder layer (streams expanded from the embedding and merged into the output).
+ONNX_FORWARD_FAMILIES = {"mhc-2-dynamic": dict(encoder_layers=2, decoder_layers=1)}
 
 
 @pytest.mark.skipif(bool(ONNX_MISSING), reason=f"the onnx extra is not installed ({', '.join(ONNX_MISSING)})")
@@ -250,7 +252,7 @@ ONNX_FORWARD_FAMILIES = ["mhc-2-dynamic"]
 def test_the_onnx_export_computes_what_torch_computes_on_a_padded_batch(family, tmp_path):
     import onnxruntime
 
-    model = doctor.family_model(family, "cpu")
+    model = doctor.family_model(family, "cpu", **ONNX_FORWARD_FAMILIES[family])
     wrapped = LogitsOnly(model).eval()
     example = (SOURCE, MASK.long(), torch.tensor([[0, 5, 7, 9], [0, 8, 2, 1]]))
     axes = {"input_ids": {0: "batch", 1: "source"}, "attention_mask": {0: "batch", 1: "source"}}

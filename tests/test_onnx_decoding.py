@@ -22,11 +22,14 @@ PATH = torch.tensor([[5, 7, 9, 11, 3, 4, 8], [8, 2, 1, 1, 1, 1, 1], [3, 3, 4, 5,
 # export costs 8-16 CPU s whatever the model's size (torch.export's tracing and decompositions, per graph op), so
 # the other families ride on as few exports as the configs allow: DeepNorm with dense DLCL connections is one
 # (post-norm, DeepNorm's scaled residuals, DLCL's layer history); the plain post-norm model is the int8 test's.
+# Tracing costs per graph op, and the start graph holds the encoder: the encoders are as deep as their decoding state
+# needs (2 layers; MSC's two blocks of one layer, one per decoder layer), but SDT's, whose sparse connections need
+# two blocks of 2 layers.
 FAMILIES = {
     "sdt-sparse-rpr": {},
-    "dsinit-matt": {},
-    "msc": {},
-    "deepnorm": {"layer_aggregation": "dlcl"},
+    "dsinit-matt": {"encoder_layers": 2},
+    "msc": {"msc_block_layers": [1, 1]},
+    "deepnorm": {"layer_aggregation": "dlcl", "encoder_layers": 2},
 }
 
 

@@ -211,7 +211,9 @@ def test_any_valid_config_decodes_consistently_and_round_trips(fields, seed):
     check_model(fields, seed)
 
 
-@settings(max_examples=70, **SETTINGS)
+# 50 draws: the derandomized sequence's first 50 already hold every value of every switch its first 70 held (its
+# first 40 miss one); the plain draws above need their 140 (at 100 the block Attention Residuals go undrawn).
+@settings(max_examples=50, **SETTINGS)
 @given(fields=valid_configs(msc=True), seed=st.integers(0, 2**16))
 def test_any_valid_msc_layout_decodes_consistently_and_round_trips(fields, seed):
     check_model(fields, seed)

@@ -5,18 +5,21 @@ files kept; a check that fails writes nothing; a repository gets one code-only c
 import hashlib
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import transformers
+from clean_python import CleanPython
 from huggingface_hub import constants
 
 from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig, __version__
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
 from hf_deep_nmt.hub import WRITTEN_MARKER, export_hub_folder, files_not_written_by_us
+from hf_deep_nmt.tools import upgrade_code
 from hf_deep_nmt.tools.upgrade_code import (
     BACKUP_FOLDER,
     CODE_FILES,
@@ -44,6 +47,22 @@ def contents(folder: Path) -> dict[str, bytes]:
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def clean_python(tmp_path_factory):
+    server = CleanPython(tmp_path_factory.mktemp("clean-python"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(autouse=True)
+def forked_checks(clean_python, monkeypatch):
+    """The check's clean processes forked from a server that imported torch and transformers (never this package):
+    the same script, arguments, working folder and environment, without an interpreter's start each (17 of them in
+    this file, 3 CPU s each). `decode_in_clean_process` in a fresh interpreter, as the library starts it, stays checked
+    once, in the MSC case below."""
+    monkeypatch.setattr(upgrade_code, "subprocess", SimpleNamespace(run=clean_python.run, DEVNULL=subprocess.DEVNULL))
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +107,9 @@ def published(publish):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_and_uncached(family, publish, tmp_path):
+def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_and_uncached(
+    family, publish, tmp_path, monkeypatch
+):
     published = publish(family)
     weights, tokenizer_file = digest(published / "model.safetensors"), digest(published / "tokenizer.json")
     card = (published / "README.md").read_bytes()
@@ -119,7 +140,9 @@ def test_a_folder_with_the_0_1_0_code_is_upgraded_and_decodes_the_same_cached_an
     assert again.changed == [] and not again.written and again.old_version == __version__
     if family != "msc":
         return  # the command's check is the same code for every family: checked independently once, on MSC's cache
-    # Checked again here, independently of the command's own check: the upgraded folder, as remote code.
+    # Checked again here, independently of the command's own check: the upgraded folder, as remote code, in a fresh
+    # interpreter started as the library starts it.
+    monkeypatch.setattr(upgrade_code, "subprocess", subprocess)
     inputs = tmp_path / "inputs.pt"
     torch.save(check_inputs(json.loads((published / "config.json").read_text()), 3, seed=7), inputs)
     work = tmp_path / "work"
