@@ -232,7 +232,6 @@ def check_export_folder(
     replaced. `PermissionError` when it cannot be written.
     """
     folder = Path(folder)
-    check_apart(folder, sources or {})
     here = Path.cwd().resolve()
     if folder.resolve() == here or folder.resolve() in here.parents:
         raise ValueError(
@@ -242,6 +241,7 @@ def check_export_folder(
     for description, path in (protected or {}).items():
         if folder.resolve() == Path(path).resolve():
             raise ValueError(f"{str(folder)!r} is {description}; write the result to a folder of its own.")
+    check_apart(folder, sources or {})  # after the exact matches above, whose messages say more
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{str(folder)!r} is a file, not a folder; choose a folder for the result.")
     if folder.is_dir() and any(folder.iterdir()):

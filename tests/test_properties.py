@@ -126,7 +126,26 @@ def valid_configs(draw, msc: bool | None = None):
     if fields.get("encoder_hyper_connections") or fields.get("decoder_hyper_connections"):
         fields["hyper_connections_dynamic"] = draw(st.booleans())
         fields["hyper_connections_sinkhorn_iterations"] = draw(st.sampled_from([0, 2]))
+    fit_denseformer_variants(fields)
     return fields
+
+
+def fit_denseformer_variants(fields: dict) -> None:
+    """DenseFormer's dilation and period kept below the stored outputs of the longest combined stack: a larger one
+    holds out every weight but the first row's, which the config refuses."""
+    if fields.get("dlcl_dilation", 1) == 1 and fields.get("dlcl_period", 1) == 1:
+        return
+    probe = dict(fields, dlcl_dilation=1, dlcl_period=1)
+    config = probe.pop("config_class")(**{**base_fields(), **probe})
+    rows = max(
+        len(getattr(config, f"{side}_block_boundaries"))
+        if getattr(config, f"{side}_layer_aggregation") == "sparse"
+        else getattr(config, f"{side}_layers") + 1
+        for side in ("encoder", "decoder")
+        if getattr(config, f"{side}_layer_aggregation") in ("dlcl", "sparse")
+    )
+    for field in ("dlcl_dilation", "dlcl_period"):
+        fields[field] = min(fields[field], max(1, rows - 1))
 
 
 def base_fields() -> dict:

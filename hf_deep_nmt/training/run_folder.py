@@ -13,7 +13,7 @@ The names of both modules are importable from here too, where code written befor
 
 from __future__ import annotations
 
-import pickle
+import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,37 +66,71 @@ def _process_group():
     return None
 
 
-def _portable(error: BaseException) -> BaseException:
-    """`error` as the other ranks can receive it: itself when it survives pickling (a `RunFolderError`, a
-    `ValueError`: the same class and message on every rank), else a `RuntimeError` carrying its text."""
-    if isinstance(error, Exception):
-        try:
-            return pickle.loads(pickle.dumps(error))
-        except Exception:  # an exception whose arguments do not pickle
-            pass
-    return RuntimeError(f"The main process stopped deciding about the run folder: {type(error).__name__}: {error}")
+# the errors a decision may end in, rebuilt by name on the other ranks (anything else arrives as a RuntimeError with
+# its class and text): a decision travels as JSON, never pickled
+_DECISION_ERRORS = {
+    cls.__name__: cls
+    for cls in (
+        RunFolderError,
+        FileExistsError,
+        FileNotFoundError,
+        NotADirectoryError,
+        IsADirectoryError,
+        PermissionError,
+        OSError,
+        ValueError,
+        TypeError,
+        RuntimeError,
+    )
+}
+
+
+def _decision_error(payload: dict[str, str]) -> Exception:
+    """The main process's error as the other ranks raise it: the same class and message where the class is one a
+    decision ends in, else a `RuntimeError` naming it."""
+    cls = _DECISION_ERRORS.get(payload["type"])
+    if cls is None:
+        return RuntimeError(
+            f"The main process stopped deciding about the run folder: {payload['type']}: {payload['message']}"
+        )
+    return cls(payload["message"])
+
+
+def _broadcast_json(distributed, payload: Any = None) -> Any:
+    """`payload` (JSON) from rank 0 to every rank, as bytes in a tensor on the group's device (NCCL's: the current
+    CUDA device); the other ranks pass nothing and get rank 0's payload."""
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device()) if distributed.get_backend() == "nccl" else "cpu"
+    data = (
+        torch.frombuffer(bytearray(json.dumps(payload).encode()), dtype=torch.uint8) if payload is not None else None
+    )
+    size = torch.tensor([0 if data is None else data.numel()], dtype=torch.int64, device=device)
+    distributed.broadcast(size, src=0)
+    data = torch.empty(int(size.item()), dtype=torch.uint8, device=device) if data is None else data.to(device)
+    distributed.broadcast(data, src=0)
+    return json.loads(bytes(data.cpu().tolist()).decode())
 
 
 def main_decides(decide: Callable[[], T], main_process: bool) -> T:
     """`decide()` on the main process, its outcome on every process: the others wait for it (a broadcast from rank
     0) and return the same value or raise the same error, so that no rank reads a folder the main one is writing.
-    Without a process group of several ranks, each process calls `decide()` itself."""
+    Without a process group of several ranks, each process calls `decide()` itself. Outcomes are JSON values (what
+    to resume from: a path, `"last"`, True or None)."""
     distributed = _process_group()
     if distributed is None:
         return decide()
     if not main_process:
-        received: list[Any] = [None]
-        distributed.broadcast_object_list(received, src=0)
-        refused, outcome = received[0]
-        if refused:
-            raise outcome
-        return outcome
+        received = _broadcast_json(distributed)
+        if "error" in received:
+            raise _decision_error(received["error"])
+        return received["value"]
     try:
         value = decide()
     except BaseException as error:
-        distributed.broadcast_object_list([(True, _portable(error))], src=0)
+        _broadcast_json(distributed, {"error": {"type": type(error).__name__, "message": str(error)}})
         raise
-    distributed.broadcast_object_list([(False, value)], src=0)
+    _broadcast_json(distributed, {"value": value})
     return value
 
 
