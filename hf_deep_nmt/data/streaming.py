@@ -171,6 +171,7 @@ class _FileReader:
             pair = self._next_pair() if mine else self._skip_pair()
             self.pair += 1
             if mine:
+                self.last = self.pair - 1  # the pair's number in the stream
                 return pair
 
     def _skip_pair(self) -> None:
@@ -253,6 +254,108 @@ class _FileReader:
             lines.close()
 
 
+def _line_number(path: Path, offset: int) -> int:
+    """The number of the line that starts at byte `offset` of `path`: the newlines before it are counted only when an
+    error names the line (a reader of a byte range does not number its lines)."""
+    count, left = 0, offset
+    with _open_corpus(path) as handle:
+        while left:
+            chunk = handle.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            count, left = count + chunk.count(b"\n"), left - len(chunk)
+    return count + 1
+
+
+def _first_blank_line(path: Path, offset: int) -> int:
+    """The number of the first line of the run of blank lines that ends where the text at byte `offset` starts (the
+    line `hf_deep_nmt.data.corpus` names for a blank line inside the file; it may lie in another reader's range)."""
+    run, number, read = None, 1, 0
+    with _open_corpus(path) as handle:
+        while read < offset:
+            raw = handle.readline()
+            if not raw:
+                break
+            read += len(raw)
+            run = (run or number) if _blank(raw) else None
+            number += 1
+    return run or number
+
+
+class _RangeReader:
+    """Pairs of a single-file corpus (TSV / JSONL) from reader `rank` of `world`'s byte range only: its lines are those
+    that start in `[rank x size / world, (rank + 1) x size / world)`, so the readers share the file's lines without
+    any of them reading another's. `position()` holds the byte offset of the next line (a line start within the range)
+    and the pairs of the range read before it; `last` is the byte offset of the pair read last, its number in the
+    stream (offsets order the pairs as the file does, and no reader knows the line numbers before its range)."""
+
+    def __init__(self, path: Path, kind: str, languages: tuple[str, str], position, rank: int, world: int):
+        self.path, self.kind, self.languages = path, kind, languages
+        size = path.stat().st_size
+        self.range = [rank * size // world, (rank + 1) * size // world]
+        self.handle = _open_corpus(path)
+        self.offset, self.pair, self.last = self._first_line(self.range[0]), 0, None
+        if position is not None:
+            self.offset, self.pair = position["offsets"][0], position["pair"]
+        self.handle.seek(self.offset)
+
+    def _first_line(self, start: int) -> int:
+        """The first line start at or after `start` (the line that holds byte `start - 1` is the previous reader's)."""
+        if start == 0:
+            return 0
+        self.handle.seek(start - 1)
+        return start - 1 + len(self.handle.readline())
+
+    def position(self) -> dict[str, Any]:
+        return {"offsets": [self.offset], "pair": self.pair, "range": list(self.range)}
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, str]:
+        blank = False  # a blank line read, to be followed by nothing but blank lines up to the end of the file
+        while self.offset < self.range[1] or blank:  # past the range only to look for text after a blank line
+            start = self.offset
+            raw = self.handle.readline()
+            if not raw:
+                break
+            self.offset += len(raw)
+            mine = start < self.range[1]  # another reader's line is only looked at, never checked
+            line = self._checked(start, raw, None) if mine else ("" if _blank(raw) else raw)
+            if not line.strip():
+                blank = True
+                continue
+            if blank:
+                number = _first_blank_line(self.path, start)
+                raise ValueError(
+                    f"{self.path}:{number}: empty line inside the file (only trailing blank lines are allowed)."
+                )
+            self.pair, self.last = self.pair + 1, start
+            return self._checked(start, raw, line)
+        raise StopIteration
+
+    def _checked(self, start: int, raw: bytes, line: str | None):
+        """The line at byte `start` decoded (`line` None), else its pair, checked as `hf_deep_nmt.data.corpus` checks
+        it; an error names the line's number, counted only then (whether it is line 1 is all a line needs before)."""
+
+        def check(number: int):
+            text = decode_line(self.path, number, raw) if line is None else line
+            if line is None:
+                return text
+            if self.kind == "tsv":
+                return tsv_pair(self.path, number, text)
+            return jsonl_pair(self.path, number, text, *self.languages)
+
+        try:
+            return check(1 if start == 0 else 0)
+        except ValueError:
+            check(_line_number(self.path, start))  # the same error, naming the line
+            raise
+
+    def close(self) -> None:
+        self.handle.close()
+
+
 class FileSource:
     """A local parallel corpus (`train_file`: .tsv, .jsonl or a two-file prefix) read lazily."""
 
@@ -263,8 +366,12 @@ class FileSource:
         self.languages = (source_lang, target_lang)
         self._digests: dict[str, str] | None = None
 
-    def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _FileReader:
-        return _FileReader(self.files, self.kind, self.languages, position, rank, world_size)
+    def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _FileReader | _RangeReader:
+        """Reader `rank` of `world_size`: a byte range of a single file, every `world_size`-th pair of two files
+        (whose lines cannot be split by bytes: a line of one file is found in the other by counting)."""
+        if self.kind == "two":
+            return _FileReader(self.files, self.kind, self.languages, position, rank, world_size)
+        return _RangeReader(self.files[0], self.kind, self.languages, position, rank, world_size)
 
     def identity(self) -> dict[str, Any]:
         """What a recorded position depends on: each file's name and size (a file that grew or shrank has other
@@ -297,7 +404,7 @@ class FileSource:
     def check_position(self, position: dict[str, Any], where: str) -> None:
         """`ValueError` unless every recorded offset is the start of a line of its file."""
         for file, offset in zip(self.files, position["offsets"]):
-            if offset == 0:
+            if offset in (0, file.stat().st_size):  # the end of a file, which may lack a final newline
                 continue
             with _open_corpus(file) as handle:
                 handle.seek(offset - 1)
@@ -366,6 +473,7 @@ class _HubReader:
         while True:
             row = next(self.rows)
             self.pair += 1
+            self.last = self.pair - 1
             where = f"{self.source.name}[{self.source.split}]"
             pair = row.get("translation") if isinstance(row, dict) else None
             if not isinstance(pair, dict):
@@ -624,7 +732,7 @@ class StreamedPairs(IterableDataset):
         try:
             buffer_start = reader.position()
             while True:
-                numbered = [(reader.pair - 1, source, target) for source, target in islice(reader, self.buffer_pairs)]
+                numbered = [(reader.last, source, target) for source, target in islice(reader, self.buffer_pairs)]
                 if not numbered:
                     break
                 buffer_end = reader.position()
@@ -701,7 +809,9 @@ class StreamedCorpus:
         )
         if not positions or not positions[0]:
             return 0
-        return max(item.get("corpus_pairs") or item["reader"]["pair"] for item in positions)
+        counts = [item.get("corpus_pairs") or item["reader"]["pair"] for item in positions]
+        # readers of byte ranges count their own range's pairs: together, this process's share
+        return sum(counts) if "range" in positions[0]["reader"] else max(counts)
 
 
 # ---- the Trainer's side: loader, recorded position, resume ----------------------------------------------------------
