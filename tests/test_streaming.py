@@ -140,7 +140,8 @@ def test_every_pair_is_delivered_once_per_pass_on_one_rank_and_split_over_two(tm
         assert [sorted(pairs) for pairs in passes] == [kept, kept]
     assert "dropped 1 of 34 pairs longer than 16 source / 16 target tokens" in caplog.text
     shares = [pass_pairs(stream(source, rank=rank, world_size=2).batches(), 2) for rank in (0, 1)]
-    first = len(shares[0][0])  # rank 0 reads the lines that start in the first half of the file's bytes, rank 1 the rest
+    # rank 0 reads the lines that start in the first half of the file's bytes, rank 1 the rest
+    first = len(shares[0][0])
     assert 0 < first < len(kept)
     for rank, share in enumerate(shares):
         assert [sorted(pairs) for pairs in share] == [kept[:first] if rank == 0 else kept[first:]] * 2
@@ -592,5 +593,16 @@ def test_the_readers_byte_ranges_hold_every_pair_once_read_by_its_reader_alone_a
             read.append(pair)
             positions.append(reader.position())
         for index, position in enumerate(positions):  # a reader restarted after any pair continues with the rest
-            source.check_position(position, "here")
+            source.check_position(position, "here", (1, 3))
             assert list(source.reader(position, rank=1, world_size=3)) == read[index + 1 :], (name, index)
+        with pytest.raises(
+            ValueError, match=r"here records where reader 2 of 3 stopped in .* in bytes \[\d+, \d+\], but"
+        ):
+            source.check_position(positions[0], "here", (2, 3))
+    # a position of the readers that dealt out pairs (no byte range) holds with one reader only
+    dealt = {"offsets": [0], "line": 1, "pair": 0}
+    source.check_position(dealt, "here", (0, 1))
+    with pytest.raises(
+        ValueError, match=r"reader 1 of 3 stopped in .*rows.jsonl with the lines dealt out by pair, but"
+    ):
+        source.check_position(dealt, "here", (1, 3))
