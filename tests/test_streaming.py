@@ -60,6 +60,16 @@ def write_tsv(path: Path, sizes: list[tuple[int, int]]) -> Path:
     return path
 
 
+def pair_numbers(path: Path) -> dict[int, int]:
+    """Pair `j` of a file without blank lines, by the byte offset of its line (the number a stream gives a pair of a
+    single-file corpus: no reader of a byte range knows how many lines come before it)."""
+    offsets, offset = {}, 0
+    for number, line in enumerate(path.read_bytes().splitlines(keepends=True)):
+        offsets[offset] = number
+        offset += len(line)
+    return offsets
+
+
 def stream(source, **settings) -> StreamedPairs:
     defaults = dict(buffer_pairs=4, max_source_length=16, max_target_length=16, max_tokens=12, seed=3)
     return StreamedPairs(source, word_tokenizer(), **{**defaults, **settings})
@@ -78,11 +88,13 @@ def test_a_buffer_is_cut_by_the_padded_budget_and_handed_out_in_a_seeded_order(t
     # [1, 0|3] costs 2 x 4 = 8, adding the other 4 would cost 12 <= 12 -> [1, 0, 3]; then 2 alone (4 x 6 > 12).
     source = FileSource(write_tsv(tmp_path / "c.tsv", SIZES[:4]), "es", "en")
     first = take(stream(source).batches(), 2)
-    assert sorted(sorted(batch.pairs) for batch in first) == [[0, 1, 3], [2]]
+    number = pair_numbers(tmp_path / "c.tsv")
+    assert sorted(sorted(number[j] for j in batch.pairs) for batch in first) == [[0, 1, 3], [2]]
+    size = (tmp_path / "c.tsv").stat().st_size
     assert first[0].position["pass"] == 0 and first[1].position == {
         "pass": 0,
         "buffer": 1,
-        "reader": {"offsets": [(tmp_path / "c.tsv").stat().st_size], "line": 5, "pair": 4},
+        "reader": {"offsets": [size], "pair": 4, "range": [0, size]},
         "done": 0,
         "batches": 2,
         "corpus_pairs": None,
@@ -120,7 +132,7 @@ def pass_pairs(batches, passes: int) -> list[list[int]]:
 def test_every_pair_is_delivered_once_per_pass_on_one_rank_and_split_over_two(tmp_path, caplog):
     sizes = SIZES * 3 + [(20, 1)]  # the last pair is over the length limit of 16: dropped, counted
     source = FileSource(write_tsv(tmp_path / "c.tsv", sizes), "es", "en")
-    kept = list(range(len(sizes) - 1))
+    kept = sorted(pair_numbers(tmp_path / "c.tsv"))[:-1]  # byte offsets of the pairs' lines
     for passes in (
         pass_pairs(stream(source, buffer_pairs=5).batches(), 2),
         pass_pairs(stream(source, buffer_pairs=len(sizes) * 2).batches(), 2),
@@ -128,8 +140,11 @@ def test_every_pair_is_delivered_once_per_pass_on_one_rank_and_split_over_two(tm
         assert [sorted(pairs) for pairs in passes] == [kept, kept]
     assert "dropped 1 of 34 pairs longer than 16 source / 16 target tokens" in caplog.text
     shares = [pass_pairs(stream(source, rank=rank, world_size=2).batches(), 2) for rank in (0, 1)]
+    # rank 0 reads the lines that start in the first half of the file's bytes, rank 1 the rest
+    first = len(shares[0][0])
+    assert 0 < first < len(kept)
     for rank, share in enumerate(shares):
-        assert [sorted(pairs) for pairs in share] == [[j for j in kept if j % 2 == rank]] * 2
+        assert [sorted(pairs) for pairs in share] == [kept[:first] if rank == 0 else kept[first:]] * 2
     # the passes differ in order (the seed includes the pass)
     one = pass_pairs(stream(source, buffer_pairs=5).batches(), 2)
     assert one[0] != one[1]
@@ -162,8 +177,17 @@ class CountingFile:
     def seek(self, offset):
         return self.handle.seek(offset)
 
+    def read(self, size=-1):
+        return self.handle.read(size)
+
     def close(self):
         self.handle.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exception):
+        self.close()
 
 
 def test_the_reader_never_reads_past_the_buffer_in_progress(tmp_path, monkeypatch):
@@ -460,7 +484,7 @@ def test_a_streamed_datasets_name_trains_with_its_validation_split(tmp_path):
 
 
 def test_two_loader_workers_read_their_own_pairs_and_resume_where_each_stopped(tmp_path):
-    """With `dataloader_num_workers: 2` each worker tokenizes its own pairs (pair `j` to reader `j mod 2`), the
+    """With `dataloader_num_workers: 2` each worker tokenizes its own pairs (half the file's bytes each), the
     loader takes their batches in turn, and a loader restarted from the position after any batch hands out exactly
     the batches that followed, even when the other worker's turn comes first."""
     source = FileSource(write_tsv(tmp_path / "c.tsv", SIZES * 2), "es", "en")
@@ -473,7 +497,7 @@ def test_two_loader_workers_read_their_own_pairs_and_resume_where_each_stopped(t
         if len(uninterrupted) == 14:
             break
     readers = [stream(source, buffer_pairs=5, rank=reader, world_size=2) for reader in (0, 1)]
-    expected = [take(reader.batches(), 7) for reader in readers]  # the single readers of pairs j mod 2
+    expected = [take(reader.batches(), 7) for reader in readers]  # the single readers of each half
     assert uninterrupted == [expected[index % 2][index // 2].features for index in range(14)]
     assert positions[5]["batches"] == 6 and positions[5]["next"] == 0
     for index in (4, 7):  # resumed after an even and an odd number of batches
@@ -501,24 +525,84 @@ def test_a_run_with_two_loader_workers_resumes_with_the_batches_it_had_not_train
     assert record == whole[6:]
 
 
-def test_a_reader_checks_its_own_pairs_and_counts_the_others_alike(tmp_path):
-    """Another reader's lines are only counted: a bad line stops the reader whose pair it is, with the message of the
-    in-memory reader; a blank line inside the file (which would shift the pair numbers) and misaligned files stop
-    every reader."""
-    bad = tmp_path / "bad.tsv"
-    bad.write_bytes(b"uno\tone\nno tab here\ntres\tthree\n\xc2\xa0\n\n")  # pair 1 malformed; trailing blank lines
-    with pytest.raises(ValueError) as expected:
-        read_parallel_file(bad, "es", "en")
-    with pytest.raises(ValueError) as owner:
-        list(FileSource(bad, "es", "en").reader(rank=1, world_size=2))
-    assert str(owner.value) == str(expected.value)
-    assert list(FileSource(bad, "es", "en").reader(rank=0, world_size=2)) == [("uno", "one"), ("tres", "three")]
-    (tmp_path / "gap.tsv").write_bytes(b"uno\tone\n\ndos\ttwo\n")
+def test_a_reader_checks_the_lines_of_its_byte_range_with_the_message_of_the_in_memory_reader(tmp_path):
+    """A reader of a byte range checks the lines that start in it, and no other: a bad line stops the reader whose line
+    it is, with the message of the in-memory reader (the line's number counted only then); a blank line followed by
+    text stops the reader whose range holds the blank line (it looks past its range for the text) and one whose range
+    starts inside the blank lines; misaligned two files (dealt out by pair) stop every reader."""
+    files = {
+        # 28 bytes, ranges [0, 14) and [14, 28): the malformed line 3 starts at byte 16, in the second
+        "late.tsv": b"uno\tone\ndos\ttwo\nno tab here\n",
+        # pair 1 malformed, in the first range; trailing blank lines (one a no-break space) in the second
+        "bad.tsv": b"uno\tone\nno tab here\ntres\tthree\n\xc2\xa0\n\n",
+    }
+    for name, content in files.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError) as expected:
+            read_parallel_file(tmp_path / name, "es", "en")
+        owner = 1 if name == "late.tsv" else 0
+        with pytest.raises(ValueError) as raised:
+            list(FileSource(tmp_path / name, "es", "en").reader(rank=owner, world_size=2))
+        assert str(raised.value) == str(expected.value), name
+    assert list(FileSource(tmp_path / "late.tsv", "es", "en").reader(rank=0, world_size=2)) == [
+        ("uno", "one"),
+        ("dos", "two"),
+    ]
+    assert list(FileSource(tmp_path / "bad.tsv", "es", "en").reader(rank=1, world_size=2)) == [("tres", "three")]
+    (tmp_path / "gap.tsv").write_bytes(b"uno\tone\n\ndos\ttwos\n")  # 18 bytes: the blank line 2 ends [0, 9)
+    with pytest.raises(ValueError, match=r"gap.tsv:2: empty line inside the file"):
+        list(FileSource(tmp_path / "gap.tsv", "es", "en").reader(rank=0, world_size=2))
+    assert list(FileSource(tmp_path / "gap.tsv", "es", "en").reader(rank=1, world_size=2)) == [("dos", "twos")]
+    (tmp_path / "gaps.tsv").write_bytes(b"uno\tone\n\n\n\n\ndos\ttwo\n")  # blank lines 2-5 span both ranges
     for rank in (0, 1):
-        with pytest.raises(ValueError, match=r"gap.tsv:2: empty line inside the file"):
-            list(FileSource(tmp_path / "gap.tsv", "es", "en").reader(rank=rank, world_size=2))
+        with pytest.raises(ValueError, match=r"gaps.tsv:2: empty line inside the file"):
+            list(FileSource(tmp_path / "gaps.tsv", "es", "en").reader(rank=rank, world_size=2))
     (tmp_path / "m.es").write_bytes(b"uno\ndos\ntres\n")
     (tmp_path / "m.en").write_bytes(b"one\ntwo\n")
     for rank in (0, 1):
         with pytest.raises(ValueError, match=r"m.es has 3 lines but .*m.en has 2; parallel files must align"):
             list(FileSource(tmp_path / "m", "es", "en").reader(rank=rank, world_size=2))
+    (tmp_path / "m.en").write_bytes(b"one\ntwo\nthree\n")  # two files are dealt out by pair: j to reader j mod 2
+    assert list(FileSource(tmp_path / "m", "es", "en").reader(rank=1, world_size=2)) == [("dos", "two")]
+
+
+def test_the_readers_byte_ranges_hold_every_pair_once_read_by_its_reader_alone_and_resume_exactly(
+    tmp_path, monkeypatch
+):
+    pairs = [(f"{'ñ' * (j % 7)}{'語' * (j % 3)} w{j}", f"{'x' * (j * 5 % 23)}é{j}") for j in range(40)]
+    texts = {
+        "final.tsv": "".join(f"{s}\t{t}\n" for s, t in pairs),
+        "open.tsv": "\n".join(f"{s}\t{t}" for s, t in pairs),  # no final newline
+        "rows.jsonl": "".join(json.dumps({"es": s, "en": t}, ensure_ascii=False) + "\n" for s, t in pairs),
+    }
+    monkeypatch.setattr(streaming, "_open_corpus", lambda file: CountingFile(Path(file).open("rb")))
+    for name, text in texts.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        source = FileSource(tmp_path / name, "es", "en")
+        for world in (1, 2, 3, 5):
+            shares = []
+            for rank in range(world):
+                CountingFile.lines = 0
+                shares.append(list(source.reader(rank=rank, world_size=world)))
+                # its own lines, and the tail of the line before its range (skipped to find its first line start)
+                assert CountingFile.lines == len(shares[-1]) + (rank > 0), (name, world, rank)
+            assert [pair for share in shares for pair in share] == pairs, (name, world)  # each once, in file order
+        reader = source.reader(rank=1, world_size=3)
+        read, positions = [], []
+        for pair in reader:
+            read.append(pair)
+            positions.append(reader.position())
+        for index, position in enumerate(positions):  # a reader restarted after any pair continues with the rest
+            source.check_position(position, "here", (1, 3))
+            assert list(source.reader(position, rank=1, world_size=3)) == read[index + 1 :], (name, index)
+        with pytest.raises(
+            ValueError, match=r"here records where reader 2 of 3 stopped in .* in bytes \[\d+, \d+\], but"
+        ):
+            source.check_position(positions[0], "here", (2, 3))
+    # a position of the readers that dealt out pairs (no byte range) holds with one reader only
+    dealt = {"offsets": [0], "line": 1, "pair": 0}
+    source.check_position(dealt, "here", (0, 1))
+    with pytest.raises(
+        ValueError, match=r"reader 1 of 3 stopped in .*rows.jsonl with the lines dealt out by pair, but"
+    ):
+        source.check_position(dealt, "here", (1, 3))

@@ -24,33 +24,39 @@ How batches are made (the OpenNMT `bucket_size` / Marian maxi-batch idea), per p
 The corpus order decides which pairs share a buffer: a corpus sorted by topic or length gets buffers of one topic or
 length. Shuffle such a file once beforehand (`shuf corpus.tsv > shuffled.tsv`).
 
-Several processes: local files are dealt out by pair, pair `j` (counting from 0 in the file) to rank
-`j mod world_size`; every process reads every line but decodes, checks and tokenizes only its own pairs (a bad line
-stops the process whose pair it is, and the launcher the others), and makes its own buffers and batches. A
+Several processes: a single-file corpus (TSV / JSONL) of `size` bytes is split by bytes, rank `r` reading the lines
+that start in `[r x size / world_size, (r + 1) x size / world_size)` (it seeks to its first line start and stops at
+the first line starting past its range), so the processes read the file once between them; a line is decoded and
+checked by the process whose range holds it (a bad line stops that process, and the launcher the others), its number
+counted only when an error names it. Two files (source and target) cannot be split by bytes (a line of one is found in
+the other only by counting lines), so they are dealt out by pair: pair `j` (counting from 0) to rank
+`j mod world_size`, every process reading every line but decoding, checking and tokenizing only its own. A
 `dataset_name` is split by `datasets.distributed.split_dataset_by_node` (whole shards per rank where they divide
-evenly, else every `world_size`-th row). So each pair goes to one process per pass; the processes take the same
-number of steps (`max_steps`) and may be at slightly different places of their passes.
+evenly, else every `world_size`-th row). So each pair goes to one process per pass; each makes its own buffers and
+batches; the processes take the same number of steps (`max_steps`) and may be at slightly different places of their
+passes (ranges hold pairs of different lengths).
 
-Several loader workers (`dataloader_num_workers` N > 1): each process's share is read by N readers, one per worker,
-as if there were `world_size x N` processes (pair `j` to reader `j mod (world_size x N)`, counted over every
-process's readers), each with its own buffers, seeds and position; the loader takes the workers' batches in turn.
-Tokenizing, the costly part, is then spread over N cores. The recorded position holds every reader's position and
-whose turn is next, so a resume continues each reader where it stopped and the turns where they were; it needs the
-same N (another N deals the pairs otherwise, and is refused by name).
+Several loader workers (`dataloader_num_workers` N > 1): each process's share is read by N readers, one per worker, as
+if there were `world_size x N` processes (reader `rank x N + i` of `world_size x N`: its byte range, or pair `j` to
+reader `j mod (world_size x N)` for two files), each with its own buffers, seeds and position; the loader takes the
+workers' batches in turn. Tokenizing, the costly part, is then spread over N cores. The recorded position holds every
+reader's position and whose turn is next, so a resume continues each reader where it stopped and the turns where they
+were; it needs the same N (another N deals the pairs otherwise, and is refused by name).
 
 Resuming, and what it guarantees: after each batch it hands to the Trainer, the loader knows the position that comes
-after it: the pass, the number of the buffer, where that buffer's first pair is read from (byte offsets of the next
-line and its line number for local files; `datasets`' own `state_dict()` of the stream for a `dataset_name`), and how
-many of that buffer's batches were already handed out. `StreamPositionRecorder` writes the position of every process
-into each checkpoint (`checkpoint-N/stream_state.json`, before the checksums of the checkpoint are recorded), and
-checks that it is the position after exactly `global_step x gradient_accumulation_steps` batches. A resumed run
-reads the buffer in progress again from its recorded start (at most `stream_buffer_pairs` pairs per process are read
-twice: read, never trained on twice), makes the same batches (same pairs, same seeds), skips those already handed out,
-and continues. So, for the same corpus, tokenizer and settings, the batches after a resume from step N are exactly the
-batches the uninterrupted run trains after step N, on every process: nothing replayed, nothing skipped. The Trainer's
-own fast-forwarding (`ignore_data_skip`) is turned off for a streamed run. A checkpoint whose position cannot hold is
-refused, naming why: written without streaming, another buffer size, seed, token budget, length limit, tokenizer size
-or process count, or a corpus file whose size changed (its offsets would point elsewhere).
+after it: the pass, the number of the buffer, where that buffer's first pair is read from (the byte offset of the next
+line within the reader's range of a single file, or of each of two files with its line number; `datasets`' own
+`state_dict()` of the stream for a `dataset_name`), and how many of that buffer's batches were already handed out.
+`StreamPositionRecorder` writes the position of every process into each checkpoint (`checkpoint-N/stream_state.json`,
+before the checksums of the checkpoint are recorded), and checks that it is the position after exactly `global_step x
+gradient_accumulation_steps` batches. A resumed run reads the buffer in progress again from its recorded start (at most
+`stream_buffer_pairs` pairs per process are read twice: read, never trained on twice), makes the same batches (same
+pairs, same seeds), skips those already handed out, and continues. So, for the same corpus, tokenizer and settings, the
+batches after a resume from step N are exactly the batches the uninterrupted run trains after step N, on every process:
+nothing replayed, nothing skipped. The Trainer's own fast-forwarding (`ignore_data_skip`) is turned off for a streamed
+run. A checkpoint whose position cannot hold is refused, naming why: written without streaming, another buffer size,
+seed, token budget, length limit, tokenizer size or process count, or a corpus file whose size changed (its offsets
+would point elsewhere).
 
 The tokenizer, unless the recipe names one, is trained on the first `tokenizer_train_pairs` pairs of the stream and
 saved in `output_dir/tokenizer/` (by the main process; the others wait and load it), where a resumed run loads it.
@@ -150,8 +156,9 @@ def _blank(raw: bytes) -> bool:
 
 
 class _FileReader:
-    """Pairs of a local corpus from a recorded position, this process's share only (pair `j` to rank
-    `j mod world_size`; every line is read and checked). `position()` is where the next pair is read from."""
+    """Pairs of a two-file corpus from a recorded position, this process's share only (pair `j` to rank
+    `j mod world_size`; every line is read, this process's checked). `position()` is where the next pair is read
+    from; `last` is the number of the pair read last."""
 
     def __init__(self, files: list[Path], kind: str, languages: tuple[str, str], position, rank: int, world: int):
         position = position or {"offsets": [0] * len(files), "line": 1, "pair": 0}
@@ -171,6 +178,7 @@ class _FileReader:
             pair = self._next_pair() if mine else self._skip_pair()
             self.pair += 1
             if mine:
+                self.last = self.pair - 1  # the pair's number in the stream
                 return pair
 
     def _skip_pair(self) -> None:
@@ -253,6 +261,108 @@ class _FileReader:
             lines.close()
 
 
+def _line_number(path: Path, offset: int) -> int:
+    """The number of the line that starts at byte `offset` of `path`: the newlines before it are counted only when an
+    error names the line (a reader of a byte range does not number its lines)."""
+    count, left = 0, offset
+    with _open_corpus(path) as handle:
+        while left:
+            chunk = handle.read(min(left, 1 << 20))
+            if not chunk:
+                break
+            count, left = count + chunk.count(b"\n"), left - len(chunk)
+    return count + 1
+
+
+def _first_blank_line(path: Path, offset: int) -> int:
+    """The number of the first line of the run of blank lines that ends where the text at byte `offset` starts (the
+    line `hf_deep_nmt.data.corpus` names for a blank line inside the file; it may lie in another reader's range)."""
+    run, number, read = None, 1, 0
+    with _open_corpus(path) as handle:
+        while read < offset:
+            raw = handle.readline()
+            if not raw:
+                break
+            read += len(raw)
+            run = (run or number) if _blank(raw) else None
+            number += 1
+    return run or number
+
+
+class _RangeReader:
+    """Pairs of a single-file corpus (TSV / JSONL) from reader `rank` of `world`'s byte range only: its lines are those
+    that start in `[rank x size / world, (rank + 1) x size / world)`, so the readers share the file's lines without
+    any of them reading another's. `position()` holds the byte offset of the next line (a line start within the range)
+    and the pairs of the range read before it; `last` is the byte offset of the pair read last, its number in the
+    stream (offsets order the pairs as the file does, and no reader knows the line numbers before its range)."""
+
+    def __init__(self, path: Path, kind: str, languages: tuple[str, str], position, rank: int, world: int):
+        self.path, self.kind, self.languages = path, kind, languages
+        size = path.stat().st_size
+        self.range = [rank * size // world, (rank + 1) * size // world]
+        self.handle = _open_corpus(path)
+        self.offset, self.pair, self.last = self._first_line(self.range[0]), 0, None
+        if position is not None:
+            self.offset, self.pair = position["offsets"][0], position["pair"]
+        self.handle.seek(self.offset)
+
+    def _first_line(self, start: int) -> int:
+        """The first line start at or after `start` (the line that holds byte `start - 1` is the previous reader's)."""
+        if start == 0:
+            return 0
+        self.handle.seek(start - 1)
+        return start - 1 + len(self.handle.readline())
+
+    def position(self) -> dict[str, Any]:
+        return {"offsets": [self.offset], "pair": self.pair, "range": list(self.range)}
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> tuple[str, str]:
+        blank = False  # a blank line read, to be followed by nothing but blank lines up to the end of the file
+        while self.offset < self.range[1] or blank:  # past the range only to look for text after a blank line
+            start = self.offset
+            raw = self.handle.readline()
+            if not raw:
+                break
+            self.offset += len(raw)
+            mine = start < self.range[1]  # another reader's line is only looked at, never checked
+            line = self._checked(start, raw, None) if mine else ("" if _blank(raw) else raw)
+            if not line.strip():
+                blank = True
+                continue
+            if blank:
+                number = _first_blank_line(self.path, start)
+                raise ValueError(
+                    f"{self.path}:{number}: empty line inside the file (only trailing blank lines are allowed)."
+                )
+            self.pair, self.last = self.pair + 1, start
+            return self._checked(start, raw, line)
+        raise StopIteration
+
+    def _checked(self, start: int, raw: bytes, line: str | None):
+        """The line at byte `start` decoded (`line` None), else its pair, checked as `hf_deep_nmt.data.corpus` checks
+        it; an error names the line's number, counted only then (whether it is line 1 is all a line needs before)."""
+
+        def check(number: int):
+            text = decode_line(self.path, number, raw) if line is None else line
+            if line is None:
+                return text
+            if self.kind == "tsv":
+                return tsv_pair(self.path, number, text)
+            return jsonl_pair(self.path, number, text, *self.languages)
+
+        try:
+            return check(1 if start == 0 else 0)
+        except ValueError:
+            check(_line_number(self.path, start))  # the same error, naming the line
+            raise
+
+    def close(self) -> None:
+        self.handle.close()
+
+
 class FileSource:
     """A local parallel corpus (`train_file`: .tsv, .jsonl or a two-file prefix) read lazily."""
 
@@ -263,8 +373,12 @@ class FileSource:
         self.languages = (source_lang, target_lang)
         self._digests: dict[str, str] | None = None
 
-    def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _FileReader:
-        return _FileReader(self.files, self.kind, self.languages, position, rank, world_size)
+    def reader(self, position=None, rank: int = 0, world_size: int = 1) -> _FileReader | _RangeReader:
+        """Reader `rank` of `world_size`: a byte range of a single file, every `world_size`-th pair of two files
+        (whose lines cannot be split by bytes: a line of one file is found in the other by counting)."""
+        if self.kind == "two":
+            return _FileReader(self.files, self.kind, self.languages, position, rank, world_size)
+        return _RangeReader(self.files[0], self.kind, self.languages, position, rank, world_size)
 
     def identity(self) -> dict[str, Any]:
         """What a recorded position depends on: each file's name and size (a file that grew or shrank has other
@@ -294,10 +408,23 @@ class FileSource:
                     "afresh in another output_dir."
                 )
 
-    def check_position(self, position: dict[str, Any], where: str) -> None:
-        """`ValueError` unless every recorded offset is the start of a line of its file."""
+    def check_position(self, position: dict[str, Any], where: str, share: tuple[int, int] = (0, 1)) -> None:
+        """`ValueError` unless every recorded offset is the start of a line of its file and, for a single file, the
+        position is one in the byte range of reader `share` = (reader, readers)."""
+        if self.kind != "two":
+            size = self.files[0].stat().st_size
+            reader, readers = share
+            expected = [reader * size // readers, (reader + 1) * size // readers]
+            recorded = position.get("range", [0, size] if readers == 1 else None)  # one reader: the same either way
+            if recorded != expected:
+                raise ValueError(
+                    f"{where} records where reader {reader} of {readers} stopped in {self.files[0]} "
+                    + ("with the lines dealt out by pair" if recorded is None else f"in bytes {recorded}")
+                    + f", but that reader now reads bytes {expected}: the position would continue in another share "
+                    "of the corpus. Resume it with the version that wrote it, or start afresh in another output_dir."
+                )
         for file, offset in zip(self.files, position["offsets"]):
-            if offset == 0:
+            if offset in (0, file.stat().st_size):  # the end of a file, which may lack a final newline
                 continue
             with _open_corpus(file) as handle:
                 handle.seek(offset - 1)
@@ -366,6 +493,7 @@ class _HubReader:
         while True:
             row = next(self.rows)
             self.pair += 1
+            self.last = self.pair - 1
             where = f"{self.source.name}[{self.source.split}]"
             pair = row.get("translation") if isinstance(row, dict) else None
             if not isinstance(pair, dict):
@@ -396,7 +524,7 @@ class HubSource:
     def identity(self) -> dict[str, Any]:
         return {"dataset": self.name, "config": self.config, "split": self.split}
 
-    def check_position(self, position: dict[str, Any], where: str) -> None:
+    def check_position(self, position: dict[str, Any], where: str, share: tuple[int, int] = (0, 1)) -> None:
         pass  # `datasets` refuses a state that does not fit the stream
 
     def digests(self) -> None:
@@ -474,8 +602,9 @@ class TokenizedBuffer:
 @dataclass
 class StreamBatch:
     """One batch: its features (`input_ids`, `attention_mask`, `labels` per pair, as `tokenize_parallel` makes them),
-    the stream's pair numbers (`pairs`: pair `j` of the corpus, counting from 0, or of this process's share of a
-    `datasets` stream), and the position of the stream after it."""
+    the stream's pair numbers (`pairs`: the byte offset of the pair's line in a single-file corpus, pair `j` of a
+    two-file corpus counting from 0, or of this process's share of a `datasets` stream), and the position of the
+    stream after it."""
 
     features: list[dict[str, list[int]]]
     pairs: list[int]
@@ -564,9 +693,10 @@ class StreamedPairs(IterableDataset):
             yield batch.features, {"reader": reader, "position": batch.position}
 
     def reader_share(self, reader: int) -> StreamedPairs:
-        """The stream of reader `reader` of this process's `workers`: pair `j` of the corpus goes to reader `j mod
-        (world_size x workers)` (counted over every process's readers), read from its own recorded position, with its
-        own buffers and seeds; so the readers tokenize in parallel and a resume continues each where it stopped."""
+        """The stream of reader `reader` of this process's `workers`: reader `rank x workers + reader` of
+        `world_size x workers` (counted over every process's readers: a byte range of a single file, every such pair
+        of two files), read from its own recorded position, with its own buffers and seeds; so the readers tokenize in
+        parallel and a resume continues each where it stopped."""
         starts = (self.start or {}).get("readers") or [None] * self.workers
         readers = self.world_size * self.workers
         share = copy.copy(self)
@@ -624,7 +754,7 @@ class StreamedPairs(IterableDataset):
         try:
             buffer_start = reader.position()
             while True:
-                numbered = [(reader.pair - 1, source, target) for source, target in islice(reader, self.buffer_pairs)]
+                numbered = [(reader.last, source, target) for source, target in islice(reader, self.buffer_pairs)]
                 if not numbered:
                     break
                 buffer_end = reader.position()
@@ -689,7 +819,8 @@ class StreamedPairs(IterableDataset):
 
 class StreamedCorpus:
     """`Prepared.raw["train"]` of a streamed run: its length is the corpus's pair count once a pass has ended, until
-    then the pairs read so far (what the model card can say)."""
+    then the pairs read so far (what the model card can say); for a single-file corpus read in byte ranges, the pairs
+    of this process's ranges (the whole corpus with one process)."""
 
     def __init__(self, stream: StreamedPairs):
         self.stream = stream
@@ -701,7 +832,9 @@ class StreamedCorpus:
         )
         if not positions or not positions[0]:
             return 0
-        return max(item.get("corpus_pairs") or item["reader"]["pair"] for item in positions)
+        counts = [item.get("corpus_pairs") or item["reader"]["pair"] for item in positions]
+        # readers of byte ranges count their own range's pairs: together, this process's share
+        return sum(counts) if "range" in positions[0]["reader"] else max(counts)
 
 
 # ---- the Trainer's side: loader, recorded position, resume ----------------------------------------------------------
@@ -822,9 +955,12 @@ def recorded_position(checkpoint: str | Path, stream: StreamedPairs) -> dict[str
     if not isinstance(positions, list) or len(positions) != stream.world_size:
         raise ValueError(f"{str(path)!r} does not hold one position per process ({stream.world_size}); {way_out}.")
     position = positions[stream.rank]
-    for item in (position or {}).get("readers") or [position]:
+    readers = (position or {}).get("readers")
+    for index, item in enumerate(readers or [position]):
+        share = (stream.rank * stream.workers + index, stream.world_size * stream.workers) if readers else None
         if item is not None:
-            stream.source.check_position(item["reader"], f"Checkpoint {str(checkpoint)!r}")
+            where = f"Checkpoint {str(checkpoint)!r}"
+            stream.source.check_position(item["reader"], where, share or (stream.rank, stream.world_size))
     stream.source.check_digests(record.get("source_sha256"), f"Checkpoint {str(checkpoint)!r}")
     return position
 
