@@ -2,7 +2,8 @@
 
 Synthetic WMT-like corpora (a Zipf vocabulary of ~50k word types per side, lognormal sentence lengths of ~25 words,
 ~274 bytes per pair; seeded, and each size a prefix of the larger ones) are written once as TSV into `--corpus-dir`.
-For each size, every measured command runs in its own subprocess, one after another:
+For each size, every measured command runs in its own subprocess, one after another (at the `--smoke` size, a
+fork of the driver that imported the children's modules once, so the smoke test pays one start-up, not four):
 
 * `project` (needs `hf-deep-nmt prepare`): a first preparation with 1 and with 2 workers
   (`preprocessing_num_workers`), each into an empty prepared-data root; a second run of the same command; a resume
@@ -43,6 +44,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -486,8 +488,43 @@ CHILDREN = {
 # ---- the driver ----------------------------------------------------------------------------------------------------
 
 
-def measure(kind: str, options: dict, env: dict, log: Path, ranks: int = 1, timeout: float | None = None) -> dict:
-    """Run one child (under `torchrun` when `ranks` > 1) and return its reports with the tree's CPU and wall time."""
+def forked_child(kind: str, options: dict, env: dict, handle) -> int:
+    """Smoke size: run one child in a fork of this driver, which imported what the children import (`preload`), so
+    each run is still a process of its own but pays no interpreter start-up or imports; returns the fork's pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        os.dup2(handle.fileno(), 1)
+        os.dup2(handle.fileno(), 2)
+        os.environ.clear()
+        os.environ.update(env)
+        CHILDREN[kind](options)
+        code = 0
+    except BaseException:  # noqa: BLE001  (the log gets the traceback; the driver sees the exit code)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def measure(
+    kind: str,
+    options: dict,
+    env: dict,
+    log: Path,
+    ranks: int = 1,
+    timeout: float | None = None,
+    fork: bool = False,
+) -> dict:
+    """Run one child (under `torchrun` when `ranks` > 1; a fork of this driver when `fork`) and return its reports
+    with the tree's CPU and wall time."""
     result = Path(options["result"])
     for stale in result.parent.glob(result.stem + "*"):
         stale.unlink()
@@ -497,27 +534,30 @@ def measure(kind: str, options: dict, env: dict, log: Path, ranks: int = 1, time
         command = [str(torchrun), "--standalone", "--nproc_per_node", str(ranks), *command[1:]]
     started = time.perf_counter()
     with log.open("w") as handle:
-        process = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT)
+        if fork and ranks == 1:
+            child = forked_child(kind, options, env, handle)
+        else:
+            child = subprocess.Popen(command, env=env, stdout=handle, stderr=subprocess.STDOUT).pid
         deadline = None if timeout is None else started + timeout
         while True:
-            pid, status, usage = os.wait4(process.pid, os.WNOHANG)
+            pid, status, usage = os.wait4(child, os.WNOHANG)
             if pid:
                 break
             if deadline is not None and time.perf_counter() > deadline:
-                process.kill()
-                pid, status, usage = os.wait4(process.pid, 0)
+                os.kill(child, signal.SIGKILL)
+                pid, status, usage = os.wait4(child, 0)
                 break
             time.sleep(0.05)
-    process.returncode = os.waitstatus_to_exitcode(status)
+    returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
     if ranks > 1:
         files = sorted(result.parent.glob(result.stem + ".rank*" + result.suffix))
         reports = [json.loads(path.read_text()) for path in files]
     else:
         reports = [json.loads(result.read_text())] if result.is_file() else []
-    if process.returncode != 0 or len(reports) != ranks:
+    if returncode != 0 or len(reports) != ranks:
         tail = log.read_text()[-3000:]
-        raise RuntimeError(f"{kind} ({' '.join(command[:4])} ...) exited {process.returncode}; log {log}:\n{tail}")
+        raise RuntimeError(f"{kind} ({' '.join(command[:4])} ...) exited {returncode}; log {log}:\n{tail}")
     imports = sum(report["import_cpu_s"] for report in reports)
     return {
         "cpu_s": usage.ru_utime + usage.ru_stime - imports,
@@ -574,6 +614,38 @@ def load_average() -> list[float]:
         return [float(x) for x in handle.read().split()[:3]]
 
 
+def child_settings(work: Path) -> dict:
+    """The environment every measured run gets (some of it read when `datasets`, `huggingface_hub` are imported)."""
+    return {
+        "OMP_NUM_THREADS": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_DATASETS_CACHE": str(work / "hf_datasets_cache"),
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+def preload(work: Path) -> dict:
+    """Smoke size: take the children's settings and imports into this driver once, for the runs to fork from (their
+    import-time settings then hold), and read the code's facts here instead of in a probe process."""
+    os.environ.update(child_settings(work))
+    import dataclasses
+
+    import datasets  # noqa: F401
+    import tokenizers  # noqa: F401
+    import torch  # noqa: F401
+    import transformers  # noqa: F401
+
+    from hf_deep_nmt import __file__ as package
+    from hf_deep_nmt import arguments, cli
+
+    fields = {x.name for c in arguments.ARGUMENT_CLASSES for x in dataclasses.fields(c)}
+    wanted = {"prepared_data_dir", "preprocessing_num_workers", "tokenizer_train_pairs", "streaming"}
+    with open(cli.__file__) as handle:
+        prepare_command = "prepare" in handle.read()
+    return {"package": package, "prepare_command": prepare_command, "fields": sorted(fields & wanted)}
+
+
 def run_size(pairs: int, args, facts: dict, work: Path, rows: list[dict], save) -> None:
     """Measure every run asked for at this size; each row is appended to `rows` and saved (`save()`) when done, so
     an interrupted run keeps what it measured."""
@@ -583,19 +655,13 @@ def run_size(pairs: int, args, facts: dict, work: Path, rows: list[dict], save) 
     recipe = work / "recipe.json"
     write_recipe(recipe, train, valid, args, facts)
     base_env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR")}
-    base_env.update(
-        OMP_NUM_THREADS="1",
-        CUDA_VISIBLE_DEVICES="",
-        HF_DATASETS_CACHE=str(work / "hf_datasets_cache"),
-        HF_HUB_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-    )
+    base_env.update(child_settings(work))
 
     def record(contender: str, run: str, processes: str, kind: str, options: dict, env: dict, ranks: int = 1) -> dict:
         name = f"{contender}-{run}".replace(" ", "_").replace(",", "")
         options = {**options, "result": str(work / f"{name}.json")}
         print(f"[{pairs:,} pairs] {contender}: {run} ...", flush=True)
-        figures = measure(kind, options, env, work / f"{name}.log", ranks, args.timeout)
+        figures = measure(kind, options, env, work / f"{name}.log", ranks, args.timeout, fork=args.smoke)
         row = {"pairs": pairs, "contender": contender, "run": run, "processes": processes, **figures}
         summary = figures["summary"] or {}
         kept = summary.get("pairs_kept")
@@ -803,7 +869,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.smoke:
         args.sizes, args.types, args.vocab_size = [SMOKE_PAIRS], 5_000, 2_000
         args.work_dir = args.work_dir + "_smoke"
-    facts = code_facts(sys.executable)
+    facts = preload(Path(args.work_dir) / f"pairs{SMOKE_PAIRS}") if args.smoke else code_facts(sys.executable)
     about = machine()
     print(
         f"package {facts['package']}; prepare command: {facts['prepare_command']}; fields {facts['fields']}; "

@@ -66,6 +66,8 @@ result = {"rank": args.process_index, "world": args.world_size, "backend": dist.
           "type": str(args.distributed_state.distributed_type)}
 with open(os.environ["WORK"] + f"/rank{args.process_index}.json", "w") as handle:
     json.dump(result, handle)
+"""
+FINISH = """
 dist.barrier()
 dist.destroy_process_group()
 os._exit(0)
@@ -78,15 +80,21 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.skipif(sys.platform != "linux", reason="launches processes the Linux way")
-def test_the_cpu_config_starts_two_processes_that_form_one_gloo_group(tmp_path):
-    (tmp_path / "worker.py").write_text(textwrap.dedent(WORKER))
+@pytest.fixture(scope="module")
+def two_rank_launch(tmp_path_factory):
+    """ONE `accelerate launch` of the CPU config whose two processes check both things below in turn: the process
+    group the recipe's arguments form, then the FSDP2 sharding in that same gloo group (each launch costs two
+    interpreters importing torch and the package). Returns the folder the ranks wrote their results into."""
+    if sys.platform != "linux":
+        pytest.skip("launches processes the Linux way")
+    work = tmp_path_factory.mktemp("two-ranks")
+    (work / "worker.py").write_text(textwrap.dedent(WORKER) + SHARDED + FINISH)
     env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", WORK=str(tmp_path))
+    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", WORK=str(work))
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CONFIGS / "cpu_2proc.yaml")]
     completed = subprocess.run(
-        [*launch, "--main_process_port", str(free_port()), str(tmp_path / "worker.py")],
-        cwd=tmp_path,
+        [*launch, "--main_process_port", str(free_port()), str(work / "worker.py")],
+        cwd=work,
         env=env,
         capture_output=True,
         text=True,
@@ -94,25 +102,27 @@ def test_the_cpu_config_starts_two_processes_that_form_one_gloo_group(tmp_path):
         check=False,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
+    return work
+
+
+def test_the_cpu_config_starts_two_processes_that_form_one_gloo_group(two_rank_launch):
+    tmp_path = two_rank_launch
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, result in enumerate(results):
         assert result == {"rank": rank, "world": 2, "backend": "gloo", "type": "DistributedType.MULTI_CPU"}
 
 
 SHARDED = """
-import json, os, sys
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-dist.init_process_group("gloo")
 from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTDecoderLayer, DeepNMTEncoderLayer
 from hf_deep_nmt.training.sharded import load_whole_state, root_unsharded, whole_model
 
 torch.set_num_threads(1)
-rank, work = dist.get_rank(), sys.argv[1]
+rank, work = dist.get_rank(), os.environ["WORK"]
 config = DlclConfig(vocab_size=64, d_model=16, encoder_layers=2, decoder_layers=1, encoder_attention_heads=2,
                     decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=1,
                     bos_token_id=0, eos_token_id=2, decoder_start_token_id=0)
@@ -138,15 +148,12 @@ if rank == 0:
     result["tied"] = whole.get_input_embeddings().weight is whole.get_output_embeddings().weight
     result["averaged"] = all(torch.equal(whole.state_dict()[key], value) for key, value in averaged.items())
     result["full"] = sum(p.numel() for p in whole.parameters())
-with open(f"{work}/rank{rank}.json", "w") as handle:
+with open(f"{work}/sharded{rank}.json", "w") as handle:
     json.dump(result, handle)
-dist.barrier()
-dist.destroy_process_group()
-os._exit(0)
 """
 
 
-def test_an_fsdp2_model_generates_on_every_rank_and_is_gathered_whole_on_the_main_one(tmp_path):
+def test_an_fsdp2_model_generates_on_every_rank_and_is_gathered_whole_on_the_main_one(two_rank_launch):
     """Two gloo ranks shard a DLCL model with tied embeddings as `fsdp2.yaml` asks (FSDP2 shards on the CPU too):
     `generate` runs on both ranks with batches of different sizes and matches the unsharded model's output, an
     averaged state given on the main process reaches every shard, and the main process gathers a whole, tied copy."""
@@ -154,21 +161,7 @@ def test_an_fsdp2_model_generates_on_every_rank_and_is_gathered_whole_on_the_mai
 
     from hf_deep_nmt import DlclConfig, DlclForConditionalGeneration
 
-    (tmp_path / "worker.py").write_text(SHARDED)
-    env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    completed = subprocess.run(
-        [*command, str(tmp_path / "worker.py"), str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    main, other = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
+    main, other = (json.loads((two_rank_launch / f"sharded{rank}.json").read_text()) for rank in (0, 1))
     assert main["synced"] and other["synced"] and main["whole_is_plain"] and main["tied"] and main["averaged"]
     assert main["shard"] + other["shard"] == main["full"] and min(main["shard"], other["shard"]) > 0
     config = DlclConfig(
