@@ -1918,13 +1918,23 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             use_cache=use_cache,
             cache_position=kwargs.get("cache_position"),
         )
+        loss, logits = self._loss_and_logits(outputs.last_hidden_state, labels, label_smoothing, return_logits)
+        return with_decoding_state(
+            Seq2SeqLMOutput,
+            decoding_state(outputs),
+            loss=loss,
+            logits=logits,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+        )
+
+    def _loss_and_logits(self, hidden, labels, label_smoothing: float, return_logits: bool | None):
+        """The loss (None without `labels`; with MSC's encoder L2 term in training) and the logits (None in a training
+        step whose loss goes through the output layer a chunk at a time)."""
         loss = logits = None
         if labels is not None and return_logits is not True and self.chunks_training_loss():
-            loss = chunked_linear_cross_entropy(
-                outputs.last_hidden_state, self.lm_head.weight, labels, label_smoothing=label_smoothing
-            )
+            loss = chunked_linear_cross_entropy(hidden, self.lm_head.weight, labels, label_smoothing=label_smoothing)
         else:
-            logits = self.lm_head(outputs.last_hidden_state)
+            logits = self.lm_head(hidden)
             if labels is not None:
                 loss = F.cross_entropy(
                     logits.view(-1, logits.shape[-1]).float(),
@@ -1936,13 +1946,7 @@ class DeepNMTForConditionalGeneration(DeepNMTPreTrainedModel, GenerationMixin):
             warn_of_an_empty_loss(loss, labels)
         if loss is not None and self.training and self.config.encoder_l2_lambda:
             loss = loss + self.config.encoder_l2_lambda * self.encoder_l2_penalty()
-        return with_decoding_state(
-            Seq2SeqLMOutput,
-            decoding_state(outputs),
-            loss=loss,
-            logits=logits,
-            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
-        )
+        return loss, logits
 
     def chunks_training_loss(self) -> bool:
         """Whether a forward with labels is a training step whose loss `DeepNMTChunkedLinearCrossEntropy` computes:

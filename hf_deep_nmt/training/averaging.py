@@ -158,6 +158,21 @@ def check_distinct_checkpoints(paths: Sequence[Path]) -> None:
         seen[resolved] = path
 
 
+def check_inputs(paths: Sequence[Path]) -> None:
+    """Refuse, naming it, a checkpoint given twice, incomplete or damaged, changed since its run recorded its
+    checksums, or of another tokenizer than the others."""
+    check_distinct_checkpoints(paths)
+    for path in paths:
+        problem = input_problem(path)
+        if problem is not None:
+            error = FileNotFoundError if problem.startswith("No ") else ValueError
+            raise error(f"{problem}; it cannot be averaged.")
+    for path in paths:
+        verify_checkpoint(path)  # the files its run recorded, if it recorded any
+        check_saved_json_files(path, "Checkpoint", "leave it out of the average, or restore the file")
+    check_same_tokenizer(paths)
+
+
 def average_checkpoints(
     checkpoints: Sequence[str | Path] | None = None,
     *,
@@ -182,16 +197,7 @@ def average_checkpoints(
             raise ValueError("`output_dir` needs `last`, the number of newest checkpoints to average.")
         checkpoints = last_checkpoints(output_dir, last)
     paths = [Path(path) for path in checkpoints]
-    check_distinct_checkpoints(paths)
-    for path in paths:
-        problem = input_problem(path)
-        if problem is not None:
-            error = FileNotFoundError if problem.startswith("No ") else ValueError
-            raise error(f"{problem}; it cannot be averaged.")
-    for path in paths:
-        verify_checkpoint(path)  # the files its run recorded, if it recorded any
-        check_saved_json_files(path, "Checkpoint", "leave it out of the average, or restore the file")
-    check_same_tokenizer(paths)
+    check_inputs(paths)
     _, size = saved_parameters(paths[-1])
     # every input in memory at once, the float64 sums, the result and the model it is loaded into
     check_memory(
