@@ -616,16 +616,18 @@ def _card_languages(model: str) -> tuple[str, str] | None:
 def _serve(argv: list[str]) -> int:
     args = _serve_parser().parse_args(argv)
     limits, key = _serve_settings(args)
+    from hf_deep_nmt.model_folders import check_model_name
     from hf_deep_nmt.serving.backends import DECODERS, backend_choice, make_decoder
     from hf_deep_nmt.serving.options import DecodingOptions
     from hf_deep_nmt.serving.server.app import Service
     from hf_deep_nmt.serving.server.runner import run_server
     from hf_deep_nmt.serving.threads import set_threads
 
+    check_model_name(args.model)  # a model that names nothing is said so, not as each backend's reason to pass
     name, passed_over = backend_choice(args.model, int8=args.int8, backend=args.backend)
     device = _device(args.device) if name == "torch" else args.device
     DECODERS[name].check_settings(device=device, int8=args.int8)
-    reasons = "".join(f"; {other} passed over: {reason}" for other, reason in passed_over.items())
+    reasons = "".join(f"; {other} passed over: {reason.rstrip('.')}" for other, reason in passed_over.items())
     print(f"hf-deep-nmt serve: backend {name}{' int8' * args.int8} for {args.model}{reasons}", flush=True)
     if name == "torch":
         _check_model_source(args.model)

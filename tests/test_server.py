@@ -346,6 +346,14 @@ def test_serve_refuses_its_flags_before_listening(tiny_export, capsys, flags, me
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model", ["./no-such-model", "runs/a/b"])
+def test_a_model_that_names_nothing_is_refused_before_any_backend_is_weighed(model, capsys):
+    assert main(["serve", "--model", model]) == 2
+    captured = capsys.readouterr()
+    assert "does not exist" in captured.err or "is neither a local folder" in captured.err
+    assert "passed over" not in captured.out + captured.err
+
+
 def test_an_empty_api_key_file_is_refused(tmp_path, capsys):
     (tmp_path / "key").write_text("\n")
     assert main(["serve", "--model", "m", "--api-key-file", str(tmp_path / "key")]) == 2
