@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import TINY_SIZES
 
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.data import prepared as prepared_data
@@ -310,18 +311,7 @@ def _saved_floats_per_token(config, batch: int = 2, length: int = 8) -> float:
     return sum(held.values()) / 4 / (batch * length)
 
 
-SMALL = dict(
-    vocab_size=37,
-    d_model=16,
-    decoder_layers=2,
-    encoder_attention_heads=4,
-    decoder_attention_heads=2,
-    encoder_ffn_dim=24,
-    decoder_ffn_dim=20,
-    dropout=0.0,
-    attention_dropout=0.0,
-    activation_dropout=0.0,
-)
+SMALL = {key: value for key, value in TINY_SIZES.items() if key != "encoder_layers"}  # each use sets its depth
 
 
 @pytest.mark.parametrize("layers", [4, 16])
