@@ -14,7 +14,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation import GenerationMixin
 
 import hf_deep_nmt.modeling.contract_deep_nmt as modeling
-from hf_deep_nmt import DeepNMTConfig
+from hf_deep_nmt import METHODS, DeepNMTConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = torch.tensor([[5, 9, 14, 3, 2], [7, 11, 2, 1, 1]])
@@ -183,6 +183,17 @@ def test_the_tests_left_out_of_the_contract_run_exist():
                 marks = getattr(getattr(importlib.import_module(module[:-3]), function), "pytestmark", [])
                 values = {str(value) for mark in marks if mark.name == "parametrize" for value in mark.args[1]}
                 assert parameter.removesuffix("]") in values, f"{module}: {function} has no parameter {parameter}"
+
+
+def test_the_contract_runs_architectures_exist_and_cover_every_method():
+    """A renamed entry of the `ARCHITECTURES` matrix would silently leave the contract run: every id it takes is one
+    of the matrix's, and every registered method's config class is among them."""
+    from conftest import ARCHITECTURES, CONTRACT_ARCHITECTURES
+
+    by_id = {param.id: param.values[0][0] for param in ARCHITECTURES}
+    assert CONTRACT_ARCHITECTURES <= set(by_id), sorted(CONTRACT_ARCHITECTURES - set(by_id))
+    taken = {by_id[name] for name in CONTRACT_ARCHITECTURES}
+    assert {method.config_class for method in METHODS.values()} <= taken
 
 
 def test_the_weight_files_are_found_with_public_arguments_only(model, tmp_path):
