@@ -171,27 +171,24 @@ def check_saved_model_folder(value: str, what: str, need_tokenizer: bool) -> Pat
 
 # Files of a saved model folder that transformers reads as JSON objects; a damaged one fails inside transformers
 # with a message that names neither the file nor the way out.
-SAVED_JSON_FILES = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-)
+TOKENIZER_JSON_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+SAVED_JSON_FILES = ("config.json", "generation_config.json", *TOKENIZER_JSON_FILES)
 
 
 def check_saved_json_files(
     folder: str | Path,
     what: str = "Model folder",
     way_out: str = "restore it from the exported folder (or save the model and tokenizer again)",
+    names: tuple[str, ...] = SAVED_JSON_FILES,
 ) -> None:
-    """`ValueError` naming the file, what is wrong with it and the way out when one of `SAVED_JSON_FILES` in the
-    local `folder` is not a JSON object (cut off, a list, not JSON), or its `tokenizer.json` is JSON but not a
-    tokenizer that `tokenizers` can build. A folder that does not exist (a Hub id) is left alone."""
+    """`ValueError` naming the file, what is wrong with it and the way out when one of `names` in the local `folder`
+    is not a JSON object (cut off, a list, not JSON), or its `tokenizer.json` is JSON but not a tokenizer that
+    `tokenizers` can build. A folder that does not exist (a Hub id) is left alone. `TOKENIZER_JSON_FILES` checks a
+    folder whose `config.json` is another tool's (a CTranslate2 model's)."""
     folder = Path(str(folder)).expanduser()
     if not folder.is_dir():
         return
-    for name in SAVED_JSON_FILES:
+    for name in names:
         path = folder / name
         if not path.is_file():
             continue
@@ -218,7 +215,7 @@ def check_saved_json_files(
         if name == "config.json":
             _check_dtype(value, f"{what} {str(folder)!r}: config.json", way_out)
     path = folder / "tokenizer.json"
-    if path.is_file():
+    if "tokenizer.json" in names and path.is_file():
         from tokenizers import Tokenizer  # here, not at start-up: only a folder with a tokenizer needs it
 
         try:

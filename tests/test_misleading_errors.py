@@ -242,6 +242,25 @@ def test_a_damaged_json_file_of_a_model_folder_is_named_with_the_way_out(
     assert not (tmp_path / "o").exists()
 
 
+def test_a_damaged_tokenizer_file_of_a_ctranslate2_folder_is_named_before_ctranslate2_loads_it(
+    saved_model, tmp_path, monkeypatch
+):
+    from hf_deep_nmt.serving import ctranslate2_decoder
+
+    folder = damaged_copy(saved_model, tmp_path, "config.json", (saved_model / "config.json").read_bytes())
+    converted = folder / "ctranslate2"
+    converted.mkdir()
+    (converted / "model.bin").write_bytes(b"\0")
+    (converted / "config.json").write_text('{"add_source_bos": false}')  # CTranslate2's own config
+    (converted / "tokenizer.json").write_bytes(b'{"version": "1.0", "trunc')
+    monkeypatch.setattr(ctranslate2_decoder, "require_ctranslate2", lambda purpose: None)
+    monkeypatch.setattr(ctranslate2_decoder, "CTranslate2Decoder", lambda *a, **k: pytest.fail("loaded"))
+    pattern = rf"CTranslate2 folder '{converted}': tokenizer\.json is not valid JSON \(Unterminated string"
+    with pytest.raises(ValueError, match=pattern) as caught:
+        ctranslate2_decoder.load_ctranslate2_model(folder)
+    assert f"write it again with `hf-deep-nmt export-ctranslate2 --model {folder} --into-model`" in str(caught.value)
+
+
 @pytest.mark.parametrize(("data", "announced"), [(b"", 0), (b"not safetensors" * 4, 0x6566617320746F6E)])
 def test_a_weights_file_that_is_not_safetensors_says_what_its_header_announces(saved_model, tmp_path, data, announced):
     from hf_deep_nmt.weights import safetensors_header

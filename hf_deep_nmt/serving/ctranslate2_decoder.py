@@ -257,7 +257,13 @@ def load_ctranslate2_model(model: str | Path, int8: bool = False, threads: int |
     `translate`, `write_translations` and `translate_file`."""
     from transformers import AutoTokenizer
 
+    from hf_deep_nmt.model_folders import TOKENIZER_JSON_FILES, check_saved_json_files
+
     require_ctranslate2(PURPOSE)
     threads = check_threads(threads)
     folder = ctranslate2_folder(model)
+    # its tokenizer files, named here when damaged: transformers' message names neither the file nor the way out (its
+    # config.json is CTranslate2's own)
+    way_out = f"write it again with {export_command(model)}"
+    check_saved_json_files(folder, "CTranslate2 folder", way_out, names=TOKENIZER_JSON_FILES)
     return CTranslate2Decoder(folder, int8=int8, threads=threads), AutoTokenizer.from_pretrained(folder)
