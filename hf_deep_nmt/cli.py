@@ -451,6 +451,9 @@ def _translate(argv: list[str]) -> int:
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
+    from hf_deep_nmt.model_folders import check_model_name
+
+    check_model_name(args.model, check_hub_id=False)  # a path that names nothing, before torch is imported
     from hf_deep_nmt.serving.backends import DECODERS
     from hf_deep_nmt.serving.translate import check_output_path, read_lines, set_threads, write_translations
 
@@ -617,13 +620,16 @@ def _serve(argv: list[str]) -> int:
     args = _serve_parser().parse_args(argv)
     limits, key = _serve_settings(args)
     from hf_deep_nmt.model_folders import check_model_name
+
+    # a model that names nothing is said so (not as each backend's reason to pass it over), before the seconds of
+    # importing torch, transformers and the server
+    check_model_name(args.model)
     from hf_deep_nmt.serving.backends import DECODERS, backend_choice, make_decoder
     from hf_deep_nmt.serving.options import DecodingOptions
     from hf_deep_nmt.serving.server.app import Service
     from hf_deep_nmt.serving.server.runner import run_server
     from hf_deep_nmt.serving.threads import set_threads
 
-    check_model_name(args.model)  # a model that names nothing is said so, not as each backend's reason to pass
     name, passed_over = backend_choice(args.model, int8=args.int8, backend=args.backend)
     device = _device(args.device) if name == "torch" else args.device
     DECODERS[name].check_settings(device=device, int8=args.int8)
