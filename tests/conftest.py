@@ -360,6 +360,15 @@ def _seed():
 
 
 @pytest.fixture(scope="session")
+def two_ranks(request, tmp_path_factory):
+    """`two_ranks(name)`: the folder where two gloo ranks ran the scenario of test module `name`, all of them in ONE
+    `torchrun` launch for the session (tests/two_ranks.py)."""
+    from two_ranks import shared_launch
+
+    return shared_launch(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def tiny_config():
     """`tiny_config(config_class=DeepNMTConfig, **overrides)` -> a config with the tiny characteristic sizes."""
 

@@ -1,14 +1,13 @@
 """Two CPU processes launched with `torchrun` really train together: world size 2 over gloo, the Trainer in
-MULTI_CPU mode, each rank on its own token-budget batches, and identical parameters on both ranks afterwards."""
+MULTI_CPU mode, each rank on its own token-budget batches, and identical parameters on both ranks afterwards. The
+ranks run `SCRIPT` in the session's one launch of two ranks (tests/two_ranks.py), first of its scenarios: the
+process group is the one the Trainer's arguments form."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
+from datasets import load_from_disk
+from two_ranks import Scenario
 
 from hf_deep_nmt.data.corpus import load_parallel_dataset, sample_corpus_dir, tokenize_parallel
 from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
@@ -73,39 +72,23 @@ result = {
 }
 with open(f"{work}/rank{dist.get_rank()}.json", "w") as handle:
     json.dump(result, handle)
-# leave together and close gloo's threads before the interpreter exits (a rank that exits with gloo's threads
-# still running can abort with "terminate called without an active exception")
-dist.barrier()
-dist.destroy_process_group()
-# and skip the interpreter's teardown: a C++ thread destroyed there still aborted a rank now and then after all of the
-# above (twice in about 25 torchrun runs of these tests on the 2-core machine)
-sys.stderr.flush()
-sys.stdout.flush()
-os._exit(0)
 """
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="needs torchrun")
-def test_two_cpu_processes_train_together_under_torchrun(tmp_path):
+def prepare(folder: Path) -> list[str]:
     raw = load_parallel_dataset(train_file=sample_corpus_dir() / "train.tsv")["train"].select(range(120))
     tokenizer = train_joint_tokenizer(zip(raw["source"], raw["target"]), vocab_size=300)
-    tokenizer.save_pretrained(tmp_path / "tokenizer")
-    dataset = tokenize_parallel(raw, tokenizer, 48, 48)
-    dataset.save_to_disk(str(tmp_path / "train"))
-    (tmp_path / "script.py").write_text(SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    completed = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "script.py"), str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    tokenizer.save_pretrained(folder / "tokenizer")
+    tokenize_parallel(raw, tokenizer, 48, 48).save_to_disk(str(folder / "train"))
+    return []
+
+
+SCENARIO = Scenario(SCRIPT, prepare)
+
+
+def test_two_cpu_processes_train_together_under_torchrun(two_ranks):
+    tmp_path = two_ranks("test_distributed")
+    dataset = load_from_disk(str(tmp_path / "train"))
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank, result in enumerate(results):
         assert (result["rank"], result["world_size"], result["backend"]) == (rank, 2, "gloo")

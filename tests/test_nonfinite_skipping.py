@@ -6,17 +6,13 @@ batch: both runs see the same batches in the same order (sequential sampling, no
 and learning rate must be bit-identical at the end."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from datasets import Dataset
 from torch.utils.data import SequentialSampler
 from transformers import TrainerCallback, default_data_collator
+from two_ranks import Scenario
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
 from hf_deep_nmt.training.arguments import DeepNMTTrainingArguments
@@ -320,53 +316,27 @@ work = sys.argv[1]
 for run in sys.argv[2:]:
     name, poisoned_calls, limit = run.split(":")
     train(name, {int(call) for call in poisoned_calls.split(",")}, int(limit))
-# leave together and close gloo's threads before the interpreter exits (as tests/test_distributed.py does: a rank
-# that exits with gloo's threads still running can abort with "terminate called without an active exception")
-dist.barrier()
-dist.destroy_process_group()
-# and skip the interpreter's teardown: a C++ thread destroyed there still aborted a rank now and then after all of the
-# above (twice in about 25 torchrun runs of these tests on the 2-core machine)
-sys.stderr.flush()
-sys.stdout.flush()
-os._exit(0)
 """
 
 
 # The runs of the tests below, by name: the NaN losses of rank 1 (by training forward call) and the limit of
-# consecutive skipped steps. One torchrun launch runs them all (each launch pays three interpreters' imports).
+# consecutive skipped steps. They run in the session's one launch of two ranks (tests/two_ranks.py), one after the
+# other (each launch pays three interpreters' imports).
 TWO_PROCESS_RUNS = {"transient": ("3", 5), "persistent": ("2,3,4,5,6", 1)}
+SCENARIO = Scenario(
+    SCRIPT, lambda folder: [f"{name}:{calls}:{limit}" for name, (calls, limit) in TWO_PROCESS_RUNS.items()]
+)
 
 
 @pytest.fixture(scope="module")
-def two_process_results(tmp_path_factory) -> dict[str, list[dict]]:
-    work = tmp_path_factory.mktemp("torchrun")
-    (work / "script.py").write_text(SCRIPT)
-    env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    runs = [f"{name}:{calls}:{limit}" for name, (calls, limit) in TWO_PROCESS_RUNS.items()]
-    completed = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(work / "script.py"), str(work), *runs],
-        cwd=work,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
+def two_process_results(two_ranks) -> dict[str, list[dict]]:
+    work = two_ranks("test_nonfinite_skipping")
     return {
         name: [json.loads((work / f"{name}-rank{rank}.json").read_text()) for rank in (0, 1)]
         for name in TWO_PROCESS_RUNS
     }
 
 
-needs_torchrun = pytest.mark.skipif(
-    shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="needs torchrun"
-)
-
-
-@needs_torchrun
 def test_under_torchrun_every_process_skips_the_step_one_process_found_non_finite(two_process_results):
     for result in two_process_results["transient"]:
         assert "error" not in result
@@ -375,7 +345,6 @@ def test_under_torchrun_every_process_skips_the_step_one_process_found_non_finit
         assert result["adam_steps"] == [5] and result["schedule_steps"] == 5  # 6 batches drawn, 5 updates
 
 
-@needs_torchrun
 def test_under_torchrun_persistent_non_finite_steps_stop_every_process_at_the_same_step(two_process_results):
     for result in two_process_results["persistent"]:
         assert "at optimizer step 3" in result["error"]

@@ -4,7 +4,6 @@ every rank, rebuilt on any change, refused when it does not match its record; co
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import fault_worker
 import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from two_ranks import Scenario
 
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.data import prepared as prepared_data
@@ -347,30 +347,21 @@ result = {"rank": dist.get_rank(), "world": dist.get_world_size(), "built": len(
           "tokenizer": prepared.tokenizer.backend_tokenizer.to_str(), "rows": len(prepared.train_dataset)}
 with open(f"{work}/rank{dist.get_rank()}.json", "w") as handle:
     json.dump(result, handle)
-dist.barrier()
-dist.destroy_process_group()
-sys.stdout.flush()
-os._exit(0)
+prepared_data._build = original
 """
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=str(Path(sys.executable).parent)) is None, reason="needs torchrun")
-def test_two_gloo_ranks_prepare_once_and_share_the_tokenizer(tmp_path):
-    write_corpus(tmp_path / "train.tsv")
-    (tmp_path / "script.py").write_text(textwrap.dedent(RANKS))
-    env = {key: value for key, value in os.environ.items() if key not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
-    env.update(OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    torchrun = str(Path(sys.executable).parent / "torchrun")
-    completed = subprocess.run(
-        [torchrun, "--standalone", "--nproc_per_node", "2", str(tmp_path / "script.py"), str(tmp_path)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
+def write_ranks_corpus(folder: Path) -> list[str]:
+    write_corpus(folder / "train.tsv")
+    return []
+
+
+# run in the session's one launch of two ranks (tests/two_ranks.py)
+SCENARIO = Scenario(textwrap.dedent(RANKS), write_ranks_corpus)
+
+
+def test_two_gloo_ranks_prepare_once_and_share_the_tokenizer(two_ranks):
+    tmp_path = two_ranks("test_prepared_data")
     main_rank, other = (json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1))
     assert (main_rank["world"], main_rank["built"], main_rank["reused"]) == (2, 1, False)
     assert (other["built"], other["reused"]) == (0, True)
