@@ -369,6 +369,18 @@ def two_ranks(request, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def clean_python(tmp_path_factory):
+    """`clean_python.run(...)` for `subprocess.run([sys.executable, "-c", SCRIPT, ...], ...)`: a process without this
+    package forked from a server that imported torch and transformers once (tests/clean_python.py), for the scripts
+    whose point is loading remote code without the package, not an interpreter's start."""
+    from clean_python import CleanPython
+
+    server = CleanPython(tmp_path_factory.mktemp("clean-python"))
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
 def tiny_config():
     """`tiny_config(config_class=DeepNMTConfig, **overrides)` -> a config with the tiny characteristic sizes."""
 

@@ -5,7 +5,6 @@ code; the DsInitConfig preset and the DS-Init settings' validation."""
 import json
 import math
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -124,7 +123,7 @@ def test_saved_ds_init_model_reloads_exactly_the_saved_weights(tmp_path):
         assert torch.equal(tensor, loaded.state_dict()[name]), name
 
 
-def test_remote_code_draws_the_same_ds_init_bounds(tmp_path):
+def test_remote_code_draws_the_same_ds_init_bounds(tmp_path, clean_python):
     DsInitForConditionalGeneration(
         DsInitConfig(
             vocab_size=50,
@@ -151,7 +150,8 @@ def test_remote_code_draws_the_same_ds_init_bounds(tmp_path):
         """
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    # forked from the session's clean server: the script's process has no hf_deep_nmt, as a user's would not
+    result = clean_python.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     maxima = json.loads(result.stdout.strip().splitlines()[-1])
     checked = 0

@@ -4,7 +4,6 @@ unchanged, the combination weights grow by a uniform row, and the grown model sa
 import copy
 import json
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -177,7 +176,7 @@ def test_a_grown_deepnorm_model_with_the_output_row_set_by_hand_keeps_its_functi
     assert (log_probs(grown) - log_probs(model)).abs().max() > 0.05
 
 
-def test_grown_model_saves_reloads_through_remote_code_and_decodes(sdt, tmp_path):
+def test_grown_model_saves_reloads_through_remote_code_and_decodes(sdt, tmp_path, clean_python):
     grown = grow_encoder(sdt)
     with torch.no_grad():
         expected = grown.generate(SOURCE, attention_mask=SOURCE.ne(1), num_beams=2, max_new_tokens=5)
@@ -195,7 +194,8 @@ def test_grown_model_saves_reloads_through_remote_code_and_decodes(sdt, tmp_path
         """
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    # forked from the session's clean server: the script's process has no hf_deep_nmt, as a user's would not
+    result = clean_python.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
     assert loaded["layers"] == 4 and loaded["out"] == expected.tolist()

@@ -4,7 +4,6 @@ classes come from the installed package or from remote code, and never applied o
 import json
 import math
 import os
-import subprocess
 import sys
 import textwrap
 
@@ -90,7 +89,7 @@ def test_from_pretrained_does_not_reinitialise_loaded_weights(tmp_path):
         assert torch.equal(expected, actual), name
 
 
-def test_remote_code_initialises_a_fresh_model_with_the_same_bounds(tmp_path):
+def test_remote_code_initialises_a_fresh_model_with_the_same_bounds(tmp_path, clean_python):
     """transformers skips `_init_weights` on remote-code modules that own no parameters: the bounds must hold
     there too."""
     DlclForConditionalGeneration(small_config()).save_pretrained(tmp_path)  # config with auto_map + code files
@@ -110,9 +109,8 @@ def test_remote_code_initialises_a_fresh_model_with_the_same_bounds(tmp_path):
         """
     )
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
-    )
+    # forked from the session's clean server: the script's process has no hf_deep_nmt, as a user's would not
+    result = clean_python.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
     output = json.loads(result.stdout.strip().splitlines()[-1])
     found = observed_bounds((name, torch.tensor(value)) for name, value in output["rows"])

@@ -12,7 +12,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 import transformers
-from clean_python import CleanPython
 from huggingface_hub import constants
 
 from hf_deep_nmt import DlclConfig, DsInitConfig, MscConfig, __version__
@@ -47,13 +46,6 @@ def contents(folder: Path) -> dict[str, bytes]:
 
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@pytest.fixture(scope="module")
-def clean_python(tmp_path_factory):
-    server = CleanPython(tmp_path_factory.mktemp("clean-python"))
-    yield server
-    server.close()
 
 
 @pytest.fixture(autouse=True)
