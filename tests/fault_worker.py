@@ -16,6 +16,7 @@ process of its own that the test kills, signals or limits as a whole; the fork o
 a fresh interpreter spends importing.
 """
 
+import gc
 import multiprocessing
 import os
 import resource
@@ -72,7 +73,10 @@ def run(arguments: list[str]) -> int:
 
 def _enter_child(environment: dict[str, str], log: str, error_log: str, limit: int) -> None:
     # the fork server's child: its own environment, its output into `log` (standard error into `error_log` when it is
-    # given), at most `limit` bytes of address space when it is given
+    # given), at most `limit` bytes of address space when it is given; the objects of the server's imports out of
+    # the garbage collector's sight (`gc.freeze`), as they would be garbage in no run: a full collection (the
+    # Trainer makes one) no longer walks their 400,000 objects, 0.25 CPU s, nor copies their pages into the child
+    gc.freeze()
     for stream, path in ((1, log), (2, error_log or log)):
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(descriptor, stream)

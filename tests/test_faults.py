@@ -61,6 +61,8 @@ def train_arguments(corpus: Path, output_dir: Path) -> list[str]:
         *("--logging-steps", "1", "--learning-rate", "0.003", "--per-device-train-batch-size", "8"),
         *("--output-dir", str(output_dir), "--report-to", "none", "--disable-tqdm", "true", "--use-cpu", "true"),
         *("--seed", "0", "--dataloader-num-workers", "0", "--translate-examples", "0"),
+        # no training_curves.png (test_curves.py's): matplotlib's import and a PNG were a CPU second of each run
+        *("--plot-curves", "false"),
     ]
 
 

@@ -32,7 +32,7 @@ from filelock import FileLock
 MODULES = ("test_distributed", "test_nonfinite_skipping", "test_prepared_data", "test_rank_race")
 
 DRIVER = """
-import json, os, sys, traceback
+import gc, json, os, sys, traceback
 
 import torch
 import torch.distributed as dist
@@ -45,6 +45,9 @@ for name in names:
         sys.argv = [name, folder, *json.load(handle)]
     with open(os.path.join(folder, "script.py")) as handle:
         source = handle.read()
+    # what is alive now lives to the end, out of the garbage collector's sight: the Trainer's full collections no
+    # longer walk the imports' 400,000 objects (0.25 CPU s each)
+    gc.freeze()
     try:
         exec(compile(source, os.path.join(folder, "script.py"), "exec"), {"__name__": "__main__"})
         dist.barrier()  # the next script starts on both ranks once this one is done on both
