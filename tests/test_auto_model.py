@@ -68,7 +68,9 @@ def test_saved_auto_map_names_the_encoder_decoder(saved):
     assert auto_map["AutoModelForSeq2SeqLM"].startswith("modeling_deep_nmt.")
 
 
-def test_auto_model_loads_saved_folders_as_remote_code_without_the_package(tiny_config, random_model, tmp_path):
+def test_auto_model_loads_saved_folders_as_remote_code_without_the_package(
+    tiny_config, random_model, tmp_path, clean_python
+):
     folders, expected = [], {}
     for family in ("dlcl-prenorm", "msc"):
         config_class, overrides = FAMILIES[family]
@@ -81,11 +83,12 @@ def test_auto_model_loads_saved_folders_as_remote_code_without_the_package(tiny_
         folders.append(str(folder))
     workdir = tmp_path / "workdir"
     workdir.mkdir()
-    (workdir / "load.py").write_text(LOAD_SCRIPT)
     torch.save(INPUTS, workdir / "inputs.pt")
     env = package_free_environment(str(tmp_path / "hf_home"), str(tmp_path / "modules"))
-    completed = subprocess.run(
-        [sys.executable, "load.py", *folders],
+    # forked from the session's clean server (torch and transformers imported, never this package): its own
+    # working folder, environment and remote-code modules cache, as a fresh interpreter without the package
+    completed = clean_python.run(
+        [sys.executable, "-c", LOAD_SCRIPT, *folders],
         cwd=workdir,
         env=env,
         stdin=subprocess.DEVNULL,
