@@ -69,6 +69,8 @@ import copy
 import hashlib
 import json
 import sys
+import unicodedata
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -78,6 +80,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import regex
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import TrainerCallback
@@ -565,8 +568,125 @@ def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
     )
     if not plain:
         return tokenizer(text_target=texts)["input_ids"] if target else tokenizer(texts)["input_ids"]
+    pieces = _piece_encoder(tokenizer)
+    if pieces is not None:
+        return pieces.encode(texts)
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # `_fast`: no character offsets
     return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+
+
+# `tokenizers`' ByteLevel pre-tokenizer split (`use_regex`: GPT-2's pattern)
+_BYTE_LEVEL_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+# Texts `_PieceEncoder` takes: printable Latin only (U+0020-U+007E without '<', U+00A1-U+024F), where the `regex`
+# module's and Oniguruma's letter, digit and space classes agree and NFKC has been the same in every Unicode version;
+# without '<' no special token can start. Other texts go to the `tokenizers` backend.
+_PLAIN_TEXT = regex.compile(r"[\x20-\x3b\x3d-\x7e\u00a1-\u024f]+")
+# Distinct pieces remembered per process (about 20 MB); pieces seen after that are tokenized each time.
+PIECE_MEMO_SIZE = 100_000
+_BYTE_LEVEL_CONFIG = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+
+
+def _byte_characters() -> dict[int, str]:
+    """The byte-to-character table of byte-level BPE (GPT-2's `bytes_to_unicode`), which `tokenizers` applies to
+    each piece before the model sees it; as a `str.translate` table of the characters U+0000-U+00FF that a piece's
+    UTF-8 bytes read as Latin-1 give."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {byte: chr(byte) for byte in printable}, 0
+    for byte in range(256):
+        if byte not in table:
+            table[byte], extra = chr(256 + extra), extra + 1
+    return table
+
+
+class _PieceEncoder:
+    """The ids the `tokenizers` backend gives a text, for the tokenizer `train_joint_tokenizer` makes (NFKC, ByteLevel
+    with a prefix space, BPE, `</s>` appended), computed piece by piece with each distinct piece's ids remembered: a
+    corpus repeats its words, so most pieces cost a dictionary look-up instead of a pass through the backend's
+    normalizer, pre-tokenizer and BPE (whose costs are mostly allocations). Texts it is not sure of (`_PLAIN_TEXT`,
+    NFKC) go to the backend, so the ids are the backend's for every text."""
+
+    def __init__(self, backend, suffix: list[int]):
+        self.backend, self.model, self.suffix = backend, backend.model, suffix
+        self.bytes, self.memo = _byte_characters(), {}
+
+    def piece(self, piece: str) -> list[int]:
+        ids = self.memo.get(piece)
+        if ids is None:
+            mapped = piece.encode("utf-8").decode("latin-1").translate(self.bytes)
+            ids = [token.id for token in self.model.tokenize(mapped)]
+            if len(self.memo) < PIECE_MEMO_SIZE:
+                self.memo[piece] = ids
+        return ids
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        encoded: list[list[int] | None] = []
+        others = []  # (index, text) of the texts the backend encodes
+        plain, split, known, piece = (
+            _PLAIN_TEXT.fullmatch,
+            _BYTE_LEVEL_SPLIT.findall,
+            self.memo.__getitem__,
+            self.piece,
+        )
+        normalized = partial(unicodedata.is_normalized, "NFKC")
+        for text in texts:
+            if not (plain(text) and normalized(text)):
+                others.append((len(encoded), text))
+                encoded.append(None)
+                continue
+            parts = split(text if text[0] == " " else " " + text)
+            try:  # every piece seen before: the look-ups and the concatenation run in C
+                ids = [*chain.from_iterable(map(known, parts)), *self.suffix]
+            except KeyError:
+                ids = [*chain.from_iterable(map(piece, parts)), *self.suffix]
+            encoded.append(ids)
+        if others:
+            backend = self.backend.encode_batch_fast([text for _, text in others], add_special_tokens=True)
+            for (index, _), encoding in zip(others, backend):
+                encoded[index] = encoding.ids
+        return encoded
+
+
+def _suffix_of(config: dict) -> list[int] | None:
+    """The ids a `TemplateProcessing` post-processor appends to a single text (`$A` then special tokens), or None."""
+    processor = config.get("post_processor") or {}
+    single = processor.get("single") or []
+    if (
+        processor.get("type") != "TemplateProcessing"
+        or not single
+        or single[0] != {"Sequence": {"id": "A", "type_id": 0}}
+    ):
+        return None
+    suffix = []
+    for item in single[1:]:
+        if "SpecialToken" not in item:
+            return None
+        suffix += processor["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+    return suffix
+
+
+_PIECE_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _piece_encoder(tokenizer) -> _PieceEncoder | None:
+    """The `_PieceEncoder` of a tokenizer built as `train_joint_tokenizer` builds one (one per tokenizer and process),
+    or None for any other: another normalizer, pre-tokenizer, model setting or post-processor, or an added token that
+    a plain text could hold."""
+    if tokenizer in _PIECE_ENCODERS:
+        return _PIECE_ENCODERS[tokenizer]
+    backend = tokenizer._tokenizer
+    config = json.loads(backend.to_str())
+    model = config.get("model") or {}
+    suffix = _suffix_of(config)
+    fits = (
+        config.get("normalizer") == {"type": "NFKC"}
+        and config.get("pre_tokenizer") == _BYTE_LEVEL_CONFIG
+        and model.get("type") == "BPE"
+        and not model.get("dropout")
+        and suffix is not None
+        and all("<" in token["content"] for token in config.get("added_tokens") or [])
+    )
+    _PIECE_ENCODERS[tokenizer] = encoder = _PieceEncoder(backend, suffix) if fits else None
+    return encoder
 
 
 def _flat(ids: list[list[int]], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
