@@ -689,12 +689,12 @@ def _piece_encoder(tokenizer) -> _PieceEncoder | None:
     return encoder
 
 
-def _flat(ids: list[list[int]], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`ids` as one int32 array and the offsets of its rows."""
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
-    return flat, offsets
+def _kept(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows `keep` selects of the rows `flat` holds one after another (`lengths` ids each), as one int32 array
+    and the offsets of its rows."""
+    offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(lengths[keep], out=offsets[1:])
+    return flat[np.repeat(keep, lengths)], offsets
 
 
 @dataclass
@@ -826,22 +826,25 @@ class StreamedPairs(IterableDataset):
 
     def tokenize(self, pairs: list[tuple[str, str]]) -> tuple[TokenizedBuffer, list[int]]:
         """The pairs within the length limits (as `tokenize_parallel` with `drop_long`), their ids held as two flat
-        int32 arrays (a buffer then takes about 0.25 KB per pair of two 30-token sentences), and the positions in
+        int32 arrays (a buffer then takes about 0.25 KB per pair of two 30-token sentences; each chunk's ids become
+        arrays as soon as they are encoded, so no buffer-long lists of Python ids are held), and the positions in
         `pairs` they came from."""
-        sources, targets = [], []
+        sides: list[list[tuple[np.ndarray, np.ndarray]]] = [[], []]
         for first in range(0, len(pairs), TOKENIZE_CHUNK):
             chunk = pairs[first : first + TOKENIZE_CHUNK]
-            sources += encode_texts(self.tokenizer, [source for source, _ in chunk], target=False)
-            targets += encode_texts(self.tokenizer, [target for _, target in chunk], target=True)
-        source_lengths = np.fromiter(map(len, sources), dtype=np.int64, count=len(sources))
-        target_lengths = np.fromiter(map(len, targets), dtype=np.int64, count=len(targets))
-        keep = (source_lengths <= self.max_source_length) & (target_lengths <= self.max_target_length)
-        indices = np.flatnonzero(keep).tolist()
-        buffer = TokenizedBuffer(
-            _flat([sources[index] for index in indices], source_lengths[keep]),
-            _flat([targets[index] for index in indices], target_lengths[keep]),
+            for side, chunks in enumerate(sides):
+                ids = encode_texts(self.tokenizer, [pair[side] for pair in chunk], target=side == 1)
+                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                chunks.append(
+                    (np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths)
+                )
+        (source_ids, source_lengths), (target_ids, target_lengths) = (
+            (np.concatenate([flat for flat, _ in chunks]), np.concatenate([lengths for _, lengths in chunks]))
+            for chunks in sides
         )
-        return buffer, indices
+        keep = (source_lengths <= self.max_source_length) & (target_lengths <= self.max_target_length)
+        buffer = TokenizedBuffer(_kept(source_ids, source_lengths, keep), _kept(target_ids, target_lengths, keep))
+        return buffer, np.flatnonzero(keep).tolist()
 
     def buffer_batches(self, lengths: list[int], pass_number: int, buffer_number: int) -> list[list[int]]:
         """The batches of one buffer (indices into it), in the order they are handed out."""
