@@ -514,6 +514,35 @@ def forked_child(kind: str, options: dict, env: dict, handle) -> int:
         os._exit(code)
 
 
+class DiskMeter:
+    """The bytes a run adds under a folder (prepared data, caches, building folders), sampled about once a second
+    by the driver while it waits: a preparation that writes its tokens twice peaks above what it leaves."""
+
+    def __init__(self, folder: Path | None) -> None:
+        self.folder = folder
+        self.start = self.peak = self.now = _disk_bytes([folder]) if folder else 0
+        self.last = 0.0
+
+    def sample(self, force: bool = False) -> None:
+        if self.folder is None or (not force and time.perf_counter() - self.last < 1.0):
+            return
+        try:
+            self.now = _disk_bytes([self.folder])
+        except OSError:  # a file removed between listing and stat: the next sample sees the folder settled
+            return
+        self.peak = max(self.peak, self.now)
+        self.last = time.perf_counter()
+
+    def report(self) -> dict:
+        if self.folder is None:
+            return {}
+        self.sample(force=True)
+        return {
+            "disk_peak_added_mb": (self.peak - self.start) / 2**20,
+            "disk_end_added_mb": (self.now - self.start) / 2**20,
+        }
+
+
 def measure(
     kind: str,
     options: dict,
@@ -522,9 +551,10 @@ def measure(
     ranks: int = 1,
     timeout: float | None = None,
     fork: bool = False,
+    disk_folder: Path | None = None,
 ) -> dict:
     """Run one child (under `torchrun` when `ranks` > 1; a fork of this driver when `fork`) and return its reports
-    with the tree's CPU and wall time."""
+    with the tree's CPU and wall time, and the bytes it added under `disk_folder` at their peak and at its end."""
     result = Path(options["result"])
     for stale in result.parent.glob(result.stem + "*"):
         stale.unlink()
@@ -532,6 +562,7 @@ def measure(
     if ranks > 1:
         torchrun = Path(sys.executable).parent / "torchrun"
         command = [str(torchrun), "--standalone", "--nproc_per_node", str(ranks), *command[1:]]
+    disk = DiskMeter(Path(disk_folder) if disk_folder else None)
     started = time.perf_counter()
     with log.open("w") as handle:
         if fork and ranks == 1:
@@ -547,6 +578,7 @@ def measure(
                 os.kill(child, signal.SIGKILL)
                 pid, status, usage = os.wait4(child, 0)
                 break
+            disk.sample()
             time.sleep(0.05)
     returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
@@ -569,6 +601,7 @@ def measure(
         "largest_worker_peak_mb": max((report["largest_worker_peak_mb"] or 0) for report in reports) or None,
         "summary": reports[0].get("summary"),
         "summaries": [report.get("summary") for report in reports],
+        **disk.report(),
     }
 
 
@@ -661,7 +694,7 @@ def run_size(pairs: int, args, facts: dict, work: Path, rows: list[dict], save) 
         name = f"{contender}-{run}".replace(" ", "_").replace(",", "")
         options = {**options, "result": str(work / f"{name}.json")}
         print(f"[{pairs:,} pairs] {contender}: {run} ...", flush=True)
-        figures = measure(kind, options, env, work / f"{name}.log", ranks, args.timeout, fork=args.smoke)
+        figures = measure(kind, options, env, work / f"{name}.log", ranks, args.timeout, args.smoke, work)
         row = {"pairs": pairs, "contender": contender, "run": run, "processes": processes, **figures}
         summary = figures["summary"] or {}
         kept = summary.get("pairs_kept")
@@ -675,7 +708,8 @@ def run_size(pairs: int, args, facts: dict, work: Path, rows: list[dict], save) 
         print(
             f"    cpu {row['cpu_s']:.1f} s, wall {row['wall_s']:.1f} s, peak above imports "
             f"{', '.join(f'{mb:.0f}' for mb in row['peak_above_imports_mb'])} MB, "
-            f"bytes/pair {row['bytes_per_pair_on_disk'] or 0:.0f}, reused {row['reused']}",
+            f"bytes/pair {row['bytes_per_pair_on_disk'] or 0:.0f}, reused {row['reused']}, disk added "
+            f"{row.get('disk_peak_added_mb', 0):.0f} MB at peak, {row.get('disk_end_added_mb', 0):.0f} MB at the end",
             flush=True,
         )
         return row

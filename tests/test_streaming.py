@@ -260,6 +260,23 @@ def test_the_features_are_those_of_tokenize_parallel(tmp_path):
     assert [by_pair[j] for j in sorted(by_pair)] == expected.to_list()
 
 
+def test_the_piece_by_piece_encoding_gives_the_backends_ids():
+    pairs = read_parallel_file(sample_corpus_dir() / "train.tsv")
+    texts = [text for side in pairs.values() for text in side[:1000]]
+    tokenizer = train_joint_tokenizer(zip(*(side[:200] for side in pairs.values())), vocab_size=300)
+    assert streaming._piece_encoder(tokenizer) is not None  # the tokenizer the project trains takes the fast path
+    # what the fast path must leave to the backend or split exactly as it does: spaces at either end and in runs,
+    # contractions, digits, punctuation runs, Latin letters beyond ASCII, compatibility characters NFKC changes, a
+    # combining accent, special tokens' text, control characters, other scripts
+    texts += [" lead", "trail ", "two  spaces", "   ", "a", "it's they're we've I'm you'll he'd 'S", "x1 22 3.5 1,000"]
+    texts += ["¿Qué? ¡Sí! ...!!", "ñandú Ærø ǅ ȹ ɏ", "½ ª ² ﬁ", "e\u0301 combining", "<s> and </s> <unk>", "tab\there"]
+    texts += ["mixed 日本 text", "a\u00a0nbsp", "x\x1fy", "…", "’s curly", ""]
+    expected = [encoding.ids for encoding in tokenizer._tokenizer.encode_batch(texts, add_special_tokens=True)]
+    assert streaming.encode_texts(tokenizer, texts, target=False) == expected
+    assert streaming.encode_texts(tokenizer, texts, target=True) == tokenizer(text_target=texts)["input_ids"]
+    assert streaming._piece_encoder(word_tokenizer()) is None  # another pre-tokenizer and model: the backend's ids
+
+
 def hub_style_dataset(folder: Path, splits: dict[str, list[tuple[str, str]]]) -> str:
     folder.mkdir()
     for split, rows in splits.items():

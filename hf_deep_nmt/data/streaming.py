@@ -69,6 +69,8 @@ import copy
 import hashlib
 import json
 import sys
+import unicodedata
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -78,6 +80,7 @@ from typing import Any
 
 import datasets
 import numpy as np
+import regex
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 from transformers import TrainerCallback
@@ -565,16 +568,134 @@ def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
     )
     if not plain:
         return tokenizer(text_target=texts)["input_ids"] if target else tokenizer(texts)["input_ids"]
+    pieces = _piece_encoder(tokenizer)
+    if pieces is not None:
+        return pieces.encode(texts)
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # `_fast`: no character offsets
     return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
 
 
-def _flat(ids: list[list[int]], lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """`ids` as one int32 array and the offsets of its rows."""
-    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    flat = np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(offsets[-1]))
-    return flat, offsets
+# `tokenizers`' ByteLevel pre-tokenizer split (`use_regex`: GPT-2's pattern)
+_BYTE_LEVEL_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+""")
+# Texts `_PieceEncoder` takes: printable Latin only (U+0020-U+007E without '<', U+00A1-U+024F), where the `regex`
+# module's and Oniguruma's letter, digit and space classes agree and NFKC has been the same in every Unicode version;
+# without '<' no special token can start. Other texts go to the `tokenizers` backend.
+_PLAIN_TEXT = regex.compile(r"[\x20-\x3b\x3d-\x7e\u00a1-\u024f]+")
+# Distinct pieces remembered per process (about 26 MB: 264 bytes each measured); pieces seen after that are tokenized
+# each time.
+PIECE_MEMO_SIZE = 100_000
+_BYTE_LEVEL_CONFIG = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+
+
+def _byte_characters() -> dict[int, str]:
+    """The byte-to-character table of byte-level BPE (GPT-2's `bytes_to_unicode`), which `tokenizers` applies to
+    each piece before the model sees it; as a `str.translate` table of the characters U+0000-U+00FF that a piece's
+    UTF-8 bytes read as Latin-1 give."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    table, extra = {byte: chr(byte) for byte in printable}, 0
+    for byte in range(256):
+        if byte not in table:
+            table[byte], extra = chr(256 + extra), extra + 1
+    return table
+
+
+class _PieceEncoder:
+    """The ids the `tokenizers` backend gives a text, for the tokenizer `train_joint_tokenizer` makes (NFKC, ByteLevel
+    with a prefix space, BPE, `</s>` appended), computed piece by piece with each distinct piece's ids remembered: a
+    corpus repeats its words, so most pieces cost a dictionary look-up instead of a pass through the backend's
+    normalizer, pre-tokenizer and BPE (whose costs are mostly allocations). Texts it is not sure of (`_PLAIN_TEXT`,
+    NFKC) go to the backend, so the ids are the backend's for every text."""
+
+    def __init__(self, backend, suffix: list[int]):
+        self.backend, self.model, self.suffix = backend, backend.model, suffix
+        self.bytes, self.memo = _byte_characters(), {}
+
+    def piece(self, piece: str) -> list[int]:
+        ids = self.memo.get(piece)
+        if ids is None:
+            mapped = piece.encode("utf-8").decode("latin-1").translate(self.bytes)
+            ids = [token.id for token in self.model.tokenize(mapped)]
+            if len(self.memo) < PIECE_MEMO_SIZE:
+                self.memo[piece] = ids
+        return ids
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        encoded: list[list[int] | None] = []
+        others = []  # (index, text) of the texts the backend encodes
+        plain, split, known, piece = (
+            _PLAIN_TEXT.fullmatch,
+            _BYTE_LEVEL_SPLIT.findall,
+            self.memo.__getitem__,
+            self.piece,
+        )
+        normalized = partial(unicodedata.is_normalized, "NFKC")
+        for text in texts:
+            if not (plain(text) and normalized(text)):
+                others.append((len(encoded), text))
+                encoded.append(None)
+                continue
+            parts = split(text if text[0] == " " else " " + text)
+            try:  # every piece seen before: the look-ups and the concatenation run in C
+                ids = [*chain.from_iterable(map(known, parts)), *self.suffix]
+            except KeyError:
+                ids = [*chain.from_iterable(map(piece, parts)), *self.suffix]
+            encoded.append(ids)
+        if others:
+            backend = self.backend.encode_batch_fast([text for _, text in others], add_special_tokens=True)
+            for (index, _), encoding in zip(others, backend):
+                encoded[index] = encoding.ids
+        return encoded
+
+
+def _suffix_of(config: dict) -> list[int] | None:
+    """The ids a `TemplateProcessing` post-processor appends to a single text (`$A` then special tokens), or None."""
+    processor = config.get("post_processor") or {}
+    single = processor.get("single") or []
+    if (
+        processor.get("type") != "TemplateProcessing"
+        or not single
+        or single[0] != {"Sequence": {"id": "A", "type_id": 0}}
+    ):
+        return None
+    suffix = []
+    for item in single[1:]:
+        if "SpecialToken" not in item:
+            return None
+        suffix += processor["special_tokens"][item["SpecialToken"]["id"]]["ids"]
+    return suffix
+
+
+_PIECE_ENCODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _piece_encoder(tokenizer) -> _PieceEncoder | None:
+    """The `_PieceEncoder` of a tokenizer built as `train_joint_tokenizer` builds one (one per tokenizer and process),
+    or None for any other: another normalizer, pre-tokenizer, model setting or post-processor, or an added token that
+    a plain text could hold."""
+    if tokenizer in _PIECE_ENCODERS:
+        return _PIECE_ENCODERS[tokenizer]
+    backend = tokenizer._tokenizer
+    config = json.loads(backend.to_str())
+    model = config.get("model") or {}
+    suffix = _suffix_of(config)
+    fits = (
+        config.get("normalizer") == {"type": "NFKC"}
+        and config.get("pre_tokenizer") == _BYTE_LEVEL_CONFIG
+        and model.get("type") == "BPE"
+        and not model.get("dropout")
+        and suffix is not None
+        and all("<" in token["content"] for token in config.get("added_tokens") or [])
+    )
+    _PIECE_ENCODERS[tokenizer] = encoder = _PieceEncoder(backend, suffix) if fits else None
+    return encoder
+
+
+def _kept(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows `keep` selects of the rows `flat` holds one after another (`lengths` ids each), as one int32 array
+    and the offsets of its rows."""
+    offsets = np.zeros(int(keep.sum()) + 1, dtype=np.int64)
+    np.cumsum(lengths[keep], out=offsets[1:])
+    return flat[np.repeat(keep, lengths)], offsets
 
 
 @dataclass
@@ -706,22 +827,25 @@ class StreamedPairs(IterableDataset):
 
     def tokenize(self, pairs: list[tuple[str, str]]) -> tuple[TokenizedBuffer, list[int]]:
         """The pairs within the length limits (as `tokenize_parallel` with `drop_long`), their ids held as two flat
-        int32 arrays (a buffer then takes about 0.25 KB per pair of two 30-token sentences), and the positions in
+        int32 arrays (a buffer then takes about 0.25 KB per pair of two 30-token sentences; each chunk's ids become
+        arrays as soon as they are encoded, so no buffer-long lists of Python ids are held), and the positions in
         `pairs` they came from."""
-        sources, targets = [], []
+        sides: list[list[tuple[np.ndarray, np.ndarray]]] = [[], []]
         for first in range(0, len(pairs), TOKENIZE_CHUNK):
             chunk = pairs[first : first + TOKENIZE_CHUNK]
-            sources += encode_texts(self.tokenizer, [source for source, _ in chunk], target=False)
-            targets += encode_texts(self.tokenizer, [target for _, target in chunk], target=True)
-        source_lengths = np.fromiter(map(len, sources), dtype=np.int64, count=len(sources))
-        target_lengths = np.fromiter(map(len, targets), dtype=np.int64, count=len(targets))
-        keep = (source_lengths <= self.max_source_length) & (target_lengths <= self.max_target_length)
-        indices = np.flatnonzero(keep).tolist()
-        buffer = TokenizedBuffer(
-            _flat([sources[index] for index in indices], source_lengths[keep]),
-            _flat([targets[index] for index in indices], target_lengths[keep]),
+            for side, chunks in enumerate(sides):
+                ids = encode_texts(self.tokenizer, [pair[side] for pair in chunk], target=side == 1)
+                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+                chunks.append(
+                    (np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths)
+                )
+        (source_ids, source_lengths), (target_ids, target_lengths) = (
+            (np.concatenate([flat for flat, _ in chunks]), np.concatenate([lengths for _, lengths in chunks]))
+            for chunks in sides
         )
-        return buffer, indices
+        keep = (source_lengths <= self.max_source_length) & (target_lengths <= self.max_target_length)
+        buffer = TokenizedBuffer(_kept(source_ids, source_lengths, keep), _kept(target_ids, target_lengths, keep))
+        return buffer, np.flatnonzero(keep).tolist()
 
     def buffer_batches(self, lengths: list[int], pass_number: int, buffer_number: int) -> list[list[int]]:
         """The batches of one buffer (indices into it), in the order they are handed out."""
