@@ -185,8 +185,8 @@ def check_missing_cut_off_and_unreadable_graphs_and_a_damaged_layout_are_named(c
 
 
 def check_beams_beyond_memory_are_refused_with_the_estimate(copy, work, capsys, monkeypatch):
-    """On a machine with 64 MiB free (a million beams of this tiny model are estimated at 19 GB, and the decoding
-    takes more: it must never start here)."""
+    """On a machine with 64 MiB free (a million beams of this small model are estimated at tens of GB, and the
+    decoding takes more: it must never start here)."""
     from hf_deep_nmt import memory
     from hf_deep_nmt.serving.onnx import OnnxDecoder
 
