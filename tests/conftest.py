@@ -482,3 +482,111 @@ def tiny_export(tmp_path_factory, tiny_config):
     model.generation_config.num_beams = 2
     folder = export_hub_folder(model, tokenizer, tmp_path_factory.mktemp("export") / "repo", repo_id="org/tiny")
     return folder, model.eval(), tokenizer
+
+
+def shared_session_folder(tmp_path_factory, name: str, build) -> Path:
+    """The folder `name`, written once per test session by `build(folder)` and read by every pytest-xdist worker (the
+    documented pattern: a folder beside the workers' own temporary folders, built under a file lock by the first
+    worker that needs it; the others wait for it, then read it). For what costs seconds of CPU and is the same in every
+    worker; a build that failed is tried again by the next test that asks. Read it, never write into it."""
+    from filelock import FileLock  # a dependency of torch and huggingface_hub
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this session's folder, which holds each worker's own
+    folder, complete = root / name, root / f"{name}.complete"
+    with FileLock(str(root / f"{name}.lock")):
+        if not complete.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            build(folder)
+            complete.touch()
+    return folder
+
+
+def _train_small_model(tokenizer):
+    """A plain post-norm model (d 64, one encoder and one decoder layer) trained 120 steps on the bundled sample's
+    first 160 pairs, in eval mode: trained weights leave no symmetry to hide a slip in an export, and its
+    translations mean something (the int8 test's chrF bound)."""
+    from hf_deep_nmt import MODEL_CLASSES
+    from hf_deep_nmt.data.corpus import sample_corpus_dir
+
+    lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()
+    train = [line.split("\t")[:2] for line in lines[:160]]
+    torch.manual_seed(0)
+    config = DeepNMTConfig(
+        vocab_size=len(tokenizer), d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0,
+        activation_dropout=0.0, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+    )  # fmt: skip
+    model = MODEL_CLASSES[DeepNMTConfig](config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    model.train()
+    for step in range(120):
+        batch = [train[(step * 16 + i) % len(train)] for i in range(16)]
+        encoded = tokenizer(
+            [s for s, _ in batch], text_target=[t for _, t in batch], padding=True, return_tensors="pt"
+        )
+        encoded["labels"][encoded["labels"] == tokenizer.pad_token_id] = -100
+        loss = model(**encoded).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+def _export_small_model(folder: Path, tokenizer_folder: Path) -> None:
+    """`_train_small_model` with the tokenizer of `tokenizer_folder` and 2 beams, saved to `folder/repo` with its
+    tokenizer, whose graphs `export-onnx --into-model --int8` writes; the command's exit code and the warnings it
+    logged, in `folder/export.json`."""
+    import json
+    import logging
+
+    from transformers import AutoTokenizer
+
+    from hf_deep_nmt.cli import main
+    from hf_deep_nmt.hub import export_hub_folder
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    model = _train_small_model(tokenizer)
+    model.generation_config.num_beams = 2
+    repo = export_hub_folder(model, tokenizer, folder / "repo", repo_id="org/small")
+    logged = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: logged.append(record.getMessage())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)  # what caplog.at_level(logging.WARNING) sets
+    try:
+        code = main(["export-onnx", "--model", str(repo), "--into-model", "--int8"])
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    (folder / "export.json").write_text(json.dumps({"code": code, "warnings": logged}))
+
+
+@pytest.fixture(scope="session")
+def small_onnx_export(tmp_path_factory, sample_slice):
+    """`(folder, model, tokenizer, export)`: `_train_small_model` (a trained plain post-norm model, 1+1 layers,
+    2 beams) saved to `folder` with the tokenizer of `sample_slice(160, 300)`, and its graphs in `folder/onnx` (fp32
+    and int8, with the tokenizer), written by `export-onnx --into-model --int8`; `export` holds that command's exit
+    code (`code`) and the warnings it logged (`warnings`); the model and tokenizer are read back from `folder`.
+    Shared by the whole session, every pytest-xdist worker included (`shared_session_folder`): an ONNX export costs
+    8-16 CPU s, almost all in torch's exporter, and the training 6 more, and tests/test_onnx_decoding.py (int8 and
+    the plain post-norm model's exactness), test_onnx_translate.py and test_onnx_integrity.py each need such a model
+    exported. Read it, never write into it (copy it first)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from hf_deep_nmt import DeepNMTForConditionalGeneration
+
+    def build(folder):
+        _export_small_model(folder, sample_slice(160, 300) / "tokenizer")
+
+    shared = shared_session_folder(tmp_path_factory, "small-onnx-export", build)
+    folder = shared / "repo"
+    model = DeepNMTForConditionalGeneration.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return folder, model, tokenizer, json.loads((shared / "export.json").read_text())

@@ -1,11 +1,12 @@
 """The ONNX Runtime decoding path (`hf_deep_nmt.serving.onnx`): the start and one-step graphs compute what torch
 computes, step by step through the exported cache, for the families whose decoding state differs (DLCL/SDT with
 relative keys and self-attention keys/values, MAtt's running sum, MSC's block outputs and context keys) and for the
-layer stacks (pre-norm: SDT, MSC; post-norm: MAtt, the trained plain model of the int8 test; DLCL under DeepNorm);
+layer stacks (pre-norm: SDT, MSC; post-norm: DeepNorm with DLCL and MAtt, the trained plain model of the int8 test);
 greedy and beam tokens equal `generate()`'s, cached and uncached; int8 keeps a trained model's chrF within a stated
 bound of fp32's."""
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -17,20 +18,25 @@ pytestmark = pytest.mark.skipif(bool(ONNX_MISSING), reason=f"the onnx extra is n
 SOURCE = torch.tensor([[5, 9, 14, 3, 22, 2], [7, 11, 2, 1, 1, 1], [4, 2, 1, 1, 1, 1]])
 MASK = SOURCE.ne(1)
 PATH = torch.tensor([[5, 7, 9, 11, 3, 4, 8], [8, 2, 1, 1, 1, 1, 1], [3, 3, 4, 5, 6, 7, 8]])
-# one export per kind of decoding state: SDT (sparse dense connections, relative keys: keys/values), MAtt (running
-# sum), MSC (block outputs and context keys in the encoder output and the cross half); 2 decoder layers each. Each
+# one export per kind of decoding state: SDT (sparse dense connections, relative keys: keys/values), MSC (block
+# outputs and context keys in the encoder output and the cross half), MAtt (running sum); 2 decoder layers each. Each
 # export costs 8-16 CPU s whatever the model's size (torch.export's tracing and decompositions, per graph op), so
-# the other families ride on as few exports as the configs allow: DeepNorm with dense DLCL connections is one
-# (post-norm, DeepNorm's scaled residuals, DLCL's layer history); the plain post-norm model is the int8 test's.
+# the other families ride on as few exports as the configs allow: DeepNorm with dense DLCL connections carries MAtt
+# (post-norm, DeepNorm's scaled residuals, DLCL's layer history, the running sum; and DS-Init's separate source
+# embeddings: DS-Init's own initialisation changes no graph), the configuration tests/conftest.py's
+# `deepnorm-dlcl-matt` checks in torch; the plain post-norm model is the int8 test's.
 # Tracing costs per graph op, and the start graph holds the encoder: the encoders are as deep as their decoding state
 # needs (2 layers; MSC's two blocks of one layer, one per decoder layer), but SDT's, whose sparse connections need
-# two blocks of 2 layers. MAtt's running sum is a slot of each decoder layer, read by no other layer: one encoder and
-# one decoder layer carry it (1.5 CPU s less of tracing than 2+2).
+# two blocks of 2 layers.
 FAMILIES = {
     "sdt-sparse-rpr": {},
-    "dsinit-matt": {"encoder_layers": 1, "decoder_layers": 1},
     "msc": {"msc_block_layers": [1, 1]},
-    "deepnorm": {"layer_aggregation": "dlcl", "encoder_layers": 2},
+    "deepnorm": {
+        "layer_aggregation": "dlcl",
+        "encoder_layers": 2,
+        "decoder_self_attention": "merged_average",
+        "share_embeddings": False,
+    },
 }
 
 
@@ -43,6 +49,8 @@ def test_the_export_decodes_as_torch(family, tmp_path):
 
     model = doctor.family_model(family, "cpu", **FAMILIES[family])
     exported = model, export_onnx(model, tmp_path / family)
+    # without `quantize`, the fp32 graphs alone, and the layout records them
+    assert set(json.loads((exported[1] / "onnx_layout.json").read_text())["graphs"]) == {"start.onnx", "step.onnx"}
     check_each_cached_step_gives_the_uncached_logits(exported)
     for beams in (1, 4):
         check_greedy_and_beam_tokens_equal_generate(exported, beams)
@@ -91,45 +99,20 @@ def test_an_existing_folder_is_refused(tmp_path):
     assert (tmp_path / "kept.txt").read_text() == "mine"
 
 
-def test_int8_keeps_a_trained_models_chrf(sample_slice, tmp_path):
-    """Trained 120 steps on 160 sample pairs (d 64, 1+1 layers, post-norm), greedy on 40 held-out lines. Measured:
-    fp32 chrF 8.68, int8 (ONNX Runtime dynamic quantization of the MatMuls, the output projection included) 8.10
-    (-0.58; with the output projection left fp32: 8.60; at 2+2 layers and 200 steps, which cost twice the CPU time:
-    8.58 / 8.67). Bound: 2 points. The same export is this file's plain post-norm
+def test_int8_keeps_a_trained_models_chrf(small_onnx_export):
+    """conftest's `small_onnx_export`: trained 120 steps on 160 sample pairs (d 64, 1+1 layers, post-norm), greedy on
+    40 held-out lines. Measured: fp32 chrF 8.68, int8 (ONNX Runtime dynamic quantization of the MatMuls, the output
+    projection included) 8.10 (-0.58; with the output projection left fp32: 8.60; at 2+2 layers and 200 steps, which
+    cost twice the CPU time: 8.58 / 8.67). Bound: 2 points. The same export is this file's plain post-norm
     exactness check (forced-path logits, greedy and beam tokens against `generate()`)."""
-    from transformers import AutoTokenizer
-
-    from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig
     from hf_deep_nmt.data.corpus import sample_corpus_dir
-    from hf_deep_nmt.serving.onnx import export_onnx, translate_lines
+    from hf_deep_nmt.serving.onnx import translate_lines
     from hf_deep_nmt.training.evaluation import corpus_scores
 
+    shared, model, _, _ = small_onnx_export
+    folder = shared / "onnx"  # written with the tokenizer, which `translate_lines` reads
     lines = (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()
-    pairs = [line.split("\t")[:2] for line in lines[:200]]
-    train, held_out = pairs[:160], pairs[160:200]
-    tokenizer = AutoTokenizer.from_pretrained(sample_slice(160, 300) / "tokenizer")
-    torch.manual_seed(0)
-    config = DeepNMTConfig(
-        vocab_size=len(tokenizer), d_model=64, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.0, attention_dropout=0.0,
-        activation_dropout=0.0, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.pad_token_id,
-    )  # fmt: skip
-    model = MODEL_CLASSES[DeepNMTConfig](config)
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
-    model.train()
-    for step in range(120):
-        batch = [train[(step * 16 + i) % len(train)] for i in range(16)]
-        encoded = tokenizer(
-            [s for s, _ in batch], text_target=[t for _, t in batch], padding=True, return_tensors="pt"
-        )
-        encoded["labels"][encoded["labels"] == tokenizer.pad_token_id] = -100
-        loss = model(**encoded).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-    model.eval()
-    folder = export_onnx(model, tmp_path / "onnx", quantize=True, tokenizer=tokenizer)
+    held_out = [line.split("\t")[:2] for line in lines[160:200]]
     # the plain post-norm model's fp32 export decodes as torch (trained weights: no symmetry to hide a slip)
     check_each_cached_step_gives_the_uncached_logits((model, folder))
     for beams in (1, 4):

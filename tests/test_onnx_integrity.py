@@ -3,8 +3,9 @@ from (digests in `onnx_layout.json`) and refused by name in a folder that holds 
 is checked (there, its size, its digest, readable) and a damaged layout is named; the decoding-memory estimate and the
 thread bound of the torch backend hold; a model path that names nothing says so before any Hub lookup; a Hub
 repository without graphs gets advice that works; a command never writes its output into its model or corpus
-folder. One ONNX export for the file (1+1 layers, a few CPU seconds), in one test so that pytest-xdist runs it once
-(its checks change copies); the other tests read a saved folder without graphs."""
+folder. The graphs are conftest's `small_onnx_export` (a trained 1+1-layer model, fp32 and int8 graphs), which
+tests/test_onnx_translate.py and test_onnx_decoding.py read too: one export for the session, in one test here (its
+checks change copies); the other tests read a saved folder without graphs."""
 
 import functools
 import importlib.util
@@ -65,12 +66,14 @@ def reexport(folder) -> str:
 
 
 def test_the_graphs_prove_what_they_belong_to_and_have_the_torch_roads_guards(
-    saved, tiny_config, tmp_path, capsys, caplog, monkeypatch
+    small_onnx_export, tmp_path, capsys, caplog, monkeypatch
 ):
-    """One export, by `export-onnx --into-model`; each check changes a copy of the folder with its graphs."""
-    folder = shutil.copytree(saved[0], tmp_path / "exported")
-    assert main(["export-onnx", "--model", str(folder), "--into-model"]) == 0
-    _tiny_model(tiny_config, saved[2], 1).save_pretrained(tmp_path / "newer")  # other weights of the same shapes
+    """One export, by `export-onnx --into-model --int8` (conftest's, shared); each check changes a copy of the folder
+    with its graphs."""
+    folder, model, _, export = small_onnx_export
+    assert export["code"] == 0
+    torch.manual_seed(1)
+    type(model)(model.config).save_pretrained(tmp_path / "newer")  # other weights of the same shapes
     checks = (
         functools.partial(check_an_untouched_folder_translates_silently, caplog=caplog),
         functools.partial(check_replaced_weights_are_refused, newer=tmp_path / "newer" / "model.safetensors"),
@@ -90,7 +93,7 @@ def test_the_graphs_prove_what_they_belong_to_and_have_the_torch_roads_guards(
 
 def check_an_untouched_folder_translates_silently(copy, work, capsys, caplog):
     layout = json.loads((copy / "onnx" / "onnx_layout.json").read_text())
-    assert set(layout["graphs"]) == {"start.onnx", "step.onnx"}
+    assert set(layout["graphs"]) == {"start.onnx", "step.onnx", "start.int8.onnx", "step.int8.onnx"}
     assert set(layout["source"]) == {"tokenizer_fingerprint", "config", "weights"}
     assert set(layout["source"]["weights"]) == {"model.safetensors"}
     with caplog.at_level(logging.WARNING):
@@ -182,8 +185,8 @@ def check_missing_cut_off_and_unreadable_graphs_and_a_damaged_layout_are_named(c
 
 
 def check_beams_beyond_memory_are_refused_with_the_estimate(copy, work, capsys, monkeypatch):
-    """On a machine with 64 MiB free (a million beams of this tiny model are estimated at 19 GB, and the decoding
-    takes more: it must never start here)."""
+    """On a machine with 64 MiB free (a million beams of this small model are estimated at tens of GB, and the
+    decoding takes more: it must never start here)."""
     from hf_deep_nmt import memory
     from hf_deep_nmt.serving.onnx import OnnxDecoder
 

@@ -1,14 +1,15 @@
 """`hf-deep-nmt translate --backend onnxruntime`: the graphs of a model folder's `onnx/` subfolder translate as the
 torch backend does (greedy, beam search, the per-sentence output cap); what the backend cannot do is refused by
-name; a missing export names the command that writes it; `push` carries the subfolder. One export for the file (its
-tests that need it are one test, so that pytest-xdist runs it once)."""
+name; a missing export names the command that writes it; `push` carries the subfolder. The export is conftest's
+`small_onnx_export` (a trained 1+1-layer model), which tests/test_onnx_integrity.py and test_onnx_decoding.py
+read too (one export for the session, whichever pytest-xdist worker makes it)."""
 
 import importlib.util
 import logging
+import shutil
 import sys
 
 import pytest
-import torch
 
 from hf_deep_nmt.cli import main
 from hf_deep_nmt.serving.translate import translate
@@ -17,39 +18,18 @@ ONNX_MISSING = [name for name in ("onnx", "onnxscript", "onnxruntime") if import
 pytestmark = pytest.mark.skipif(bool(ONNX_MISSING), reason=f"the onnx extra is not installed ({ONNX_MISSING})")
 
 
-@pytest.fixture(scope="module")
-def small_export(tmp_path_factory, tiny_config):
-    """`(folder, model, tokenizer)`: conftest's `tiny_export` with one encoder and one decoder layer, a plain model
-    (its ONNX export costs 6 CPU s against 11 for the 3+2-layer DLCL one)."""
-    from conftest import EXPORT_PAIRS
-
-    from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-    from hf_deep_nmt.data.tokenizer import train_joint_tokenizer
-    from hf_deep_nmt.hub import export_hub_folder
-
-    tokenizer = train_joint_tokenizer(EXPORT_PAIRS * 20, vocab_size=120, min_frequency=1)
-    torch.manual_seed(0)
-    config = tiny_config(DeepNMTConfig, vocab_size=len(tokenizer), encoder_layers=1, decoder_layers=1)
-    model = DeepNMTForConditionalGeneration(config)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.5)
-    model.generation_config.num_beams = 2
-    folder = export_hub_folder(model, tokenizer, tmp_path_factory.mktemp("export") / "repo", repo_id="org/tiny")
-    return folder, model.eval(), tokenizer
-
-
 LINES = ["el sol sale", "", "la mar no se llena", "hola mundo", "el sol sale hola", "la mar"]
 
 
-def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_export, tmp_path, capsys, caplog):
+def test_onnx_backend_translates_as_torch_and_ships_with_the_model(small_onnx_export, tmp_path, capsys):
     from hf_deep_nmt.hub import upload_operations
     from hf_deep_nmt.serving.onnx import load_onnx_model
 
-    folder, model, tokenizer = small_export
-    with caplog.at_level(logging.WARNING):
-        assert main(["export-onnx", "--model", str(folder), "--into-model", "--int8"]) == 0
-    assert not [record for record in caplog.records if "pre-processing" in record.getMessage()]
+    shared, model, tokenizer, export = small_onnx_export
+    folder = shutil.copytree(shared, tmp_path / "repo")
+    # `export-onnx --into-model --int8` wrote the graphs, and logged no advice of the quantizer's
+    assert export["code"] == 0
+    assert not [message for message in export["warnings"] if "pre-processing" in message]
     source = tmp_path / "in.es"
     source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
     base = ["translate", "--model", str(folder), "--input", str(source), "--no-progress", "--backend", "onnxruntime"]
