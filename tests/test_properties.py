@@ -9,10 +9,12 @@ raise `ValueError` naming that field.
 
 import ast
 import contextlib
+import functools
 import math
 import tempfile
 from collections import defaultdict
 
+import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
@@ -150,6 +152,12 @@ def fit_denseformer_variants(fields: dict) -> None:
 
 def base_fields() -> dict:
     """The base defaults of every field a draw may leave out, so that a preset's own defaults do not leak in."""
+    return dict(_base_fields())
+
+
+@functools.cache
+def _base_fields() -> dict:
+    """`base_fields`, computed once (every draw of a DenseFormer variant and every model built asks for them)."""
     default = DeepNMTConfig()
     base = {key: value for key, value in default.to_dict().items() if key in DeepNMTConfig.__annotations__}
     # settings `to_dict` leaves out at their defaults (new since the last release), which a preset may set
@@ -397,76 +405,93 @@ UNTIL_COVERED = dict(
 )
 
 
-def test_every_bool_and_choice_field_is_drawn_with_each_of_its_values_and_made_invalid():
-    """The strategies follow the config: every boolean field of `FIELD_KINDS` is drawn True and False by the valid
-    strategy, every choice field with each of its choices, and every one of them is made invalid by some kind of the
-    invalid strategy (a field added to the config without a draw here fails this test)."""
-    assert "deepnorm" in BOOL_FIELDS and "sinusoid_frequencies" in CHOICES
-    # the activation's choices are transformers' whole table; three of them are drawn. `layer_aggregation` only
-    # gives the per-stack fields their default, and every draw sets both, so it keeps its default there.
+def switch_values() -> dict[str, set]:
+    """Every value of every boolean and choice field of `FIELD_KINDS` that the valid strategy draws. The
+    activation's choices are transformers' whole table; three of them are drawn. `layer_aggregation` only gives the
+    per-stack fields their default, and every draw sets both, so it keeps its default there."""
     wanted = {field: set(choices) for field, choices in CHOICES.items()}
     wanted |= {field: {True, False} for field in BOOL_FIELDS}
     wanted["activation_function"] = {"relu", "gelu", "swish"}
     wanted["layer_aggregation"] = {"residual"}
-    seen = defaultdict(set)
-
-    @settings(max_examples=COVERAGE_DRAWS, **UNTIL_COVERED)
-    @given(fields=valid_configs())
-    def collect(fields):
-        for field in wanted:
-            if field in fields:
-                seen[field].add(fields[field])
-        if all(values <= seen[field] for field, values in wanted.items()):
-            raise Covered
-
-    with contextlib.suppress(Covered):
-        collect()
-    assert {field: values - seen[field] for field, values in wanted.items() if values - seen[field]} == {}
-    made_invalid = {*BOOL_FIELDS, *CHOICE_FIELDS, *MSC_CHOICE_FIELDS, "ds_init_mode", "dlcl_weights"}
-    assert set(wanted) <= made_invalid
+    return wanted
 
 
-def test_the_strategies_cover_every_switch():
-    """The valid-config strategy reaches every choice of every switch (checked over one fixed set of draws: one search
-    per switch, as `hypothesis.find` makes it, drew the rare switches thousands of times over)."""
-    predicates = (
-        lambda f: f["encoder_layer_aggregation"] == "sparse" and f["pre_norm"] is False,
-        lambda f: f["decoder_layer_aggregation"] == "sparse" and f.get("dlcl_weights") == "one",
-        lambda f: f["decoder_self_attention"] == "merged_average" and f.get("init_scheme") == "ds_init",
-        lambda f: f["aan_ffn"] and f["relative_position_window"] == 3,
-        lambda f: not f["share_embeddings"] and not f["tie_word_embeddings"],
-        lambda f: isinstance(f.get("msc_block_layers"), list) and f.get("msc_context") in ("ffn", "ffn_per_block"),
-        lambda f: f.get("msc_context") == "none",
-        lambda f: f.get("msc_fusion") == "add" and f.get("msc_context_sides") == "encoder",
-        lambda f: f.get("msc_context") == "block_output" and f["decoder_self_attention"] == "average",
-        lambda f: (
-            f["deepnorm"] and f["config_class"] is not DeepNMTConfig and f["decoder_self_attention"] != "multi_head"
-        ),
-        lambda f: f["deepnorm"] and "dlcl" in (f["encoder_layer_aggregation"], f["decoder_layer_aggregation"]),
-        lambda f: f["sinusoid_frequencies"] == "marian" and f["output_bias"] and not f["sdpa_avoid_cudnn"],
-        # Mix-LN: a stack post-norm throughout, and a boundary inside a stack; DenseFormer's identity-started DLCL
-        lambda f: f.get("encoder_layers", 0) >= 2 and f.get("encoder_post_norm_layers") == f["encoder_layers"],
-        lambda f: 0 < f.get("decoder_post_norm_layers", 0) < f["decoder_layers"],
-        lambda f: f.get("dlcl_init") == "identity" and f.get("dlcl_history_norm") is False,
-        # Attention Residuals: the full variant on one stack, the block variant on the other
-        lambda f: f["encoder_layer_aggregation"] == "block_attnres" and f["decoder_layer_aggregation"] == "attnres",
-        # Hyper-Connections: mHC's dynamic variant (static and plain ones: `hyper_connections_dynamic` is drawn both
-        # ways, the iterations 0 or 2)
-        lambda f: f.get("hyper_connections_dynamic") and f.get("hyper_connections_sinkhorn_iterations") == 2,
-        *(
-            lambda f, context=context: f.get("msc_context") == context
-            for context in ("gru", "gru_per_block", "ffn", "ffn_per_block")
-        ),
-    )
-    missed = set(range(len(predicates)))
+# Combinations of switches the valid-config strategy must reach (`test_the_strategies_cover_every_switch`).
+SWITCH_COMBINATIONS = (
+    lambda f: f["encoder_layer_aggregation"] == "sparse" and f["pre_norm"] is False,
+    lambda f: f["decoder_layer_aggregation"] == "sparse" and f.get("dlcl_weights") == "one",
+    lambda f: f["decoder_self_attention"] == "merged_average" and f.get("init_scheme") == "ds_init",
+    lambda f: f["aan_ffn"] and f["relative_position_window"] == 3,
+    lambda f: not f["share_embeddings"] and not f["tie_word_embeddings"],
+    lambda f: isinstance(f.get("msc_block_layers"), list) and f.get("msc_context") in ("ffn", "ffn_per_block"),
+    lambda f: f.get("msc_context") == "none",
+    lambda f: f.get("msc_fusion") == "add" and f.get("msc_context_sides") == "encoder",
+    lambda f: f.get("msc_context") == "block_output" and f["decoder_self_attention"] == "average",
+    lambda f: f["deepnorm"] and f["config_class"] is not DeepNMTConfig and f["decoder_self_attention"] != "multi_head",
+    lambda f: f["deepnorm"] and "dlcl" in (f["encoder_layer_aggregation"], f["decoder_layer_aggregation"]),
+    lambda f: f["sinusoid_frequencies"] == "marian" and f["output_bias"] and not f["sdpa_avoid_cudnn"],
+    # Mix-LN: a stack post-norm throughout, and a boundary inside a stack; DenseFormer's identity-started DLCL
+    lambda f: f.get("encoder_layers", 0) >= 2 and f.get("encoder_post_norm_layers") == f["encoder_layers"],
+    lambda f: 0 < f.get("decoder_post_norm_layers", 0) < f["decoder_layers"],
+    lambda f: f.get("dlcl_init") == "identity" and f.get("dlcl_history_norm") is False,
+    # Attention Residuals: the full variant on one stack, the block variant on the other
+    lambda f: f["encoder_layer_aggregation"] == "block_attnres" and f["decoder_layer_aggregation"] == "attnres",
+    # Hyper-Connections: mHC's dynamic variant (static and plain ones: `hyper_connections_dynamic` is drawn both
+    # ways, the iterations 0 or 2)
+    lambda f: f.get("hyper_connections_dynamic") and f.get("hyper_connections_sinkhorn_iterations") == 2,
+    *(
+        lambda f, context=context: f.get("msc_context") == context
+        for context in ("gru", "gru_per_block", "ffn", "ffn_per_block")
+    ),
+)
+
+
+def record(seen: defaultdict, fields: dict, wanted: dict[str, set]) -> None:
+    """Adds the drawn value of every field of `wanted` to `seen`."""
+    for field in wanted:
+        if field in fields:
+            seen[field].add(fields[field])
+
+
+def undrawn(seen: defaultdict, wanted: dict[str, set]) -> dict[str, set]:
+    """The values of `wanted` (by field) that `seen` lacks."""
+    return {field: values - seen[field] for field, values in wanted.items() if values - seen[field]}
+
+
+@pytest.fixture(scope="module")
+def strategy_coverage():
+    """One search for both coverage tests below (each of their draws costs milliseconds of hypothesis): at most
+    COVERAGE_DRAWS draws of the valid-config strategy, stopped once every value of `switch_values()` and every one of
+    `SWITCH_COMBINATIONS` is drawn. Returns the values never drawn, by field, and the combinations missed."""
+    wanted = switch_values()
+    seen, missed = defaultdict(set), set(range(len(SWITCH_COMBINATIONS)))
 
     @settings(max_examples=COVERAGE_DRAWS, **UNTIL_COVERED)
     @given(fields=valid_configs())
     def draw(fields):
-        missed.difference_update([index for index in missed if predicates[index](fields)])
-        if not missed:
+        record(seen, fields, wanted)
+        missed.difference_update([index for index in missed if SWITCH_COMBINATIONS[index](fields)])
+        if not missed and not undrawn(seen, wanted):
             raise Covered
 
     with contextlib.suppress(Covered):
         draw()
+    return undrawn(seen, wanted), missed
+
+
+def test_every_bool_and_choice_field_is_drawn_with_each_of_its_values_and_made_invalid(strategy_coverage):
+    """The strategies follow the config: every boolean field of `FIELD_KINDS` is drawn True and False by the valid
+    strategy, every choice field with each of its choices, and every one of them is made invalid by some kind of the
+    invalid strategy (a field added to the config without a draw here fails this test)."""
+    assert "deepnorm" in BOOL_FIELDS and "sinusoid_frequencies" in CHOICES
+    wanted = switch_values()
+    assert strategy_coverage[0] == {}
+    made_invalid = {*BOOL_FIELDS, *CHOICE_FIELDS, *MSC_CHOICE_FIELDS, "ds_init_mode", "dlcl_weights"}
+    assert set(wanted) <= made_invalid
+
+
+def test_the_strategies_cover_every_switch(strategy_coverage):
+    """The valid-config strategy reaches every choice of every switch (checked over one fixed set of draws: one search
+    per switch, as `hypothesis.find` makes it, drew the rare switches thousands of times over)."""
+    missed = strategy_coverage[1]
     assert not missed, f"no draw among {COVERAGE_DRAWS} reaches the switches of predicates {sorted(missed)}"
