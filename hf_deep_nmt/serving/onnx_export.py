@@ -5,7 +5,9 @@ and every filled cache slot) and `step.onnx` (one decoder step: the previous tok
 every cache slot in; logits and the self-attention half's slots out). The cross-attention half (encoder memory
 keys/values, MSC context keys/values) is projected once by `start.onnx` and fed back unchanged. The slots are whatever
 the family's cache layers fill (`keys`/`values`, MAtt/AAN `running_sum`, MSC `context_*`), read from an eager run, so
-every family exports through the same code. `quantize=True` adds the int8 graphs of `quantize_dynamic`.
+every family exports through the same code. What is traced is a copy of the model with some families' extra work a
+step folded or fused (`hf_deep_nmt.serving.onnx_rewrites`). `quantize=True` adds the int8 graphs of `quantize_dynamic`
+(the matrix products, but for narrow ones).
 `export_for_serving` and `export_into_model` put the graphs where `hf-deep-nmt translate --backend onnxruntime` looks.
 The decoder that runs them is `hf_deep_nmt.serving.onnx.OnnxDecoder`.
 
@@ -31,8 +33,8 @@ import torch
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_deep_nmt.fingerprints import tokenizer_fingerprint
-from hf_deep_nmt.serving.onnx_rewrites import for_export
 from hf_deep_nmt.folders import check_apart, written_file_record
+from hf_deep_nmt.serving.onnx_rewrites import for_export
 from hf_deep_nmt.weights import saved_weight_files
 
 LAYOUT_FILE = "onnx_layout.json"

@@ -46,7 +46,10 @@ def for_export(model):
 def _blocks(layer):
     """(residual block, the linear map its sublayer ends with, or None) of every block of a layer."""
     blocks = [(layer.final_layer_norm, layer.fc2)]
-    for norm_name, attention_name in (("self_attn_layer_norm", "self_attn"), ("encoder_attn_layer_norm", "encoder_attn")):
+    for norm_name, attention_name in (
+        ("self_attn_layer_norm", "self_attn"),
+        ("encoder_attn_layer_norm", "encoder_attn"),
+    ):
         norm, attention = getattr(layer, norm_name, None), getattr(layer, attention_name, None)
         if norm is None or attention is None:
             continue
