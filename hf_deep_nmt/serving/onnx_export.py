@@ -5,7 +5,9 @@ and every filled cache slot) and `step.onnx` (one decoder step: the previous tok
 every cache slot in; logits and the self-attention half's slots out). The cross-attention half (encoder memory
 keys/values, MSC context keys/values) is projected once by `start.onnx` and fed back unchanged. The slots are whatever
 the family's cache layers fill (`keys`/`values`, MAtt/AAN `running_sum`, MSC `context_*`), read from an eager run, so
-every family exports through the same code. `quantize=True` adds the int8 graphs of `quantize_dynamic`.
+every family exports through the same code. What is traced is a copy of the model with some families' extra work a
+step folded or fused (`hf_deep_nmt.serving.onnx_rewrites`). `quantize=True` adds the int8 graphs of `quantize_dynamic`
+(the matrix products, but for narrow ones).
 `export_for_serving` and `export_into_model` put the graphs where `hf-deep-nmt translate --backend onnxruntime` looks.
 The decoder that runs them is `hf_deep_nmt.serving.onnx.OnnxDecoder`.
 
@@ -32,6 +34,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_deep_nmt.fingerprints import tokenizer_fingerprint
 from hf_deep_nmt.folders import check_apart, written_file_record
+from hf_deep_nmt.serving.onnx_rewrites import for_export
 from hf_deep_nmt.weights import saved_weight_files
 
 LAYOUT_FILE = "onnx_layout.json"
@@ -39,6 +42,8 @@ ENCODER_FIELDS = ("last_hidden_state", "block_outputs", "context_states")  # the
 SLOTS = ("keys", "values", "running_sum", "context_keys", "context_values")
 ONNX_SUBFOLDER = "onnx"  # a model folder (and its Hub repository) carries its graphs here
 PREPROCESSING_HINT = "Please consider to run pre-processing before quantization"
+# a weight matrix with fewer rows or columns than this stays float32 in the int8 graphs (`_narrow_products`)
+NARROW = 16
 LAYOUT_FORMAT = 2  # 2: the layout records the graphs' and the source's digests (1: the slots and special ids only)
 # What a config.json holds that says where and by which version it was saved, not what the model computes: left out of
 # its digest, so that saving the same config again (`upgrade-code`, another transformers release) keeps the graphs.
@@ -250,7 +255,7 @@ def export_onnx(
     folder = Path(folder)
     if folder.exists():
         raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
-    model = model.eval()
+    model = for_export(model)  # a copy with fewer operations a step (`onnx_rewrites`); the model is left as it is
     origin = source_digests(source, tokenizer)  # what the graphs are made from, read as the export starts
     layout, fields, encoder_output = _layout(model)
     folder.mkdir(parents=True)
@@ -389,9 +394,28 @@ def _quantize(folder: Path, name: str) -> None:
                 folder / f"{name}.int8.onnx",
                 weight_type=QuantType.QInt8,
                 op_types_to_quantize=["MatMul"],
+                nodes_to_exclude=_narrow_products(weights_first),
             )
     finally:
         weights_first.unlink()
+
+
+def _narrow_products(path: Path) -> list[str]:
+    """The MatMuls of the graph `path` whose weight is a vector or has fewer than `NARROW` rows or columns (the
+    Hyper-Connections' dynamic weight maps, d x (n + 2)): int8 makes them slower, not faster, since quantizing their
+    input (a DynamicQuantizeLinear over the whole input, each time) costs more than the product (measured on
+    Hyper-Connections, reduced size: a tenth of a step)."""
+    import onnx
+
+    graph = onnx.load(path).graph
+    shapes = {weight.name: list(weight.dims) for weight in graph.initializer}
+    return [
+        node.name
+        for node in graph.node
+        if node.op_type == "MatMul"
+        and node.input[1] in shapes
+        and (len(shapes[node.input[1]]) < 2 or min(shapes[node.input[1]][-2:]) < NARROW)
+    ]
 
 
 class _DropPreprocessingHint(logging.Filter):
