@@ -132,6 +132,14 @@ def test_a_batch_holds_the_oldest_sentence_and_its_neighbours_in_length_within_t
     assert sorted(pick_batch([5] * 4, budget=20, most=8)) == [0, 1, 2, 3]
 
 
+def test_a_batch_leaves_out_a_sentence_that_would_make_most_of_it_padding():
+    lengths = [10, 3, 11, 40, 9, 10, 2]
+    # MAX_PADDING 1.3: 10, 10, 11, 9 hold 44 padded tokens for 40 real ones; 3 makes 55 for 43 (1.28, in); 2 would
+    # make 66 for 45 (1.47, out), and 40 280 for 85
+    assert sorted(pick_batch(lengths, budget=1000, most=8)) == [0, 1, 2, 4, 5]
+    assert sorted(pick_batch([40, 10, 41, 12], budget=1000, most=8)) == [0, 2]  # 82 for 81; 10 would make 123 for 91
+
+
 # ---- the application in this process -----------------------------------------------------------------------------
 
 
