@@ -1,11 +1,13 @@
 """Batches across requests: every request's sentences join one queue, and one decoding thread takes batches from it.
 
-A batch waits for more sentences only while it is short of `max_batch_tokens` and its first sentence has waited less
-than `max_wait_ms`; while the thread decodes, the next batch gathers by itself. A batch always holds the sentence
-that has waited longest (so none waits for ever), with the queued sentences of the same decoding options closest to
-it in length, as long as the batch stays within `MAX_PADDING` (so that little of the batch is padding: `pick_batch`), sorted by length as `translate` sorts. The
-decoder runs in its own thread, so the event loop keeps taking requests while it decodes; a batch that fails is
-decoded again one sentence at a time, so that only the requests whose sentences fail alone fail.
+A batch waits for more sentences only while it is short of `max_batch_tokens` and has waited less than `max_wait_ms`,
+counted from the later of its first sentence's arrival and the end of the last batch (the requests that batch answered
+send their next sentences meanwhile); while the thread decodes, the next batch gathers by itself. A batch always holds
+the sentence that has waited longest (so none waits for ever), with the queued sentences of the same decoding options
+closest to it in length, as long as the batch stays within `MAX_PADDING` padded tokens per real one (`pick_batch`),
+sorted by length as `translate` sorts. The decoder runs in its own thread, so the event loop keeps taking requests
+while it decodes; a batch that fails is decoded again one sentence at a time, so that only the requests whose
+sentences fail alone fail.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from hf_deep_nmt.serving.decoder import Decoder
 from hf_deep_nmt.serving.options import DecodingOptions
 from hf_deep_nmt.serving.server.limits import RequestError, ServerLimits
 from hf_deep_nmt.serving.server.metrics import Metrics
-
 
 # The most padded source tokens a batch may hold per real token: a batch decodes until its longest sentence is done,
 # and pads every other to it, so a sentence far longer or shorter than the rest costs more than its own work. Measured
