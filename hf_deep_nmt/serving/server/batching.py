@@ -29,13 +29,17 @@ from hf_deep_nmt.serving.server.metrics import Metrics
 # length-sorted batches carry (1.17 per real token) without splitting batches so small that each step's fixed cost
 # dominates.
 MAX_PADDING = 1.3
+# Tokens of work every sentence costs beyond its source tokens (the first steps of its translation, its end), counted
+# with the real ones: a batch of very short sentences is not split for a padding that costs little.
+SENTENCE_TOKENS = 4
 
 
 def pick_batch(lengths: list[int], budget: int, most: int) -> list[int]:
     """Indices of `lengths` for one batch: the first (the sentence that has waited longest) and its neighbours in
     length, at most `most` sentences and `budget` padded tokens (sentences x longest; the first alone may pass it),
-    and at most `MAX_PADDING` padded tokens per real one; each step takes the neighbour that adds the fewest padding
-    tokens. A sentence left out waits for a batch of its own length (the queue keeps filling meanwhile)."""
+    and at most `MAX_PADDING` padded tokens per real one (`SENTENCE_TOKENS` more a sentence); each step takes the
+    neighbour that adds the fewest padding tokens. A sentence left out waits for a batch of its own length (the
+    queue keeps filling meanwhile)."""
     order = sorted(range(len(lengths)), key=lambda index: (lengths[index], index))
     low = high = order.index(0)
     longest = real = lengths[0]
@@ -49,7 +53,7 @@ def pick_batch(lengths: list[int], budget: int, most: int) -> list[int]:
         if not steps:
             break
         _, side, length = min(steps)
-        if (count + 1) * max(longest, length) > MAX_PADDING * (real + length):
+        if (count + 1) * max(longest, length) > MAX_PADDING * (real + length + (count + 1) * SENTENCE_TOKENS):
             break
         real += length
         if side < 0:
