@@ -198,7 +198,7 @@ def print_table(results: dict) -> None:
     columns = ["concurrency", "requests/s", "tokens/s", "tokens per server CPU s", "p50 ms", "p95 ms", "p99 ms"]
     columns += ["RSS MiB before -> after", "x translate (wall, CPU)", "same output"]
     print("| " + " | ".join(columns) + " |\n|" + "---:|" * 7 + "---|" * 3)
-    for row in results["levels"] + [results["flat"]]:
+    for row in results["levels"] + [results["flat"]] * (results["flat"] is not None):
         print(
             f"| {row['concurrency']}{' (flat)' * (row is results['flat'])} | {row['requests_per_second']:,.1f} | "
             f"{row['tokens_per_second']:,.0f} | {row['tokens_per_cpu_second']:,.0f} | {row['p50_ms']:,.0f} | "
@@ -222,9 +222,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
         asyncio.run(closed_loop(base, sentences, 8, 8))  # warm-up
         levels = [
             load_level(base, process, sentences, concurrency, args.requests or plan["requests"], reference)
-            for concurrency in plan["concurrency"]
+            for concurrency in args.concurrency or plan["concurrency"]
         ]
-        flat = load_level(base, process, sentences, FLAT_CONCURRENCY, plan["flat_requests"], reference)
+        flat_requests = plan["flat_requests"] if args.flat_requests is None else args.flat_requests
+        flat = None
+        if flat_requests:
+            flat = load_level(base, process, sentences, FLAT_CONCURRENCY, flat_requests, reference)
     finally:
         exit_code = stop_server(server)
     return dict(
@@ -254,6 +257,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=1, help="of the server, and of translate")
     parser.add_argument("--num-beams", type=int, default=None, help="default: the model's generation config")
     parser.add_argument("--requests", type=int, default=None, help="per concurrency (default 600; quick: 32)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=None, help="default: 1 8 32 128 (quick: 1 8)")
+    parser.add_argument(
+        "--flat-requests", type=int, default=None, help="of the memory run (default 10,000; quick: 64; 0: no such run)"
+    )
     parser.add_argument("--quick", action="store_true", help="a tiny model, concurrency 1 and 8: checks it runs")
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     args = parser.parse_args(argv)

@@ -132,6 +132,15 @@ def test_a_batch_holds_the_oldest_sentence_and_its_neighbours_in_length_within_t
     assert sorted(pick_batch([5] * 4, budget=20, most=8)) == [0, 1, 2, 3]
 
 
+def test_a_batch_leaves_out_a_sentence_that_would_make_most_of_it_padding():
+    lengths = [10, 3, 11, 40, 9, 10, 2]
+    # within 1.3 x (real tokens + 4 a sentence): 10, 10, 11, 9 (44 padded, 40 + 16), then 3 (55, 43 + 20) and 2 (66,
+    # 45 + 24: 1.3 x 69 = 89.7); 40 would make 280 padded for 85 + 28 (1.3 x 113 = 146.9)
+    assert sorted(pick_batch(lengths, budget=1000, most=8)) == [0, 1, 2, 4, 5, 6]
+    # 40, 41, then 12 (123 padded for 93 + 12: 1.3 x 105 = 136.5); 2 would make 164 for 95 + 16 (144.3)
+    assert sorted(pick_batch([40, 2, 41, 12], budget=1000, most=8)) == [0, 2, 3]
+
+
 # ---- the application in this process -----------------------------------------------------------------------------
 
 

@@ -167,10 +167,18 @@ class _SelfCache:
             np.take(_view(write, grown), rows, axis=0, out=_view(read, shape), mode="clip")
 
 
+def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
+    """Bind the memory of the C-contiguous `array` to the graph's input (or output) `name`, without wrapping it in an
+    OrtValue: a decoding step binds about twenty tensors, and the wrapping cost more than a small batch's step."""
+    bind = binding.bind_output if output else binding.bind_input
+    bind(name, "cpu", 0, array.dtype.type, array.shape, array.ctypes.data)
+
+
 class _Batch:
     """One batch's decoding state for the step graph, bound once (ONNX Runtime's I/O binding over numpy memory):
-    the encoder states, cross-attention slots and mask (re-gathered only when rows leave), the self-attention
-    slots in a `_SelfCache`, the logits written into one buffer; `max_lengths`: each row's cap, as in `greedy`."""
+    the encoder states, cross-attention slots and mask (re-gathered and bound again only when rows leave), the
+    self-attention slots in a `_SelfCache`, the logits written into one buffer; `max_lengths`: each row's cap, as in
+    `greedy`."""
 
     def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None):
         logits, encoder, slots, mask = started
@@ -182,32 +190,36 @@ class _Batch:
         grows = [decoder.layout[index][2] in ("keys", "values") for index in decoder.self_index]
         self.cache = _SelfCache([slots[index] for index in decoder.self_index], grows, capacity)
         self.max_lengths = None if max_lengths is None else np.asarray(max_lengths)
+        self.steps = np.zeros(capacity, dtype=np.float32)  # only its length is read: the tokens decoded so far
+        self.binding = self.session.io_binding()
+        self._bind_fixed()
+
+    def _bind_fixed(self) -> None:
+        self.fixed = {name: np.ascontiguousarray(tensor) for name, tensor in self.fixed.items()}
+        for name, tensor in self.fixed.items():
+            _bind(self.binding, name, tensor)
 
     def keep(self, rows: np.ndarray | None, changed: bool = True) -> None:
         """Go on with `rows` of the last step's (None: all, in order); `changed`: some row left the batch."""
         self.cache.keep(rows)
         if rows is not None and changed:
             self.fixed = {name: np.take(tensor, rows, axis=0) for name, tensor in self.fixed.items()}
+            self._bind_fixed()
             if self.max_lengths is not None:
                 self.max_lengths = self.max_lengths[rows]
 
     def step(self, tokens: np.ndarray, done: int) -> np.ndarray:
         """The next logits after `done` tokens for the rows kept; rows whose `max_lengths` are reached get `</s>`
         only (log-probability 0, every other token -inf)."""
-        from onnxruntime import OrtValue
-
-        binding = self.session.io_binding()
-        feeds = {"tokens": np.ascontiguousarray(tokens[:, None], dtype=np.int64), **self.fixed}
-        feeds["steps"] = np.zeros(done, dtype=np.float32)
-        feeds.update(zip(self.self_names, self.cache.inputs()))
+        binding, tokens = self.binding, np.ascontiguousarray(tokens[:, None], dtype=np.int64)
+        _bind(binding, "tokens", tokens)
+        _bind(binding, "steps", self.steps[:done])
+        for name, array in zip(self.self_names, self.cache.inputs()):
+            _bind(binding, name, array)
         logits = np.empty((len(tokens), self.vocab), dtype=np.float32)
-        outputs = {"logits": logits, **dict(zip(["new." + name for name in self.self_names], self.cache.outputs()))}
-        values = [OrtValue.ortvalue_from_numpy(array) for array in (*feeds.values(), *outputs.values())]
-        for name, value in zip([*feeds, *outputs], values):
-            if name in outputs:
-                binding.bind_ortvalue_output(name, value)
-            else:
-                binding.bind_ortvalue_input(name, value)
+        _bind(binding, "logits", logits, output=True)
+        for name, array in zip(self.self_names, self.cache.outputs()):
+            _bind(binding, "new." + name, array, output=True)
         self.session.run_with_iobinding(binding)
         if self.max_lengths is not None:
             capped = self.max_lengths <= done
