@@ -451,9 +451,6 @@ def _translate(argv: list[str]) -> int:
     except ValueError as error:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
-    from hf_deep_nmt.model_folders import check_model_name
-
-    check_model_name(args.model, check_hub_id=False)  # a path that names nothing, before torch is imported
     from hf_deep_nmt.serving.backends import DECODERS
     from hf_deep_nmt.serving.translate import check_output_path, read_lines, set_threads, write_translations
 

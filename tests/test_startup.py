@@ -41,7 +41,6 @@ def run_cli(*arguments: str, cwd) -> dict:
         (["train-staged", "missing.yaml"], 2, "Config file not found: missing.yaml"),
         (["average"], 2, "the following arguments are required: --output"),
         (["upgrade-code"], 2, "the following arguments are required: --model"),
-        (["translate", "--model", "./no-such-model"], 2, "Model folder './no-such-model' does not exist"),
         (["serve", "--model", "./no-such-model"], 2, "Model folder './no-such-model' does not exist"),
     ],
 )
