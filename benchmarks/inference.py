@@ -777,11 +777,13 @@ def whole_process(model: Path, lines: Path, workdir: Path, setting: dict, repeat
     first on PYTHONPATH, or None: the installed package) as whole `hf-deep-nmt translate` processes, and each
     CTranslate2 export of `setting["ct2"]` (contender -> folder) through `translate_batch`, at each thread count of
     `setting["threads"]`, `repeats` rounds, every contender once per round in turn (alternating: a change of the
-    machine's load falls on all alike); median seconds and memory per contender and thread count, how many of its
-    lines differ from the first `torch` contender's, and each `translate` contender's ratio to the same precision's
-    CTranslate2 (`_SAME_PRECISION`)."""
+    machine's load falls on all alike; `setting["only"]`: these kinds only, in this order); median seconds and memory
+    per contender and thread count, how many of its lines differ from the first contender's (torch's), and each
+    `translate` contender's ratio to the same precision's CTranslate2 (`_SAME_PRECISION`)."""
     contenders = [f"{label} {backend}" for backend in TRANSLATE_BACKENDS for label in setting["codes"]]
     contenders += list(setting["ct2"])
+    if "only" in setting:
+        contenders = [name for kind in setting["only"] for name in contenders if name.split()[-1] == kind]
     runs: dict[tuple[str, int], list[dict]] = {}
     for _ in range(repeats):
         for threads in setting["threads"]:
@@ -839,7 +841,7 @@ def print_whole_process(figures: dict) -> None:
     print(f"load average at the end: {', '.join(f'{value:.2f}' for value in figures['load_average'])}")
     print(
         "| contender | threads | CPU s (median; each run) | user s | system s | wall s | / CT2 same precision | "
-        "imports MB | decoder after decoding MB | peak MB | lines differing from torch |"
+        "imports MB | decoder after decoding MB | peak MB | lines differing from the first contender's |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in figures["rows"].values():
@@ -883,6 +885,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--backend", choices=sorted(TRANSLATE_BACKENDS), default="ort_fp32")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, nargs="+", default=[1], help="--end-to-end: at each of these")
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=[*TRANSLATE_BACKENDS, *CT2_COMPUTE_TYPES],
+        default=None,
+        help="--end-to-end: only these, in this order (default: every one)",
+    )
     parser.add_argument(
         "--ct2", type=Path, default=None, help="--end-to-end: the CTranslate2 export (default: MODEL/ctranslate2)"
     )
@@ -930,6 +939,8 @@ def whole_process_main(args) -> dict:
         else:
             codes = {"before": args.before, "after": None} if args.before else {"this": None}
             setting = dict(codes=codes, ct2=ct2_folders(args), threads=args.threads, lines=args.lines, beams=4, cap=64)
+            if args.contenders:
+                setting["only"] = args.contenders
             results = whole_process(args.end_to_end, args.lines, workdir, setting, args.repeats)
             print_whole_process(results)
     if args.json:
