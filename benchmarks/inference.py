@@ -28,6 +28,15 @@ The end-to-end row translates `lines` sentences of the sample corpus with `hf-de
 backend's), and, except at the quick size, both backends' `translate` as whole processes (the CPU seconds of the
 process tree, `RUSAGE_CHILDREN`: interpreter start, imports and model loading included, as a user pays them).
 
+`--end-to-end MODEL --lines FILE` instead runs whole processes on real text, as users run them: `hf-deep-nmt
+translate` on the torch backend and on ONNX Runtime fp32 and int8 (the graphs of `export-onnx --into-model --int8`),
+and CTranslate2's `translate_batch` on the model's CTranslate2 export(s) in a process with no hf-deep-nmt code, at
+fp32 and int8; beam 4, every output capped at 64 tokens, batches of 64 sentences, at each of `--threads`, every
+contender once per round in turn, `--repeats` rounds. Each row: the process tree's CPU seconds (`RUSAGE_CHILDREN`),
+the ratio to CTranslate2 at the same precision, the resident memory after the imports and that of the loaded decoder
+after its beam-4 decodings above them (MB), the peak, and how many lines differ from the torch backend's. There is no
+smoke size of it: each `translate` process costs seconds of imports before it decodes anything.
+
 `--profile FAMILY` instead breaks one beam-4 batch-32 `generate()` of that family down (cProfile): the model's forward
 against the search around it (top-k, finished beams, cache reordering, logits processors).
 
@@ -589,6 +598,77 @@ TRANSLATE_BACKENDS = {
     "ort_fp32": ["--backend", "onnxruntime"],
     "ort_int8": ["--backend", "onnxruntime", "--int8"],
 }
+# the CTranslate2 contenders of the end-to-end table: `translate_batch` on the model's CTranslate2 export, no
+# hf-deep-nmt code in the process (`_CT2_CHILD`), by the compute type each loads the export with
+CT2_COMPUTE_TYPES = {"ct2_fp32": "float32", "ct2_int8": "int8"}
+# the runtime each `translate` contender imports before it loads its decoder: imported first in `_MEASURED_CHILD`, so
+# that its libraries count with the imports and not with the loaded decoder, as `ctranslate2` does in `_CT2_CHILD`
+_RUNTIMES = {"torch": "torch", "ort_fp32": "onnxruntime", "ort_int8": "onnxruntime"}
+# the same precision's CTranslate2 contender, which the goal compares each `translate` contender with
+_SAME_PRECISION = {"torch": "ct2_fp32", "ort_fp32": "ct2_fp32", "ort_int8": "ct2_int8"}
+# resident and peak memory of the child reading it (MB, from /proc/self/status); both children define it
+_MEMORY = """
+def memory():
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status"))
+    return {key: int(fields[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM")}
+"""
+# `hf-deep-nmt translate ARGS` as `python -m hf_deep_nmt_cli` runs it, with the resident memory recorded before and
+# after its decoder is loaded and once the output is written, the decoder kept alive to then: the memory of a loaded
+# decoder after its decodings, above the imports. The records are two reads of a small file: no measurable CPU.
+_MEASURED_CHILD = (
+    _MEMORY
+    + """
+import json, sys
+record, runtime = sys.argv[1], sys.argv[2]
+__import__(runtime)
+import hf_deep_nmt_cli
+from hf_deep_nmt import cli
+marks, kept, locate = {}, [], cli._locate_decoder
+def located(*args, **kwargs):
+    load = locate(*args, **kwargs)
+    def measured_load():
+        marks["before_load"] = memory()
+        kept.append(load())
+        marks["loaded"] = memory()
+        return kept[-1]
+    return measured_load
+cli._locate_decoder = located
+sys.argv = ["hf-deep-nmt", *sys.argv[3:]]
+code = hf_deep_nmt_cli.main()
+marks["end"] = memory()
+json.dump(marks, open(record, "w"))
+sys.exit(code)
+"""
+)
+# CTranslate2 as its own users run it: the `tokenizers` tokenizer of the export (its tokenizer.json: the same pieces
+# and ids as the model's tokenizer), `translate_batch` with translate's settings (beam, cap, batches of the same
+# number of sentences: both sort the lines by length first), the detokenized best hypotheses written out
+_CT2_CHILD = (
+    _MEMORY
+    + """
+import json, sys
+import ctranslate2, tokenizers
+record, folder, compute_type, threads, source, output, beams, cap, batch = sys.argv[1:]
+marks = {"before_load": memory()}
+tokenizer = tokenizers.Tokenizer.from_file(folder + "/tokenizer.json")
+translator = ctranslate2.Translator(
+    folder, device="cpu", compute_type=compute_type, intra_threads=int(threads), inter_threads=1
+)
+marks["loaded"] = memory()
+lines = open(source, encoding="utf-8").read().splitlines()
+pieces = [tokenizer.encode(line).tokens for line in lines]
+results = translator.translate_batch(
+    pieces, beam_size=int(beams), max_decoding_length=int(cap), max_batch_size=int(batch)
+)
+ids = [[tokenizer.token_to_id(piece) for piece in result.hypotheses[0]] for result in results]
+text = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
+open(output, "w", encoding="utf-8").write("".join(line + "\\n" for line in text))
+marks["end"] = memory()
+json.dump(marks, open(record, "w"))
+"""
+)
+# the sentences of one batch: `translate`'s default `--batch-size`, and CTranslate2's `max_batch_size`
+E2E_BATCH = 64
 # what one whole-process profile adds up, by the functions its time is spent under (cumulative, not nested in another)
 PROFILE_PARTS = {
     "imports (module code included)": [("", "_find_and_load")],
@@ -621,12 +701,16 @@ sys.exit(code)
 """
 
 
-def whole_process_arguments(model: Path, lines: Path, output: Path, backend: str, beams: int, cap: int) -> list[str]:
-    """`hf-deep-nmt translate`'s arguments for one whole-process run: one thread, beam `beams`, outputs capped at
-    `cap` tokens, the batches of its defaults."""
+def whole_process_arguments(
+    model: Path, lines: Path, output: Path, backend: str, beams: int, cap: int, threads: int = 1
+) -> list[str]:
+    """`hf-deep-nmt translate`'s arguments for one whole-process run: `threads` threads, beam `beams`, every output
+    capped at `cap` tokens whatever its source's length (CTranslate2's `max_decoding_length`: the same cap on both
+    sides), the batches of its defaults."""
     return [
         "translate", "--model", str(model), "--input", str(lines), "--output", str(output), "--overwrite",
-        "--threads", "1", "--no-progress", "--num-beams", str(beams), "--max-output-tokens", str(cap),
+        "--threads", str(threads), "--no-progress", "--num-beams", str(beams), "--max-length-a", "0",
+        "--max-length-b", str(cap), "--max-output-tokens", str(cap), "--batch-size", str(E2E_BATCH),
         *TRANSLATE_BACKENDS[backend],
     ]  # fmt: skip
 
@@ -644,30 +728,88 @@ def child_seconds(command: list[str], env: dict) -> dict:
     return dict(cpu_seconds=user + system, user_seconds=user, system_seconds=system, wall_seconds=wall)
 
 
-def whole_process(model: Path, lines: Path, workdir: Path, codes: dict, repeats: int, beams: int = 4, cap: int = 64):
-    """Every backend of `TRANSLATE_BACKENDS` under every code tree of `codes` (label -> a checkout put first on
-    PYTHONPATH, or None: the installed package) as whole `hf-deep-nmt translate` processes at OMP_NUM_THREADS=1,
-    contenders alternating, `repeats` rounds; median seconds per contender, and whether each contender's output is
-    the first contender's of its backend."""
-    contenders = [(label, backend) for backend in TRANSLATE_BACKENDS for label in codes]
-    seconds: dict[str, list[dict]] = {f"{label} {backend}": [] for label, backend in contenders}
+def contender_command(contender: str, setting: dict, output: Path, record: Path) -> list[str]:
+    """The command line of one whole-process run: `contender` is `LABEL BACKEND` of a `translate` contender (under
+    `setting["codes"][LABEL]`) or a key of `CT2_COMPUTE_TYPES`; the child writes its memory marks to `record`."""
+    if contender in CT2_COMPUTE_TYPES:
+        folder = setting["ct2"][contender]
+        values = [folder, CT2_COMPUTE_TYPES[contender], setting["threads"], setting["lines"], output]
+        values += [setting["beams"], setting["cap"], E2E_BATCH]
+        return [sys.executable, "-c", _CT2_CHILD, str(record), *map(str, values)]
+    backend = contender.split()[-1]
+    arguments = whole_process_arguments(
+        setting["model"], setting["lines"], output, backend, setting["beams"], setting["cap"], setting["threads"]
+    )
+    return [sys.executable, "-c", _MEASURED_CHILD, str(record), _RUNTIMES[backend], *arguments]
+
+
+def run_contender(contender: str, setting: dict, workdir: Path) -> dict:
+    """One whole-process run of `contender` at `setting["threads"]` threads (OMP_NUM_THREADS too): its process
+    tree's CPU seconds (`child_seconds`) and its memory marks (MB: resident after the imports, after loading, at the
+    end with the decoder still alive; the peak)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(setting["threads"])}
+    label = contender.split()[0]
+    code = setting["codes"].get(label)
+    if code is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(code), env.get("PYTHONPATH")]))
+    name = contender.replace(" ", ".")
+    output, record = workdir / f"{name}.t{setting['threads']}.txt", workdir / f"{name}.t{setting['threads']}.json"
+    seconds = child_seconds(contender_command(contender, setting, output, record), env)
+    marks = json.loads(record.read_text())
+    imports = marks["before_load"]["VmRSS"]
+    memory = dict(
+        imports_mb=imports,
+        loaded_mb=marks["loaded"]["VmRSS"] - imports,
+        after_decoding_mb=marks["end"]["VmRSS"] - imports,
+        peak_mb=marks["end"]["VmHWM"],
+    )
+    return {**seconds, **memory}
+
+
+def differing_lines(output: Path, reference: Path) -> int:
+    """How many lines of `output` differ from `reference`'s (both the same number of lines)."""
+    ours, theirs = output.read_text(encoding="utf-8").splitlines(), reference.read_text(encoding="utf-8").splitlines()
+    return sum(a != b for a, b in zip(ours, theirs, strict=True))
+
+
+def whole_process(model: Path, lines: Path, workdir: Path, setting: dict, repeats: int) -> dict:
+    """Every backend of `TRANSLATE_BACKENDS` under every code tree of `setting["codes"]` (label -> a checkout put
+    first on PYTHONPATH, or None: the installed package) as whole `hf-deep-nmt translate` processes, and each
+    CTranslate2 export of `setting["ct2"]` (contender -> folder) through `translate_batch`, at each thread count of
+    `setting["threads"]`, `repeats` rounds, every contender once per round in turn (alternating: a change of the
+    machine's load falls on all alike; `setting["only"]`: these kinds only, in this order); median seconds and memory
+    per contender and thread count, how many of its lines differ from the first contender's (torch's), and each
+    `translate` contender's ratio to the same precision's CTranslate2 (`_SAME_PRECISION`)."""
+    contenders = [f"{label} {backend}" for backend in TRANSLATE_BACKENDS for label in setting["codes"]]
+    contenders += list(setting["ct2"])
+    if "only" in setting:
+        contenders = [name for kind in setting["only"] for name in contenders if name.split()[-1] == kind]
+    runs: dict[tuple[str, int], list[dict]] = {}
     for _ in range(repeats):
-        for label, backend in contenders:
-            env = {**os.environ, "OMP_NUM_THREADS": "1"}
-            if codes[label] is not None:
-                env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(codes[label]), env.get("PYTHONPATH")]))
-            output = workdir / f"{label}.{backend}.txt"
-            arguments = whole_process_arguments(model, lines, output, backend, beams, cap)
-            seconds[f"{label} {backend}"].append(
-                child_seconds([sys.executable, "-m", "hf_deep_nmt_cli", *arguments], env)
-            )
-    figures = {"lines": sum(1 for _ in lines.open(encoding="utf-8")), "beams": beams, "cap": cap, "rows": {}}
-    for label, backend in contenders:
-        runs = seconds[f"{label} {backend}"]
-        reference = workdir / f"{next(iter(codes))}.{backend}.txt"
-        same = (workdir / f"{label}.{backend}.txt").read_bytes() == reference.read_bytes()
-        median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        figures["rows"][f"{label} {backend}"] = {**median, "same_output": same}
+        for threads in setting["threads"]:
+            for contender in contenders:
+                figures = run_contender(contender, {**setting, "model": model, "threads": threads}, workdir)
+                runs.setdefault((contender, threads), []).append(figures)
+                print(f"{contender} at {threads} threads: {json.dumps(figures)}", flush=True)
+    return whole_process_figures(lines, workdir, setting, contenders, runs)
+
+
+def whole_process_figures(lines: Path, workdir: Path, setting: dict, contenders: list[str], runs: dict) -> dict:
+    """`whole_process`'s result from its `runs` ((contender, threads) -> the figures of each run)."""
+    figures = {"lines": sum(1 for _ in lines.open(encoding="utf-8")), "beams": setting["beams"], "cap": setting["cap"]}
+    figures["load_average"], figures["rows"] = os.getloadavg(), {}
+    reference = contenders[0].replace(" ", ".")
+    for (contender, threads), measured in runs.items():
+        median = {key: statistics.median(run[key] for run in measured) for key in measured[0]}
+        output = workdir / f"{contender.replace(' ', '.')}.t{threads}.txt"
+        differing = differing_lines(output, workdir / f"{reference}.t{threads}.txt")
+        row = {**median, "cpu_seconds_each": [run["cpu_seconds"] for run in measured], "lines_differing": differing}
+        figures["rows"][f"{contender} t{threads}"] = {"contender": contender, "threads": threads, **row}
+    for row in figures["rows"].values():
+        same = _SAME_PRECISION.get(row["contender"].split()[-1])
+        baseline = figures["rows"].get(f"{same} t{row['threads']}")
+        if baseline is not None:
+            row["ratio_to_ct2"] = row["cpu_seconds"] / baseline["cpu_seconds"]
     return figures
 
 
@@ -695,13 +837,20 @@ def profile_translate(model: Path, lines: Path, workdir: Path, backend: str, bea
 
 
 def print_whole_process(figures: dict) -> None:
-    print(f"\n{figures['lines']} lines, beam {figures['beams']}, cap {figures['cap']}, whole process, 1 thread")
-    print("| contender | CPU s | user s | system s | wall s | same output |")
-    print("|---|---:|---:|---:|---:|---|")
-    for name, row in figures["rows"].items():
+    print(f"\n{figures['lines']} lines, beam {figures['beams']}, cap {figures['cap']}, whole process")
+    print(f"load average at the end: {', '.join(f'{value:.2f}' for value in figures['load_average'])}")
+    print(
+        "| contender | threads | CPU s (median; each run) | user s | system s | wall s | / CT2 same precision | "
+        "imports MB | decoder after decoding MB | peak MB | lines differing from the first contender's |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for row in figures["rows"].values():
+        each = ", ".join(f"{seconds:.2f}" for seconds in row["cpu_seconds_each"])
+        ratio = f"{row['ratio_to_ct2']:.2f}x" if "ratio_to_ct2" in row else ""
         print(
-            f"| {name} | {row['cpu_seconds']:.2f} | {row['user_seconds']:.2f} | {row['system_seconds']:.2f} | "
-            f"{row['wall_seconds']:.1f} | {row['same_output']} |"
+            f"| {row['contender']} | {row['threads']} | {row['cpu_seconds']:.2f} ({each}) | {row['user_seconds']:.2f}"
+            f" | {row['system_seconds']:.2f} | {row['wall_seconds']:.1f} | {ratio} | {row['imports_mb']:.0f} | "
+            f"{row['after_decoding_mb']:.0f} | {row['peak_mb']:.0f} | {row['lines_differing']} |"
         )
 
 
@@ -735,6 +884,20 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--before", type=Path, default=None, help="--end-to-end: also this checkout's code")
     parser.add_argument("--backend", choices=sorted(TRANSLATE_BACKENDS), default="ort_fp32")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1], help="--end-to-end: at each of these")
+    parser.add_argument(
+        "--contenders",
+        nargs="+",
+        choices=[*TRANSLATE_BACKENDS, *CT2_COMPUTE_TYPES],
+        default=None,
+        help="--end-to-end: only these, in this order (default: every one)",
+    )
+    parser.add_argument(
+        "--ct2", type=Path, default=None, help="--end-to-end: the CTranslate2 export (default: MODEL/ctranslate2)"
+    )
+    parser.add_argument(
+        "--ct2-int8", type=Path, default=None, help="--end-to-end: the int8 one, loaded as int8 (default: --ct2's)"
+    )
     args = parser.parse_args(argv)
     if args.end_to_end or args.profile_translate:
         return whole_process_main(args)
@@ -756,6 +919,16 @@ def main(argv: list[str] | None = None) -> dict:
     return results
 
 
+def ct2_folders(args) -> dict[str, Path]:
+    """The CTranslate2 contenders of `--end-to-end` and their exports: `--ct2` (or MODEL/ctranslate2, where
+    `export-ctranslate2 --into-model` writes it) loaded as float32, `--ct2-int8` (or the same) as int8; none
+    without an export or without ctranslate2."""
+    fp32 = args.ct2 or args.end_to_end / "ctranslate2"
+    if not (fp32 / "model.bin").is_file() or importlib.util.find_spec("ctranslate2") is None:
+        return {}
+    return {"ct2_fp32": fp32, "ct2_int8": args.ct2_int8 or fp32}
+
+
 def whole_process_main(args) -> dict:
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
@@ -765,7 +938,10 @@ def whole_process_main(args) -> dict:
             print_translate_profile(results)
         else:
             codes = {"before": args.before, "after": None} if args.before else {"this": None}
-            results = whole_process(args.end_to_end, args.lines, workdir, codes, args.repeats)
+            setting = dict(codes=codes, ct2=ct2_folders(args), threads=args.threads, lines=args.lines, beams=4, cap=64)
+            if args.contenders:
+                setting["only"] = args.contenders
+            results = whole_process(args.end_to_end, args.lines, workdir, setting, args.repeats)
             print_whole_process(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
