@@ -198,6 +198,18 @@ def check_beams_beyond_memory_are_refused_with_the_estimate(copy, work, capsys, 
     assert "lower --num-beams" in error
 
 
+def test_the_python_functions_name_a_damaged_tokenizer_of_the_graphs(small_onnx_export, tmp_path):
+    """`translate_lines`, the Python road over an export folder, checks the graphs' files (the tokenizer's among them)
+    before transformers reads the tokenizer, whose own error names neither the file nor the way out."""
+    from hf_deep_nmt.serving.onnx import translate_lines
+
+    graphs = shutil.copytree(small_onnx_export[0] / "onnx", tmp_path / "onnx")
+    text = (graphs / "tokenizer.json").read_text(encoding="utf-8")
+    (graphs / "tokenizer.json").write_text(text[: len(text) // 2], encoding="utf-8")
+    with pytest.raises(ValueError, match=r"tokenizer\.json' cannot be read \(.*\); restore the tokenizer saved with"):
+        translate_lines(graphs, ["hola"])
+
+
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
 def test_a_million_threads_are_refused_on_both_backends(saved, backend, tmp_path, capsys):
     before = torch.get_num_threads()

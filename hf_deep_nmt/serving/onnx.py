@@ -452,8 +452,8 @@ def translate_lines(
 
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"`batch_size` must be an integer >= 1, got {batch_size!r}.")
+    decoder = OnnxDecoder(folder, int8=int8)  # first: its checks name a damaged file, transformers' error does not
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    decoder = OnnxDecoder(folder, int8=int8)
     out = []
     for begin in range(0, len(lines), batch_size):
         encoded = tokenizer(lines[begin : begin + batch_size], padding=True, return_tensors="np")
