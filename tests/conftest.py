@@ -373,7 +373,7 @@ def two_ranks(request, tmp_path_factory):
     `torchrun` launch for the session (tests/two_ranks.py)."""
     from two_ranks import shared_launch
 
-    return shared_launch(request, tmp_path_factory)
+    return shared_launch(request, lambda name, build: shared_session_folder(tmp_path_factory, name, build))
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
 
 # The modules whose scenarios share the launch, in the order the ranks run them. test_rank_race.py patches the run
 # record's functions in the ranks, so it runs last.
@@ -112,26 +111,23 @@ def _launch(work: Path, names: list[str]) -> dict:
     return {"names": list(scenarios), "returncode": completed.returncode, "stderr": completed.stderr[-4000:]}
 
 
-def shared_launch(request, tmp_path_factory) -> Callable[[str], Path]:
-    """The `two_ranks` fixture: launch the scenarios of the collected modules into the session's `two-ranks` folder,
-    unless a process of this session did already; returns `folder(name)`."""
+def shared_launch(request, shared_folder) -> Callable[[str], Path]:
+    """The `two_ranks` fixture: launch the scenarios of the collected modules once a session, into the folder
+    `shared_folder("two-ranks", build)` gives (conftest's `shared_session_folder`); returns `folder(name)`."""
     if not torchrun_available():
         pytest.skip("needs torchrun")
     names = sorted({item.path.stem for item in request.session.items})
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' folders share their parent
-        root = root.parent
-    work = root / "two-ranks"
-    with FileLock(str(root / "two-ranks.lock")):
-        record = work / "launch.json"
-        if not record.is_file():
-            work.mkdir()
-            try:
-                launch = _launch(work, names)
-            except Exception as error:  # a launch that timed out, a scenario that could not be prepared: every test
-                launch = {"names": names, "returncode": None, "stderr": repr(error)}  # says so, none launches again
-            record.write_text(json.dumps(launch))
-        launch = json.loads(record.read_text())
+
+    def build(work: Path) -> None:
+        work.mkdir()
+        try:
+            launch = _launch(work, names)
+        except Exception as error:  # a launch that timed out, a scenario that could not be prepared: every test
+            launch = {"names": names, "returncode": None, "stderr": repr(error)}  # says so, none launches again
+        (work / "launch.json").write_text(json.dumps(launch))
+
+    work = shared_folder("two-ranks", build)
+    launch = json.loads((work / "launch.json").read_text())
 
     def folder(name: str) -> Path:
         assert name in launch["names"], f"{name} was not collected when the ranks were launched"
