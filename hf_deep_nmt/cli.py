@@ -452,11 +452,19 @@ def _translate(argv: list[str]) -> int:
         flag = re.sub(r"`(\w+)`", lambda match: "--" + match.group(1).replace("_", "-"), str(error), count=1)
         raise UsageError(flag) from None
     from hf_deep_nmt.serving.backends import DECODERS
-    from hf_deep_nmt.serving.translate import check_output_path, read_lines, set_threads, write_translations
+    from hf_deep_nmt.serving.translate import (
+        check_output_path,
+        check_threads,
+        read_lines,
+        set_threads,
+        write_translations,
+    )
 
     DECODERS[args.backend].check_settings(device=args.device, compile=args.compile, int8=args.int8)
     check_output_path(args.output, args.input, args.overwrite)
-    load = _locate_decoder(args, set_threads(args.threads))
+    # torch's threads are set where torch decodes, or where the backend's decoder imported it for some of its work
+    torch_runs = args.backend == "torch" or "torch" in sys.modules
+    load = _locate_decoder(args, set_threads(args.threads) if torch_runs else check_threads(args.threads))
     lines = read_lines(args.input)
     decoder, tokenizer = load()
     options = DecodingOptions.from_arguments(args, decoder.generation_config)

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from transformers.utils import logging
-
-from hf_deep_nmt.modeling.configuration_deep_nmt import unknown_config_keys
-
-logger = logging.get_logger(__name__)
+# the standard library's logger (what transformers' `get_logger` returns for this name): the ONNX Runtime backend
+# checks its tokenizer's fingerprint here at every start, without importing transformers
+logger = logging.getLogger(__name__)
 
 TOKENIZER_FINGERPRINT_KEY = "tokenizer_fingerprint"
 FINGERPRINT_VERSION = 2  # what this version writes
@@ -126,6 +125,10 @@ def record_tokenizer_fingerprint(config, tokenizer) -> bool:
     """Store the fingerprint of `tokenizer` (a tokenizer, or a fingerprint already computed) in `config`
     (`tokenizer_fingerprint`), for `check_tokenizer_matches`, when the config class admits the key (a config class
     that does not would warn about an unknown key on every load). Returns whether it was stored."""
+    from hf_deep_nmt.modeling.configuration_deep_nmt import (
+        unknown_config_keys,  # transformers: a config's caller has it
+    )
+
     if unknown_config_keys(type(config), [TOKENIZER_FINGERPRINT_KEY]):
         return False
     fingerprint = tokenizer if isinstance(tokenizer, str) else tokenizer_fingerprint(tokenizer)

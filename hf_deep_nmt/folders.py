@@ -10,6 +10,7 @@ only when asked and only when the marker lists everything in it (`check_export_f
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -331,3 +332,33 @@ def check_run_folders(output_dir: str, export_dir: str | None, corpus_files: lis
             )
     check_writable_location(output_dir, "output_dir")
     return protected
+
+
+def path_kind(path: Path) -> str:
+    """What `path` names, for the errors that say so: "file" (a regular file), "missing", "dangling" (a symbolic link
+    to nothing), "loop" (links that lead back to themselves), "folder" or "special" (a FIFO, socket or device)."""
+    if not os.path.lexists(path):
+        return "missing"
+    try:
+        path.stat()
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            return "loop"
+        if error.errno == errno.ENOENT:
+            return "dangling"
+        raise
+    if path.is_dir():
+        return "folder"
+    return "file" if path.is_file() else "special"
+
+
+def saved_weight_files(folder: str | Path) -> list[Path]:
+    """The safetensors files of a saved model folder (one, or the shards its index names)."""
+    folder = Path(folder)
+    if (folder / "model.safetensors").is_file():
+        return [folder / "model.safetensors"]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
+        return [folder / shard for shard in shards]
+    return []

@@ -5,28 +5,16 @@ itself, `nonfinite_parameters`, which also warns on `from_pretrained`)."""
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
+from hf_deep_nmt.folders import saved_weight_files  # noqa: F401  (here too: the folders' reader of weights)
 from hf_deep_nmt.modeling.contract_deep_nmt import (
     SAFETENSORS_DTYPE_BYTES,
     missing_and_unexpected_weights,
     nonfinite_parameters,
 )
 from hf_deep_nmt.modeling.contract_deep_nmt import safetensors_header as safetensors_header
-
-
-def saved_weight_files(folder: str | Path) -> list[Path]:
-    """The safetensors files of a saved model folder (one, or the shards its index names)."""
-    folder = Path(folder)
-    if (folder / "model.safetensors").is_file():
-        return [folder / "model.safetensors"]
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text(encoding="utf-8")).get("weight_map", {}).values()))
-        return [folder / shard for shard in shards]
-    return []
 
 
 def saved_parameters(folder: str | Path) -> tuple[int, int] | None:

@@ -26,16 +26,42 @@ import json
 import os
 import shutil
 import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Sampler
 
 PLAN_FORMAT = 1
 PLAN_RECORD = "plan.json"
+# The seeded shuffle of a plan is torch's `randperm` (the order every plan was made in), worked out without torch for
+# up to this many pairs (a translated file, a stream's buffer: `translate` imports no torch), with torch above it.
+SMALL_PERMUTATION = 100_000
+
+
+def __getattr__(name: str):
+    # the batch sampler subclasses torch's `Sampler`: imported with torch only by the training that uses it
+    if name == "TokenBudgetBatchSampler":
+        from hf_deep_nmt.data.batch_sampler import TokenBudgetBatchSampler
+
+        return TokenBudgetBatchSampler
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def seeded_permutation(count: int, seed: int) -> np.ndarray:
+    """`torch.randperm(count, generator=torch.Generator().manual_seed(seed))` as an int64 array: for a small `count`
+    and a 32-bit `seed` by its own algorithm (one Fisher-Yates pass drawing torch's 32-bit Mersenne Twister outputs,
+    which numpy's legacy generator draws alike from the same seed), else by torch itself."""
+    if count > SMALL_PERMUTATION or not 0 <= seed < 2**32:
+        import torch
+
+        return torch.randperm(count, generator=torch.Generator().manual_seed(seed)).numpy()
+    order = list(range(count))
+    draws = np.random.RandomState(seed).randint(0, 2**32, size=max(count - 1, 0), dtype=np.uint64).tolist()
+    for position, draw in enumerate(draws):
+        other = position + draw % (count - position)
+        order[position], order[other] = order[other], order[position]
+    return np.array(order, dtype=np.int64)
 
 
 def pair_lengths(dataset, source_column: str = "input_ids", target_column: str = "labels") -> list[int]:
@@ -130,8 +156,7 @@ def plan_batches(
     if lengths.dtype.kind not in "iu":  # a list of ints gives int64; `length_array`'s int32 is used as it is
         lengths = lengths.astype(np.int64)
     _check_settings(lengths, max_tokens, max_sentences, multiple_of)
-    generator = torch.Generator().manual_seed(seed)
-    shuffled = torch.randperm(len(lengths), generator=generator).numpy()
+    shuffled = seeded_permutation(len(lengths), seed)
     order = shuffled[np.argsort(lengths[shuffled], kind="stable")]  # stable: the shuffle breaks ties
     del shuffled
     offsets = np.append(_batch_starts(lengths[order], max_tokens, max_sentences), len(lengths))
@@ -202,44 +227,3 @@ def write_plan(folder: str | Path, plan: BatchPlan, about: dict | None = None) -
                 raise
     finally:
         shutil.rmtree(building, ignore_errors=True)
-
-
-class TokenBudgetBatchSampler(Sampler[list[int]]):
-    """Batch sampler of a `BatchPlan` (`plan_batches(lengths, ...)`, or a stored plan given as `plan`) for one rank of
-    `num_replicas`; `set_epoch` reshuffles the batch order (the same way on every rank, so the ranks' shares stay
-    disjoint)."""
-
-    def __init__(
-        self,
-        lengths: Sequence[int] | np.ndarray | None,
-        max_tokens: int | None = None,
-        num_replicas: int = 1,
-        rank: int = 0,
-        seed: int = 0,
-        shuffle: bool = True,
-        max_sentences: int | None = None,
-        plan: BatchPlan | None = None,
-    ):
-        if not 0 <= rank < num_replicas:
-            raise ValueError(f"`rank` must be in [0, {num_replicas}), got {rank}.")
-        if plan is None:
-            plan = plan_batches(lengths, max_tokens, seed, max_sentences, multiple_of=num_replicas)
-        elif len(plan) % num_replicas:
-            raise ValueError(f"A plan of {len(plan)} batches cannot give {num_replicas} processes equal shares.")
-        self.plan = plan
-        self.num_replicas, self.rank, self.seed, self.shuffle = num_replicas, rank, seed, shuffle
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return len(self.plan) // self.num_replicas
-
-    def __iter__(self) -> Iterator[list[int]]:
-        order = np.arange(len(self.plan))
-        if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed + 1_000_003 * (self.epoch + 1))
-            order = torch.randperm(len(self.plan), generator=generator).numpy()
-        for position in order[self.rank :: self.num_replicas].tolist():
-            yield self.plan.batch(position)

@@ -5,7 +5,6 @@ Malformed input stops with the file and line at fault; nothing is dropped silent
 
 from __future__ import annotations
 
-import errno
 import itertools
 import json
 import os
@@ -18,6 +17,8 @@ import huggingface_hub
 from transformers import PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from hf_deep_nmt.folders import path_kind
+
 logger = logging.get_logger(__name__)
 
 SOURCE, TARGET = "source", "target"
@@ -27,24 +28,6 @@ NUL = b"\0"
 def sample_corpus_dir() -> Path:
     """Folder of the bundled Spanish-English sample corpus (`train.tsv`, `valid.tsv`)."""
     return Path(str(resources.files("hf_deep_nmt") / "sample_data"))
-
-
-def path_kind(path: Path) -> str:
-    """What `path` names, for the errors that say so: "file" (a regular file), "missing", "dangling" (a symbolic link
-    to nothing), "loop" (links that lead back to themselves), "folder" or "special" (a FIFO, socket or device)."""
-    if not os.path.lexists(path):
-        return "missing"
-    try:
-        path.stat()
-    except OSError as error:
-        if error.errno == errno.ELOOP:
-            return "loop"
-        if error.errno == errno.ENOENT:
-            return "dangling"
-        raise
-    if path.is_dir():
-        return "folder"
-    return "file" if path.is_file() else "special"
 
 
 def check_corpus_file(path: Path) -> None:

@@ -7,6 +7,8 @@ The exporter's names stay importable from here.
 
 from __future__ import annotations
 
+import importlib
+import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,20 +18,23 @@ import torch
 
 from hf_deep_nmt.serving import onnx_checks
 from hf_deep_nmt.serving.decoder import Decoder
-from hf_deep_nmt.serving.onnx_export import (  # noqa: F401  (the exporter's names, importable from here too)
-    ENCODER_FIELDS,
-    LAYOUT_FILE,
-    ONNX_SUBFOLDER,
-    PREPROCESSING_HINT,
-    SLOTS,
-    _slot_name,
-    export_for_serving,
-    export_into_model,
-    export_onnx,
-    quiet_preprocessing_hint,
-)
+from hf_deep_nmt.serving.onnx_layout import ENCODER_FIELDS, LAYOUT_FILE, ONNX_SUBFOLDER, SLOTS  # noqa: F401
+from hf_deep_nmt.serving.onnx_layout import slot_name as _slot_name
 from hf_deep_nmt.serving.options import DecodingOptions
+from hf_deep_nmt.serving.plain_tokenizer import load_tokenizer
 from hf_deep_nmt.serving.threads import check_threads
+
+# The exporter's names, importable from here too, imported at their first use: the exporter imports torch and
+# transformers, which decoding with ONNX Runtime never needs.
+_EXPORTER_NAMES = frozenset(
+    {"PREPROCESSING_HINT", "export_for_serving", "export_into_model", "export_onnx", "quiet_preprocessing_hint"}
+)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTER_NAMES:
+        return getattr(importlib.import_module("hf_deep_nmt.serving.onnx_export"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class MissingOnnxRuntimeError(RuntimeError):
@@ -381,12 +386,21 @@ class OnnxDecoder(Decoder):
 
     @property
     def generation_config(self):
-        """The generation config saved beside the graphs (`export_for_serving`), else transformers' defaults."""
+        """The generation config saved beside the graphs (`export_for_serving`), else transformers' defaults; read as
+        `SavedGenerationConfig` (what the decoding options read of it) where it is a JSON object, so that decoding
+        imports no transformers; transformers reads (and names the fault of) any other file."""
+        path = self.folder / "generation_config.json"
+        if not path.is_file():
+            return SavedGenerationConfig({})
+        try:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            values = None
+        if isinstance(values, dict):
+            return SavedGenerationConfig(values)
         from transformers import GenerationConfig
 
-        if (self.folder / "generation_config.json").is_file():
-            return GenerationConfig.from_pretrained(self.folder)
-        return GenerationConfig()
+        return GenerationConfig.from_pretrained(self.folder)
 
     def check(self, tokenizer, options: DecodingOptions) -> None:
         """Refuse the GNMT penalty (it rescores every final beam; `beam` returns the best one only), and a
@@ -412,14 +426,19 @@ class OnnxDecoder(Decoder):
         where the graphs carry no config to estimate with."""
         if self.config is None or not batches:
             return
-        from hf_deep_nmt.memory import check_memory
-        from hf_deep_nmt.modeling.sizes_deep_nmt import decoding_memory
+        estimate = onnx_checks.memory_estimate(self.config)
+        if estimate is None:  # no config the estimate can read
+            return
 
         def needed(batch):
             sentences, source = batch
-            return decoding_memory(self.config, sentences * options.num_beams, source, options.output_cap(source) + 2)
+            return estimate(sentences * options.num_beams, source, options.output_cap(source) + 2)
 
         sentences, source = max(batches, key=needed)
+        if onnx_checks.clearly_available(needed((sentences, source))):
+            return  # without importing the memory checks (torch and the model code)
+        from hf_deep_nmt.memory import check_memory
+
         check_memory(
             needed((sentences, source)),
             f"Beam search over a batch of {sentences} sentence(s) x {options.num_beams} beam(s) = "
@@ -433,7 +452,7 @@ class OnnxDecoder(Decoder):
         """Decoded as `TorchDecoder` decodes it with `generate()`: greedy or beam search, each sentence capped at
         `options.output_limits` of its length, the fairseq length penalty `options.length_penalty`."""
         batch = tokenizer.pad({"input_ids": sources}, return_tensors="np")
-        limits = options.output_limits(torch.from_numpy(batch["attention_mask"]).sum(dim=1)).numpy()
+        limits = options.output_limits(np.asarray(batch["attention_mask"]).sum(axis=1))
         longest, ids, mask = int(limits.max()), batch["input_ids"], batch["attention_mask"]
         if options.num_beams == 1:
             tokens, _ = self.greedy(ids, mask, longest + 1, max_lengths=limits)
@@ -448,12 +467,10 @@ def translate_lines(
     folder: str | Path, lines: list[str], int8: bool = False, batch_size: int = 32, max_new_tokens: int = 256
 ) -> list[str]:
     """Greedy translations of `lines` with an `export_onnx` folder written with its tokenizer."""
-    from transformers import AutoTokenizer
-
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"`batch_size` must be an integer >= 1, got {batch_size!r}.")
     decoder = OnnxDecoder(folder, int8=int8)  # first: its checks name a damaged file, transformers' error does not
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(folder)
     out = []
     for begin in range(0, len(lines), batch_size):
         encoded = tokenizer(lines[begin : begin + batch_size], padding=True, return_tensors="np")
@@ -503,11 +520,26 @@ def onnx_folder(model: str | Path, int8: bool = False) -> Path:
 def load_onnx_model(model: str | Path, int8: bool = False, threads: int | None = None):
     """(`OnnxDecoder`, tokenizer) of `onnx_folder(model, int8)`, on `threads` ONNX Runtime threads (intra- and
     inter-op; None: `threads.default_threads()`). The decoder takes the place of the model in
-    `hf_deep_nmt.serving.translate`'s `translate`, `write_translations` and `translate_file`."""
-    from transformers import AutoTokenizer
-
+    `hf_deep_nmt.serving.translate`'s `translate`, `write_translations` and `translate_file`. The tokenizer is
+    `plain_tokenizer.load_tokenizer`'s: without transformers where the folder's tokenizer allows."""
     require_onnxruntime()
     threads = check_threads(threads)
     folder = onnx_folder(model, int8)
     decoder = OnnxDecoder(folder, int8=int8, threads=threads)
-    return decoder, AutoTokenizer.from_pretrained(folder)
+    return decoder, load_tokenizer(folder)
+
+
+class SavedGenerationConfig:
+    """The values of a generation_config.json, as attributes, with transformers' defaults for the decoding settings
+    the translate command reads (`DecodingOptions.from_arguments`): one beam, length penalty 1.0, early stopping
+    off; any other name missing is None."""
+
+    DEFAULTS = {"num_beams": 1, "length_penalty": 1.0, "early_stopping": False}
+
+    def __init__(self, values: dict):
+        self.__dict__.update({**self.DEFAULTS, **values})
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None

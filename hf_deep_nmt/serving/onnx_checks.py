@@ -10,20 +10,16 @@ checked. Hashing streams each file once per load (the weights and the two graphs
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
-
-from transformers.utils import logging
 
 from hf_deep_nmt.fingerprints import fingerprint_version, folder_tokenizer_fingerprint
 from hf_deep_nmt.folders import written_file_record
-from hf_deep_nmt.serving.onnx_export import (
-    LAYOUT_FILE,
-    ONNX_SUBFOLDER,
-    config_digest,
-    weight_files,
-)
+from hf_deep_nmt.serving.onnx_layout import LAYOUT_FILE, ONNX_SUBFOLDER, config_digest, weight_files
 
-logger = logging.get_logger(__name__)
+# the standard library's logger: what transformers' `get_logger` returns for a name outside transformers, without
+# importing transformers (these checks run at every start of the ONNX Runtime backend)
+logger = logging.getLogger(__name__)
 
 # What a layout of every version holds; a file without one of these is not a layout `OnnxDecoder` can read.
 LAYOUT_KEYS = ("layout", "encoder_fields", "decoder_start_token_id", "eos_token_id", "pad_token_id")
@@ -200,22 +196,110 @@ def _warn_once(folder: Path, message: str) -> None:
 
 
 def decoding_config(folder: Path, info: dict):
-    """The config of the model the graphs compute (the layout's; an earlier layout's model folder's config.json),
-    for the decoding-memory estimate; None when there is none to read."""
+    """What the decoding-memory estimate reads of the model the graphs compute: the layout's `model_config` (a config's
+    `to_dict`) as values, which `decoding_bytes` reads without transformers and the model code; for an earlier layout,
+    the config object of its model folder's config.json (which leaves out values at their class's defaults, so only
+    the config class can say them); None when there is none to read."""
+    values = info.get("model_config")
+    if isinstance(values, dict):
+        return values
+    model = model_folder_of(folder)
+    if model is None:
+        return None
+    try:
+        values = json.loads((model / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return _config_object(values) if isinstance(values, dict) else None
+
+
+def _config_object(values: dict):
+    """The registered config class's object of `values`; None where they name no registered model type."""
     from transformers import CONFIG_MAPPING
 
     from hf_deep_nmt import registration  # noqa: F401  (registers the config classes)
 
-    values = info.get("model_config")
-    model = model_folder_of(folder)
-    if not isinstance(values, dict) and model is not None:
-        try:
-            values = json.loads((model / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-    if not isinstance(values, dict) or values.get("model_type") not in CONFIG_MAPPING:
+    if values.get("model_type") not in CONFIG_MAPPING:
         return None
     try:
         return CONFIG_MAPPING[values["model_type"]].from_dict(values)
     except (TypeError, ValueError, KeyError):
         return None
+
+
+# What the model code's `decoding_memory` reads of a config, each a field that a config's `to_dict` always writes
+# (the layout's `model_config`), but for the per-stack Hyper-Connections expansions, left out where they are all 0.
+_ESTIMATE_FIELDS = (
+    "d_model",
+    "decoder_layers",
+    "decoder_vocab_size",
+    "decoder_self_attention",
+    "decoder_layer_aggregation",
+    "decoder_block_boundaries",
+    "msc_block_layers",
+    "msc_context",
+    "msc_context_sides",
+)
+_ATTENTION_RESIDUALS = ("attnres", "block_attnres")  # the model code's `ATTENTION_RESIDUAL_AGGREGATIONS`
+
+
+def decoding_bytes(values: dict, rows: int, source_tokens: int, cached_tokens: int) -> int | None:
+    """The model code's `decoding_memory` (float32) of the config whose `to_dict` is `values`, worked out from the
+    values alone (tests/test_onnx_imports.py holds the two equal for every family); None where `values` lacks what
+    it reads, for the model code to say."""
+    if any(key not in values for key in _ESTIMATE_FIELDS) or values.get("model_type") is None:
+        return None
+    get = values.__getitem__
+    d, layers = get("d_model"), get("decoder_layers")
+    if not all(isinstance(value, int) for value in (d, layers, get("decoder_vocab_size"))):
+        return None
+    attends = get("msc_block_layers") is not None and get("msc_context") != "none"
+    cross = 2 * d * (2 if attends and get("msc_context_sides") == "encoder_and_decoder" else 1)
+    own = 2 * d if get("decoder_self_attention") == "multi_head" else 0
+    step = 0
+    if get("decoder_layer_aggregation") in _ATTENTION_RESIDUALS:
+        boundaries = get("decoder_block_boundaries")
+        step += ((layers if get("decoder_layer_aggregation") == "attnres" else len(boundaries) - 1) + 1) * d
+    streams = values.get("decoder_hyper_connections", 0)
+    if streams is None or not isinstance(streams, int):
+        return None
+    step += 2 * streams * d
+    states = rows * (source_tokens * d + layers * (cross * source_tokens + own * cached_tokens) + step)
+    return states * 4 + 4 * 3 * rows * get("decoder_vocab_size")
+
+
+def memory_estimate(config):
+    """The decoding-memory estimate (rows, source tokens, cached tokens) -> bytes of `decoding_config`'s result:
+    `decoding_bytes` of a layout's values where it can read them, else the model code's `decoding_memory` (imports
+    torch, transformers and the model code); None where there is no config to estimate with."""
+    if isinstance(config, dict):
+        if decoding_bytes(config, 1, 1, 1) is not None:
+            return lambda rows, source_tokens, cached_tokens: decoding_bytes(
+                config, rows, source_tokens, cached_tokens
+            )
+        config = _config_object(config)
+    if config is None:
+        return None
+    from hf_deep_nmt.modeling.sizes_deep_nmt import decoding_memory
+
+    return lambda rows, source_tokens, cached_tokens: decoding_memory(config, rows, source_tokens, cached_tokens)
+
+
+def clearly_available(needed: int) -> bool:
+    """Whether the CPU plainly has `needed` bytes for this process: the kernel's MemAvailable and what the
+    address-space limit (RLIMIT_AS) leaves both hold them, as the model code's `available_memory` reads them. Checked
+    first, without torch; where it is not plain, `hf_deep_nmt.memory.check_memory` decides and words the refusal."""
+    limits = []
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                limits.append(int(line.split()[1]) * 1024)
+        import resource
+
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft != resource.RLIM_INFINITY:
+            used = int(Path("/proc/self/statm").read_text().split()[0]) * resource.getpagesize()
+            limits.append(max(soft - used, 0))
+    except (ImportError, OSError, ValueError, IndexError):
+        return False
+    return bool(limits) and needed <= min(limits)

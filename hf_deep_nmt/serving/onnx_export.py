@@ -20,7 +20,6 @@ decoder's memory estimate reads). `OnnxDecoder` refuses graphs whose folder hold
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -34,20 +33,22 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 from hf_deep_nmt.fingerprints import tokenizer_fingerprint
 from hf_deep_nmt.folders import check_apart, written_file_record
+from hf_deep_nmt.serving.onnx_layout import (  # noqa: F401  (the layout's names, importable from here as before)
+    CONFIG_BOOKKEEPING,
+    ENCODER_FIELDS,
+    LAYOUT_FILE,
+    ONNX_SUBFOLDER,
+    SLOTS,
+    config_digest,
+    weight_files,
+)
+from hf_deep_nmt.serving.onnx_layout import slot_name as _slot_name
 from hf_deep_nmt.serving.onnx_rewrites import for_export
-from hf_deep_nmt.weights import saved_weight_files
 
-LAYOUT_FILE = "onnx_layout.json"
-ENCODER_FIELDS = ("last_hidden_state", "block_outputs", "context_states")  # the tensors of a DeepNMTEncoderOutput
-SLOTS = ("keys", "values", "running_sum", "context_keys", "context_values")
-ONNX_SUBFOLDER = "onnx"  # a model folder (and its Hub repository) carries its graphs here
 PREPROCESSING_HINT = "Please consider to run pre-processing before quantization"
 # a weight matrix with fewer rows or columns than this stays float32 in the int8 graphs (`_narrow_products`)
 NARROW = 16
 LAYOUT_FORMAT = 2  # 2: the layout records the graphs' and the source's digests (1: the slots and special ids only)
-# What a config.json holds that says where and by which version it was saved, not what the model computes: left out of
-# its digest, so that saving the same config again (`upgrade-code`, another transformers release) keeps the graphs.
-CONFIG_BOOKKEEPING = ("transformers_version", "_name_or_path", "auto_map", "architectures")
 
 
 def _empty_cache(config) -> EncoderDecoderCache:
@@ -68,11 +69,6 @@ def _filled(cache: EncoderDecoderCache, count: int) -> list[tuple[str, int, str]
                 if getattr(layer, slot, None) is not None:
                     names.append((half, index, slot))
     return names
-
-
-def _slot_name(entry) -> str:
-    half, index, slot = entry
-    return f"{half}.{index}.{slot}"
 
 
 class _Start(torch.nn.Module):
@@ -288,19 +284,6 @@ def export_onnx(
     info["source"] = origin
     (folder / LAYOUT_FILE).write_text(json.dumps(info, indent=1))
     return folder
-
-
-def config_digest(values: dict) -> str:
-    """The SHA-256 of a config's settings (a parsed `config.json`), its bookkeeping keys (`CONFIG_BOOKKEEPING`) left
-    out and the rest in a fixed order: the same for the same model whatever saved it."""
-    kept = {key: value for key, value in values.items() if key not in CONFIG_BOOKKEEPING}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, ensure_ascii=False).encode("utf-8")).hexdigest()
-
-
-def weight_files(folder: Path) -> list[Path]:
-    """The weight files of a saved model folder: its safetensors files, else a `pytorch_model.bin`."""
-    files = saved_weight_files(folder)
-    return files or [path for path in (folder / "pytorch_model.bin",) if path.is_file()]
 
 
 def source_digests(source: str | Path | None, tokenizer=None) -> dict:

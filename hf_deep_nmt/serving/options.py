@@ -178,7 +178,15 @@ class DecodingOptions:
         return min(int(self.max_length_a * source_tokens + self.max_length_b), self.max_output_tokens)
 
     def output_limits(self, source_lengths):
-        """`output_cap` of each source length in a tensor, at least 1."""
+        """`output_cap` of each source length in a tensor, at least 1; of a numpy array (the backends that run without
+        torch), the same values: torch computes `a * length + b` in float32, and so does the array's version, which
+        then truncates as torch's `long()` does."""
+        if not hasattr(source_lengths, "long"):  # a numpy array
+            import numpy as np
+
+            a, b = np.float32(self.max_length_a), np.float32(self.max_length_b)
+            limits = a * np.asarray(source_lengths).astype(np.float32) + b
+            return limits.astype(np.int64).clip(1, self.max_output_tokens)
         limits = self.max_length_a * source_lengths + self.max_length_b
         return limits.long().clamp(min=1, max=self.max_output_tokens)
 

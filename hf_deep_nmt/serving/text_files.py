@@ -12,8 +12,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from hf_deep_nmt.data.corpus import path_kind
-from hf_deep_nmt.folders import atomic_file
+from hf_deep_nmt.folders import atomic_file, path_kind
 
 
 def split_lines(text: str) -> list[str]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 
-import torch
-
 
 def usable_cores() -> int:
     """The CPU cores this process may run on (its affinity mask where the platform has one)."""
@@ -59,7 +57,10 @@ def check_threads(threads) -> int:
 def set_threads(threads: int | None = None) -> int:
     """Run torch's CPU operations on `threads` threads (`default_threads()` when None), intra-op and inter-op alike,
     and return the count. The inter-op pool can only be sized before its first use in the process; after that it is
-    left as it is (`generate()` does not use it)."""
+    left as it is (`generate()` does not use it). Torch is imported here, not with the module: the other backends
+    check their thread count (`check_threads`) without it."""
+    import torch
+
     threads = check_threads(threads)
     torch.set_num_threads(threads)
     if torch.get_num_interop_threads() != threads:

@@ -32,7 +32,7 @@ from hf_deep_nmt.serving.text_files import (  # noqa: F401
     split_lines,
     write_pieces,
 )
-from hf_deep_nmt.serving.threads import default_threads, set_threads, usable_cores  # noqa: F401
+from hf_deep_nmt.serving.threads import check_threads, default_threads, set_threads, usable_cores  # noqa: F401
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
