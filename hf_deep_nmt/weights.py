@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from hf_deep_nmt.folders import saved_weight_files  # noqa: F401  (here too: the folders' reader of weights)
+from hf_deep_nmt.folders import saved_weight_files  # importable from here as before
 from hf_deep_nmt.modeling.contract_deep_nmt import (
     SAFETENSORS_DTYPE_BYTES,
     missing_and_unexpected_weights,
