@@ -169,3 +169,24 @@ def test_translating_with_onnx_runtime_imports_neither_torch_nor_transformers(sm
     outcome = json.loads(result.stdout.splitlines()[-1])
     assert outcome["code"] == 0 and len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 3
     assert outcome["imported"] == []
+
+
+@pytest.mark.parametrize(
+    "saved",
+    [None, {}, {"num_beams": 4, "length_penalty": 0.6}, {"num_beams": 2, "early_stopping": True, "max_length": 30}],
+    ids=["no-file", "empty", "beams-and-penalty", "early-stopping"],
+)
+def test_the_saved_generation_config_reads_as_transformers_reads_it(tmp_path, saved):
+    """What the translate command reads of the decoder's generation config (beams, penalty; early stopping), without
+    transformers: the values and defaults of `GenerationConfig`."""
+    from transformers import GenerationConfig
+
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    if saved is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(saved), encoding="utf-8")
+    decoder = OnnxDecoder.__new__(OnnxDecoder)
+    decoder.folder = tmp_path
+    expected = GenerationConfig.from_pretrained(tmp_path) if saved is not None else GenerationConfig()
+    for name in ("num_beams", "length_penalty", "early_stopping", "max_length"):
+        assert getattr(decoder.generation_config, name) == getattr(expected, name), name

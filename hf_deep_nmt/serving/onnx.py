@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -435,8 +436,8 @@ class OnnxDecoder(Decoder):
             return estimate(sentences * options.num_beams, source, options.output_cap(source) + 2)
 
         sentences, source = max(batches, key=needed)
-        if onnx_checks.clearly_available(needed((sentences, source))):
-            return  # without importing the memory checks (torch and the model code)
+        if "hf_deep_nmt.memory" not in sys.modules and onnx_checks.clearly_available(needed((sentences, source))):
+            return  # without importing the memory checks (torch and the model code) where nothing imported them yet
         from hf_deep_nmt.memory import check_memory
 
         check_memory(
@@ -530,14 +531,12 @@ def load_onnx_model(model: str | Path, int8: bool = False, threads: int | None =
 
 
 class SavedGenerationConfig:
-    """The values of a generation_config.json, as attributes, with transformers' defaults for the decoding settings
-    the translate command reads (`DecodingOptions.from_arguments`): one beam, length penalty 1.0, early stopping
-    off; any other name missing is None."""
-
-    DEFAULTS = {"num_beams": 1, "length_penalty": 1.0, "early_stopping": False}
+    """The values of a generation_config.json as attributes, what the translate command reads of them
+    (`DecodingOptions.from_arguments`: beams, length penalty) without transformers; a name the file does not set is
+    None, as transformers' `GenerationConfig` leaves it (its defaults apply when it generates)."""
 
     def __init__(self, values: dict):
-        self.__dict__.update({**self.DEFAULTS, **values})
+        self.__dict__.update(values)
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
