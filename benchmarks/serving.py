@@ -152,11 +152,33 @@ async def closed_loop(base: str, sentences: list[str], concurrency: int, total: 
         return time.perf_counter() - started, latencies, answers
 
 
+def batch_totals(base: str) -> dict:
+    """The server's batch counters from `/metrics` (prometheus_client's parser): batches, their sentences and padded
+    source tokens, the sentences' queue wait (s), and the decoding thread's seconds."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {
+        "batch_sentences": ("batch_sentences_count", "batch_sentences_sum"),
+        "batch_tokens": ("batch_tokens_sum",),
+        "queue_wait_seconds": ("queue_wait_seconds_sum", "queue_wait_seconds_count"),
+        "batch_seconds": ("batch_seconds_sum",),
+    }
+    totals = {}
+    for family in text_string_to_metric_families(httpx.get(f"{base}/metrics", timeout=30).text):
+        for sample in family.samples:
+            for suffix in (name for names in wanted.values() for name in names):
+                if sample.name.endswith(suffix):
+                    totals[suffix] = sample.value
+    return totals
+
+
 def load_level(base: str, server: psutil.Process, sentences: list[str], concurrency: int, total: int, reference):
     """The figures of one closed-loop run against the server."""
-    rss_before, cpu_before = server.memory_info().rss, server.cpu_times()
+    rss_before, cpu_before, batches_before = server.memory_info().rss, server.cpu_times(), batch_totals(base)
     wall, latencies, answers = asyncio.run(closed_loop(base, sentences, concurrency, total))
     cpu_after, rss_after = server.cpu_times(), server.memory_info().rss
+    batches = {name: value - batches_before.get(name, 0.0) for name, value in batch_totals(base).items()}
+    count = max(batches.get("batch_sentences_count", 0.0), 1.0)
     cpu = (cpu_after.user + cpu_after.system) - (cpu_before.user + cpu_before.system)
     tokens = sum(len(ids) for ids in reference["tokenizer"](answers)["input_ids"])
     percentiles = statistics.quantiles(latencies, n=100, method="inclusive")
@@ -176,6 +198,13 @@ def load_level(base: str, server: psutil.Process, sentences: list[str], concurre
         same_as_translate=all(answer == expected[index % len(expected)] for index, answer in enumerate(answers)),
         throughput_vs_translate=(tokens / wall) / reference["tokens_per_second"],
         cpu_efficiency_vs_translate=(tokens / cpu) / reference["tokens_per_cpu_second"],
+        batches=int(batches.get("batch_sentences_count", 0)),
+        sentences_per_batch=batches.get("batch_sentences_sum", 0.0) / count,
+        padded_tokens_per_batch=batches.get("batch_tokens_sum", 0.0) / count,
+        queue_wait_ms=1000
+        * batches.get("queue_wait_seconds_sum", 0.0)
+        / max(batches.get("queue_wait_seconds_count", 0.0), 1.0),
+        decoding_busy=batches.get("batch_seconds_sum", 0.0) / wall,
     )
 
 
@@ -197,14 +226,16 @@ def print_table(results: dict) -> None:
     )
     columns = ["concurrency", "requests/s", "tokens/s", "tokens per server CPU s", "p50 ms", "p95 ms", "p99 ms"]
     columns += ["RSS MiB before -> after", "x translate (wall, CPU)", "same output"]
-    print("| " + " | ".join(columns) + " |\n|" + "---:|" * 7 + "---|" * 3)
+    columns += ["sentences per batch", "queue wait ms", "decoder busy"]
+    print("| " + " | ".join(columns) + " |\n|" + "---:|" * 7 + "---|" * 3 + "---:|" * 3)
     for row in results["levels"] + [results["flat"]] * (results["flat"] is not None):
         print(
             f"| {row['concurrency']}{' (flat)' * (row is results['flat'])} | {row['requests_per_second']:,.1f} | "
             f"{row['tokens_per_second']:,.0f} | {row['tokens_per_cpu_second']:,.0f} | {row['p50_ms']:,.0f} | "
             f"{row['p95_ms']:,.0f} | {row['p99_ms']:,.0f} | {row['rss_before_mib']:,.0f} -> "
             f"{row['rss_after_mib']:,.0f} | {row['throughput_vs_translate']:.2f}, "
-            f"{row['cpu_efficiency_vs_translate']:.2f} | {row['same_as_translate']} |"
+            f"{row['cpu_efficiency_vs_translate']:.2f} | {row['same_as_translate']} | "
+            f"{row['sentences_per_batch']:.1f} | {row['queue_wait_ms']:,.0f} | {row['decoding_busy']:.0%} |"
         )
 
 

@@ -196,6 +196,18 @@ def test_the_contract_runs_architectures_exist_and_cover_every_method():
     assert {method.config_class for method in METHODS.values()} <= taken
 
 
+def test_the_contract_runs_compiled_families_exist():
+    """A renamed family would silently leave the contract run's compiled decoding checks: every family it names is one
+    that test_compiled_decoding.py runs, and both checks it restricts still exist there."""
+    import test_compiled_decoding
+    from conftest import COMPILED_CHECKS, CONTRACT_COMPILED_FAMILIES
+
+    assert CONTRACT_COMPILED_FAMILIES <= set(test_compiled_decoding.FAMILIES), sorted(
+        CONTRACT_COMPILED_FAMILIES - set(test_compiled_decoding.FAMILIES)
+    )
+    assert all(callable(getattr(test_compiled_decoding, name, None)) for name in COMPILED_CHECKS)
+
+
 def test_the_weight_files_are_found_with_public_arguments_only(model, tmp_path):
     """What a loading checks before it builds (`LoadingRequest.weight_files`) is found through `cached_file`'s public
     arguments, a lack caught as the `OSError` it raises: a folder's weights file, every shard of a sharded save, and
