@@ -145,6 +145,7 @@ SETTINGS = [  # batch, beams, vocab, max_length, penalty, early, min_new_tokens,
     (2, 5, 60, 14, -0.5, False, 3, [13, 6]),
     (5, 1, 20, 8, 1.0, False, 0, [7] * 5),
     (1, 4, 16, 7, 1.0, True, 0, [6]),
+    (2, 3, 30, 10, -1.0, "never", 0, [9, 5]),
 ]
 
 
@@ -180,13 +181,14 @@ def test_the_top_scores_come_in_order_the_lower_index_first_among_equal_ones():
     """`_top_of_wide` (a vocabulary-wide row) takes the same scores in the same order as a stable sort, with heavy
     ties, rows of -inf but one score (a sentence past its cap) and rows too narrow for its blocks."""
     rng = np.random.default_rng(0)
-    for rows, width, k in ((7, 4000, 8), (5, 300, 4), (3, 129, 2), (4, 50, 8), (6, 2000, 1)):
+    for rows, width, k in ((7, 4000, 8), (5, 300, 4), (3, 129, 2), (4, 50, 8), (6, 2000, 1), (2, 15, 8)):
         scores = -0.25 * rng.integers(0, 40, (rows, width)).astype(np.float32)
-        scores[1], scores[1, 17] = -np.inf, 0.0
-        values, ids = _top_of_wide(scores, k)
+        scores[1], scores[1, width // 2] = -np.inf, 0.0
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        np.testing.assert_array_equal(ids, order)
-        np.testing.assert_array_equal(values, np.take_along_axis(scores, order, 1))
+        for scratch in (None, np.empty(scores.size, np.float32)):
+            values, ids = _top_of_wide(scores, k, scratch)
+            np.testing.assert_array_equal(ids, order)
+            np.testing.assert_array_equal(values, np.take_along_axis(scores, order, 1))
         np.testing.assert_array_equal(_top(scores, k)[1], order)
 
 
@@ -198,6 +200,7 @@ def test_the_top_log_probs_are_torchs_log_softmax_with_the_end_token_barred():
     log_probs = torch.log_softmax(torch.from_numpy(logits), -1)
     log_probs[:, EOS] = -math.inf
     expected, expected_ids = torch.topk(log_probs, 8)
-    values, ids = _top_log_probs(logits.copy(), 8, barred=EOS)
-    np.testing.assert_array_equal(ids, expected_ids.numpy())
-    np.testing.assert_allclose(values, expected.numpy(), rtol=0, atol=2e-6)
+    for scratch in (None, np.empty(logits.size + 5, np.float32)):
+        values, ids = _top_log_probs(logits.copy(), 8, EOS, scratch)
+        np.testing.assert_array_equal(ids, expected_ids.numpy())
+        np.testing.assert_allclose(values, expected.numpy(), rtol=0, atol=2e-6)

@@ -54,17 +54,18 @@ def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(scores, order, 1), order
 
 
-def _top_of_wide(scores: np.ndarray, k: int, blocks: int = 128) -> tuple[np.ndarray, np.ndarray]:
-    """`_top` for rows as wide as a vocabulary, without sorting or partitioning them: the k-th largest maximum of
-    `blocks` disjoint slices is at most the k-th largest score (k distinct scores reach it), so the scores that
-    reach it hold the top k (about k of them, far fewer than the row), and only those are ordered."""
+def _top_of_wide(scores: np.ndarray, k: int, scratch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """`_top` for rows as wide as a vocabulary, without sorting or partitioning them: the lowest of the maxima of k
+    disjoint parts of a row is at most its k-th largest score (k distinct scores reach it), so the scores that reach
+    it hold the top k (a few times k of them, far fewer than the row), and only those are ordered. `scratch`: at
+    least `scores.size` bytes for the comparison (else allocated)."""
     rows, width = scores.shape
-    size = width // blocks
-    if size < 2 or k > blocks:
+    part = width // k
+    if part < 2:
         return _top(scores, k)
-    maxima = scores[:, : size * blocks].reshape(rows, size, blocks).max(1)
-    floor = np.partition(maxima, blocks - k, axis=1)[:, blocks - k]
-    flat = np.flatnonzero(scores >= floor[:, None])  # row-major: by row, then by index
+    floor = scores[:, : k * part].reshape(rows, k, part).max(2).min(1, keepdims=True)
+    reach = None if scratch is None else _view(scratch.view(np.bool_), scores.shape)
+    flat = np.flatnonzero(np.greater_equal(scores, floor, out=reach))  # row-major: by row, then by index
     row = flat // width
     counts = np.bincount(row, minlength=rows)
     if (counts < k).any():  # a NaN floor: no order to keep
@@ -75,17 +76,18 @@ def _top_of_wide(scores: np.ndarray, k: int, blocks: int = 128) -> tuple[np.ndar
     return values[pick], flat[pick] - row[pick] * width
 
 
-def _top_log_probs(logits: np.ndarray, k: int, barred: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def _top_log_probs(logits: np.ndarray, k: int, barred: int | None = None, scratch: np.ndarray | None = None):
     """The `k` best log-probabilities of each row of `logits` (log-softmax over the row, float32, as
     torch.log_softmax computes it: x - max - log(sum(exp(x - max)))) and their tokens, without the log-softmax of
     the whole row: the order of a row's scores is its logits'. `barred`: a token given -inf after the softmax
-    (`min_new_tokens`). Writes into `logits`."""
+    (`min_new_tokens`). Writes into `logits`; `scratch` (float32, at least `logits.size`): the memory of the
+    vocabulary-wide temporaries, allocated once per batch rather than each step."""
     peak = logits.max(1, keepdims=True)
-    shifted = np.subtract(logits, peak)
+    shifted = np.subtract(logits, peak, out=None if scratch is None else _view(scratch, logits.shape))
     log_sum = np.log(np.exp(shifted, out=shifted).sum(1, keepdims=True))
     if barred is not None:
         logits[:, barred] = -np.inf
-    values, ids = _top_of_wide(logits, k)
+    values, ids = _top_of_wide(logits, k, scratch)
     return values - peak - log_sum, ids
 
 
@@ -374,9 +376,10 @@ class OnnxDecoder(Decoder):
             max_lengths = np.repeat(np.asarray(max_lengths), num_beams)  # rows grouped by sentence
         batch = _Batch(self, started, max_new_tokens + 2, max_lengths)
         active, gone, width = np.arange(rows), None, min(2 * num_beams, logits.shape[-1])
+        scratch = np.empty(logits.size, np.float32)
         while True:
             barred = self.eos if search.length - 1 < min_new_tokens else None
-            best, best_ids = _top_log_probs(logits, width, barred)
+            best, best_ids = _top_log_probs(logits, width, barred, scratch)
             if len(active) < rows:  # stand-ins for the sentences that left: nothing reads them
                 best, best_ids = _spread(best, active, rows), _spread(best_ids, active, rows)
             sources = search.advance(best, best_ids, gone)
