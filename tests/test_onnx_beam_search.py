@@ -179,14 +179,14 @@ def test_tied_scores_leave_the_numpy_search_where_torch_leaves_its_own(settings)
 
 def test_the_top_scores_come_in_order_the_lower_index_first_among_equal_ones():
     """`_top_of_wide` (a vocabulary-wide row) takes the same scores in the same order as a stable sort, with heavy
-    ties, rows of -inf but one score (a sentence past its cap) and rows too narrow for its blocks."""
+    ties, rows of -inf but one score (a sentence past its cap), rows too narrow for its slices, fewer slices than k."""
     rng = np.random.default_rng(0)
-    for rows, width, k in ((7, 4000, 8), (5, 300, 4), (3, 129, 2), (4, 50, 8), (6, 2000, 1), (2, 15, 8)):
+    for rows, width, k in ((7, 4100, 8), (5, 300, 4), (3, 129, 2), (4, 50, 8), (6, 2000, 1), (2, 15, 8), (3, 1000, 5)):
         scores = -0.25 * rng.integers(0, 40, (rows, width)).astype(np.float32)
         scores[1], scores[1, width // 2] = -np.inf, 0.0
         order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        for scratch in (None, np.empty(scores.size, np.float32)):
-            values, ids = _top_of_wide(scores, k, scratch)
+        for slices in (512, 16, 7):  # the vocabulary's cut, and cuts that leave a tail, on narrow rows
+            values, ids = _top_of_wide(scores, k, slices)
             np.testing.assert_array_equal(ids, order)
             np.testing.assert_array_equal(values, np.take_along_axis(scores, order, 1))
         np.testing.assert_array_equal(_top(scores, k)[1], order)

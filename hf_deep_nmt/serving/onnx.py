@@ -54,24 +54,41 @@ def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(scores, order, 1), order
 
 
-def _top_of_wide(scores: np.ndarray, k: int, scratch: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """`_top` for rows as wide as a vocabulary, without sorting or partitioning them: the lowest of the maxima of k
-    disjoint parts of a row is at most its k-th largest score (k distinct scores reach it), so the scores that reach
-    it hold the top k (a few times k of them, far fewer than the row), and only those are ordered. `scratch`: at
-    least `scores.size` bytes for the comparison (else allocated)."""
+def _top_of_wide(scores: np.ndarray, k: int, slices: int = 512) -> tuple[np.ndarray, np.ndarray]:
+    """`_top` for rows as wide as a vocabulary, without sorting them: each row is cut into about `slices` strided
+    slices (a slice takes every `slices`-th score, so that each spans the frequent and the rare tokens alike), and the
+    k-th largest of their maxima is at most the k-th largest score (k distinct scores reach it): the top k lie in the
+    slices whose maximum reaches it (about k of them) or in the few scores past the last whole slice, and only the
+    scores there that reach it (about k) are ordered."""
     rows, width = scores.shape
-    part = width // k
-    if part < 2:
+    size = width // slices  # scores per slice
+    if size < 2 or k > slices:
         return _top(scores, k)
-    floor = scores[:, : k * part].reshape(rows, k, part).max(2).min(1, keepdims=True)
-    reach = None if scratch is None else _view(scratch.view(np.bool_), scores.shape)
-    flat = np.flatnonzero(np.greater_equal(scores, floor, out=reach))  # row-major: by row, then by index
+    slices, scores = width // size, np.ascontiguousarray(scores)
+    step = scores.itemsize
+    sliced = np.lib.stride_tricks.as_strided(
+        scores, (rows, size, slices), (width * step, slices * step, step), writeable=False
+    )
+    maxima = sliced.max(1)
+    floor = np.partition(maxima, slices - k, axis=1)[:, slices - k, None]
+    reaching = np.flatnonzero(maxima >= floor)
+    row = reaching // slices
+    flat = ((reaching + row * (width - slices))[:, None] + np.arange(size) * slices).reshape(-1)
+    tail = (np.arange(rows) * width)[:, None] + np.arange(size * slices, width)
+    flat = np.concatenate((flat, tail.reshape(-1)))
+    values = scores.reshape(-1)[flat]
+    kept = values >= floor[flat // width, 0]
+    return _order_by_row(flat[kept], values[kept], rows, width, k) or _top(scores, k)
+
+
+def _order_by_row(flat: np.ndarray, values: np.ndarray, rows: int, width: int, k: int):
+    """The `k` best of the `values` at the row-major positions `flat` in each row of a (`rows`, `width`) array, the
+    lower position first among equal values: (values, columns), or None where a row has fewer than `k` (a NaN)."""
     row = flat // width
     counts = np.bincount(row, minlength=rows)
-    if (counts < k).any():  # a NaN floor: no order to keep
-        return _top(scores, k)
-    values = scores.reshape(-1)[flat]
-    order = np.lexsort((-values, row))  # stable: the lower index first among equal scores
+    if (counts < k).any():
+        return None
+    order = np.lexsort((flat, -values, row))
     pick = order[(np.cumsum(counts) - counts)[:, None] + np.arange(k)]
     return values[pick], flat[pick] - row[pick] * width
 
@@ -87,7 +104,7 @@ def _top_log_probs(logits: np.ndarray, k: int, barred: int | None = None, scratc
     log_sum = np.log(np.exp(shifted, out=shifted).sum(1, keepdims=True))
     if barred is not None:
         logits[:, barred] = -np.inf
-    values, ids = _top_of_wide(logits, k, scratch)
+    values, ids = _top_of_wide(logits, k)
     return values - peak - log_sum, ids
 
 
