@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_deep_nmt.serving.onnx import _BeamSearch, _top, _top_log_probs, _top_of_wide
+from hf_deep_nmt.serving.onnx import _TOP_GRAPH, _BeamSearch, _top, _top_log_probs
 
 PAD, START, EOS = 1, 2, 3
 REAL = -1e6  # scores below this belong to rows that only fill the batch (hypotheses ended or started as copies)
@@ -116,7 +116,7 @@ def run_both(settings, make_scores, seed):
             scores_torch[rows] = stand_ins[1][rows]
         else:
             scores_np = scores_torch = scores
-        sources = search.advance(*_top_of_wide(scores_np, min(2 * beams, vocab)), gone)
+        sources = search.advance(*_top(scores_np, min(2 * beams, vocab)), gone)
         reference_sources = reference.advance(
             torch.from_numpy(scores_torch), None if gone is None else torch.from_numpy(gone)
         )
@@ -177,30 +177,45 @@ def test_tied_scores_leave_the_numpy_search_where_torch_leaves_its_own(settings)
             check_same_state(search, reference, left)
 
 
-def test_the_top_scores_come_in_order_the_lower_index_first_among_equal_ones():
-    """`_top_of_wide` (a vocabulary-wide row) takes the same scores in the same order as a stable sort, with heavy
-    ties, rows of -inf but one score (a sentence past its cap), rows too narrow for its slices, fewer slices than k."""
+def test_the_top_graph_is_log_softmax_then_top_k():
+    """The serialized graph is the one onnx.helper builds (written out so that decoding imports no onnx)."""
+    helper = pytest.importorskip("onnx.helper")
+    from onnx import TensorProto
+
+    nodes = [
+        helper.make_node("LogSoftmax", ["logits"], ["log_probs"], axis=-1),
+        helper.make_node("TopK", ["log_probs", "k"], ["values", "ids"], axis=-1),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", "vocab"]),
+        helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
+        helper.make_tensor_value_info("ids", TensorProto.INT64, ["rows", "k"]),
+    ]
+    graph = helper.make_graph(nodes, "top", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7, producer_name="")
+    assert model.SerializeToString() == _TOP_GRAPH
+
+
+def test_the_top_log_probs_are_torchs_the_lower_token_first_among_equal_ones():
+    """ONNX Runtime's log-softmax and top k: torch's values up to float32 rounding, in the order of a stable sort
+    (heavy ties, a row of -inf but the end token as past a sentence's cap, rows as narrow as k), and a barred token
+    scores -inf after the softmax, so that the others keep their probabilities."""
+    pytest.importorskip("onnxruntime")
     rng = np.random.default_rng(0)
-    for rows, width, k in ((7, 4100, 8), (5, 300, 4), (3, 129, 2), (4, 50, 8), (6, 2000, 1), (2, 15, 8), (3, 1000, 5)):
-        scores = -0.25 * rng.integers(0, 40, (rows, width)).astype(np.float32)
-        scores[1], scores[1, width // 2] = -np.inf, 0.0
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        for slices in (512, 16, 7):  # the vocabulary's cut, and cuts that leave a tail, on narrow rows
-            values, ids = _top_of_wide(scores, k, slices)
-            np.testing.assert_array_equal(ids, order)
-            np.testing.assert_array_equal(values, np.take_along_axis(scores, order, 1))
-        np.testing.assert_array_equal(_top(scores, k)[1], order)
-
-
-def test_the_top_log_probs_are_torchs_log_softmax_with_the_end_token_barred():
-    """Log-softmax of the row, then the best of it: torch's values up to float32 rounding and its tokens; a barred
-    token scores -inf after the softmax, so the others keep their probabilities."""
-    logits = np.random.default_rng(1).standard_normal((9, 3000)).astype(np.float32) * 4
-    logits[:, EOS] = 12.0  # the best token until barred
-    log_probs = torch.log_softmax(torch.from_numpy(logits), -1)
-    log_probs[:, EOS] = -math.inf
-    expected, expected_ids = torch.topk(log_probs, 8)
-    for scratch in (None, np.empty(logits.size + 5, np.float32)):
-        values, ids = _top_log_probs(logits.copy(), 8, EOS, scratch)
-        np.testing.assert_array_equal(ids, expected_ids.numpy())
-        np.testing.assert_allclose(values, expected.numpy(), rtol=0, atol=2e-6)
+    for rows, vocab, k in ((7, 3000, 8), (5, 40, 4), (3, 8, 8), (4, 9, 8)):
+        logits = 0.25 * rng.integers(0, 40, (rows, vocab)).astype(np.float32)
+        logits[1], logits[1, EOS] = -np.inf, 0.0
+        log_probs = torch.log_softmax(torch.from_numpy(logits), -1)
+        for barred in (None, EOS):
+            expected = log_probs.clone()
+            if barred is not None:
+                expected[:, barred] = -math.inf
+            expected = expected.numpy()
+            values, ids = _top_log_probs(logits.copy(), k, 1, barred)
+            order = np.argsort(-expected, axis=1, kind="stable")[:, :k]
+            finite = np.isfinite(np.take_along_axis(expected, order, 1))  # among -inf, any order is torch's
+            np.testing.assert_array_equal(ids[finite], order[finite])
+            np.testing.assert_allclose(values, np.take_along_axis(expected, order, 1), rtol=0, atol=2e-6)

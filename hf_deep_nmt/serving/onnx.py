@@ -54,58 +54,39 @@ def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(scores, order, 1), order
 
 
-def _top_of_wide(scores: np.ndarray, k: int, slices: int = 512) -> tuple[np.ndarray, np.ndarray]:
-    """`_top` for rows as wide as a vocabulary, without sorting them: each row is cut into about `slices` strided
-    slices (a slice takes every `slices`-th score, so that each spans the frequent and the rare tokens alike), and the
-    k-th largest of their maxima is at most the k-th largest score (k distinct scores reach it): the top k lie in the
-    slices whose maximum reaches it (about k of them) or in the few scores past the last whole slice, and only the
-    scores there that reach it (about k) are ordered."""
-    rows, width = scores.shape
-    size = width // slices  # scores per slice
-    if size < 2 or k > slices:
-        return _top(scores, k)
-    slices, scores = width // size, np.ascontiguousarray(scores)
-    step = scores.itemsize
-    sliced = np.lib.stride_tricks.as_strided(
-        scores, (rows, size, slices), (width * step, slices * step, step), writeable=False
-    )
-    maxima = sliced.max(1)
-    floor = np.partition(maxima, slices - k, axis=1)[:, slices - k, None]
-    reaching = np.flatnonzero(maxima >= floor)
-    row = reaching // slices
-    flat = ((reaching + row * (width - slices))[:, None] + np.arange(size) * slices).reshape(-1)
-    tail = (np.arange(rows) * width)[:, None] + np.arange(size * slices, width)
-    flat = np.concatenate((flat, tail.reshape(-1)))
-    values = scores.reshape(-1)[flat]
-    kept = values >= floor[flat // width, 0]
-    return _order_by_row(flat[kept], values[kept], rows, width, k) or _top(scores, k)
+# LogSoftmax, then TopK over the last axis, of a (rows, vocabulary) float input `logits`, k from the int64 input `k`
+# (opset 13): the vocabulary-wide part of a beam step, run by ONNX Runtime (its TopK puts the lower index first among
+# equal scores). tests/test_onnx_beam_search.py builds it again with onnx.helper; it is kept serialized so that
+# decoding needs onnxruntime alone and imports no onnx.
+_TOP_GRAPH = (
+    b'\x08\x07\x12\x00:\xe4\x01\n5\n\x06logits\x12\tlog_probs"\nLogSoftmax*\x14\n\x04axis\x18\xff\xff\xff'
+    b'\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\n7\n\tlog_probs\n\x01k\x12\x06values\x12\x03ids"\x04TopK*'
+    b"\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\x12\x03topZ!\n\x06logits\x12"
+    b"\x17\n\x15\x08\x01\x12\x11\n\x06\x12\x04rows\n\x07\x12\x05vocabZ\x0f\n\x01k\x12\n\n\x08\x08\x07\x12"
+    b"\x04\n\x02\x08\x01b\x1d\n\x06values\x12\x13\n\x11\x08\x01\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kb"
+    b"\x1a\n\x03ids\x12\x13\n\x11\x08\x07\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kB\x04\n\x00\x10\r"
+)
+_TOP_SESSIONS: dict = {}  # by thread count: one small session per process
 
 
-def _order_by_row(flat: np.ndarray, values: np.ndarray, rows: int, width: int, k: int):
-    """The `k` best of the `values` at the row-major positions `flat` in each row of a (`rows`, `width`) array, the
-    lower position first among equal values: (values, columns), or None where a row has fewer than `k` (a NaN)."""
-    row = flat // width
-    counts = np.bincount(row, minlength=rows)
-    if (counts < k).any():
-        return None
-    order = np.lexsort((flat, -values, row))
-    pick = order[(np.cumsum(counts) - counts)[:, None] + np.arange(k)]
-    return values[pick], flat[pick] - row[pick] * width
+def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None = None):
+    """The `k` best log-probabilities of each row of `logits` (log-softmax over the row, as torch.log_softmax) and
+    their tokens, best first and the lower token first among equal ones, on `threads` threads. `barred`: a token given
+    -inf after the softmax (`min_new_tokens`), so that the others keep their probabilities: one more is taken and the
+    barred one, if among them, goes last."""
+    if threads not in _TOP_SESSIONS:
+        import onnxruntime
 
-
-def _top_log_probs(logits: np.ndarray, k: int, barred: int | None = None, scratch: np.ndarray | None = None):
-    """The `k` best log-probabilities of each row of `logits` (log-softmax over the row, float32, as
-    torch.log_softmax computes it: x - max - log(sum(exp(x - max)))) and their tokens, without the log-softmax of
-    the whole row: the order of a row's scores is its logits'. `barred`: a token given -inf after the softmax
-    (`min_new_tokens`). Writes into `logits`; `scratch` (float32, at least `logits.size`): the memory of the
-    vocabulary-wide temporaries, allocated once per batch rather than each step."""
-    peak = logits.max(1, keepdims=True)
-    shifted = np.subtract(logits, peak, out=None if scratch is None else _view(scratch, logits.shape))
-    log_sum = np.log(np.exp(shifted, out=shifted).sum(1, keepdims=True))
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        _TOP_SESSIONS[threads] = onnxruntime.InferenceSession(_TOP_GRAPH, options, providers=["CPUExecutionProvider"])
+    wanted = k if barred is None else min(k + 1, logits.shape[-1])
+    values, ids = _TOP_SESSIONS[threads].run(None, {"logits": logits, "k": np.array([wanted], dtype=np.int64)})
     if barred is not None:
-        logits[:, barred] = -np.inf
-    values, ids = _top_of_wide(logits, k)
-    return values - peak - log_sum, ids
+        values[ids == barred] = -np.inf
+        order = np.argsort(-values, axis=1, kind="stable")[:, :k]
+        values, ids = np.take_along_axis(values, order, 1), np.take_along_axis(ids, order, 1)
+    return values, ids
 
 
 def _spread(kept: np.ndarray, active: np.ndarray, rows: int) -> np.ndarray:
@@ -393,10 +374,10 @@ class OnnxDecoder(Decoder):
             max_lengths = np.repeat(np.asarray(max_lengths), num_beams)  # rows grouped by sentence
         batch = _Batch(self, started, max_new_tokens + 2, max_lengths)
         active, gone, width = np.arange(rows), None, min(2 * num_beams, logits.shape[-1])
-        scratch = np.empty(logits.size, np.float32)
+        threads = self.step.get_session_options().intra_op_num_threads
         while True:
             barred = self.eos if search.length - 1 < min_new_tokens else None
-            best, best_ids = _top_log_probs(logits, width, barred, scratch)
+            best, best_ids = _top_log_probs(logits, width, threads, barred)
             if len(active) < rows:  # stand-ins for the sentences that left: nothing reads them
                 best, best_ids = _spread(best, active, rows), _spread(best_ids, active, rows)
             sources = search.advance(best, best_ids, gone)
