@@ -53,81 +53,130 @@ def require_onnxruntime():
     return onnxruntime
 
 
-def _take(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The rows `index` (batch, k) of each sentence's hypotheses `tensor` (batch, n, length)."""
-    return torch.gather(tensor, 1, index[:, :, None].expand(-1, -1, tensor.shape[-1]))
+def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The `k` largest of each row of `scores` (rows, n), best first and the lower index first among equal scores
+    (ONNX TopK's rule; torch.topk leaves that order unspecified): (values, indices)."""
+    order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(scores, order, 1), order
+
+
+# LogSoftmax, then TopK over the last axis, of a (rows, vocabulary) float input `logits`, k from the int64 input `k`
+# (opset 13): the vocabulary-wide part of a beam step, run by ONNX Runtime (its TopK puts the lower index first among
+# equal scores). tests/test_onnx_beam_search.py builds it again with onnx.helper; it is kept serialized so that
+# decoding needs onnxruntime alone and imports no onnx.
+_TOP_GRAPH = (
+    b'\x08\x07\x12\x00:\xe4\x01\n5\n\x06logits\x12\tlog_probs"\nLogSoftmax*\x14\n\x04axis\x18\xff\xff\xff'
+    b'\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\n7\n\tlog_probs\n\x01k\x12\x06values\x12\x03ids"\x04TopK*'
+    b"\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\x12\x03topZ!\n\x06logits\x12"
+    b"\x17\n\x15\x08\x01\x12\x11\n\x06\x12\x04rows\n\x07\x12\x05vocabZ\x0f\n\x01k\x12\n\n\x08\x08\x07\x12"
+    b"\x04\n\x02\x08\x01b\x1d\n\x06values\x12\x13\n\x11\x08\x01\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kb"
+    b"\x1a\n\x03ids\x12\x13\n\x11\x08\x07\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kB\x04\n\x00\x10\r"
+)
+_TOP_SESSIONS: dict = {}  # by thread count: one small session per process
+
+
+def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None = None):
+    """The `k` best log-probabilities of each row of `logits` (log-softmax over the row, as torch.log_softmax) and
+    their tokens, best first and the lower token first among equal ones, on `threads` threads. `barred`: a token given
+    -inf after the softmax (`min_new_tokens`), so that the others keep their probabilities: one more is taken and the
+    barred one, if among them, goes last."""
+    if threads not in _TOP_SESSIONS:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        _TOP_SESSIONS[threads] = onnxruntime.InferenceSession(_TOP_GRAPH, options, providers=["CPUExecutionProvider"])
+    wanted = k if barred is None else min(k + 1, logits.shape[-1])
+    values, ids = _TOP_SESSIONS[threads].run(None, {"logits": logits, "k": np.array([wanted], dtype=np.int64)})
+    if barred is not None:
+        values[ids == barred] = -np.inf
+        order = np.argsort(-values, axis=1, kind="stable")[:, :k]
+        values, ids = np.take_along_axis(values, order, 1), np.take_along_axis(ids, order, 1)
+    return values, ids
+
+
+def _spread(kept: np.ndarray, active: np.ndarray, rows: int) -> np.ndarray:
+    """`kept` (the rows `active` of `rows`) in place, zeros in the rows between."""
+    spread = np.zeros((rows, *kept.shape[1:]), kept.dtype)
+    spread[active] = kept
+    return spread
 
 
 class _BeamSearch:
     """The bookkeeping of `generate()`'s beam search, on scores alone, for `batch` sentences of `beams` rows each
     (rows grouped by sentence): 2 * beams candidates a step, a hypothesis finishes only from the top `beams`, the
     length penalty on the generated length, the early-stopping rules (`early`: True, False or "never"). The graphs
-    that produce the scores are `OnnxDecoder.beam`'s; this class only says which rows go on and which have ended."""
+    that produce the scores are `OnnxDecoder.beam`'s; this class only says which rows go on and which have ended.
+    numpy in float32 with torch's order of operations; among equal scores the lower index goes first."""
 
     def __init__(self, batch: int, beams: int, max_length: int, start: int, pad: int, eos: int, penalty, early):
         self.beams, self.max_length, self.eos, self.penalty, self.early = beams, max_length, eos, penalty, early
         self.length = 1  # tokens in every hypothesis, the start token included
-        self.running = torch.full((batch, beams, max_length), pad, dtype=torch.long)
+        self.running = np.full((batch, beams, max_length), pad, dtype=np.int64)
         self.running[:, :, 0] = start
-        self.running_scores = torch.zeros(batch, beams)
+        self.running_scores = np.zeros((batch, beams), np.float32)
         self.running_scores[:, 1:] = -1e9  # the beams start equal: one of them goes on
         # the `beams` best finished hypotheses of each sentence, and whether a slot holds one
-        self.sequences, self.scores = self.running.clone(), torch.full((batch, beams), -1e9)
-        self.lengths = torch.zeros(batch, beams, dtype=torch.long)
-        self.finished = torch.zeros(batch, beams, dtype=torch.bool)
-        self.unsatisfied = torch.ones(batch, 1, dtype=torch.bool)  # a sentence that may still improve
+        self.sequences, self.scores = self.running.copy(), np.full((batch, beams), -1e9, np.float32)
+        self.lengths = np.zeros((batch, beams), dtype=np.int64)
+        self.finished = np.zeros((batch, beams), dtype=bool)
+        self.unsatisfied = np.ones((batch, 1), dtype=bool)  # a sentence that may still improve
         self.unfinished = True
+        self.sentences = np.arange(batch)[:, None]
 
-    def advance(self, log_probs: torch.Tensor, gone: torch.Tensor | None = None) -> np.ndarray:
-        """Extend the hypotheses by one token, scored by `log_probs` (rows, vocabulary); returns the row of the
-        previous step each new row continues. The best 2 * beams of beams x vocabulary are among each row's best
-        2 * beams (a row adds one score to all its tokens): the same candidates as over the whole, sorted less.
-        `gone` (batch, 1): sentences that could no longer improve and left the batch (their scores are stand-ins);
-        their candidates count as ended for the stopping rule, which they can no longer change."""
+    def advance(self, best: np.ndarray, best_ids: np.ndarray, gone: np.ndarray | None = None) -> np.ndarray:
+        """Extend the hypotheses by one token, given each row's best log-probabilities `best` (rows, width), best
+        first, and their tokens `best_ids` (`_top_log_probs`, width min(2 * beams, vocabulary)); returns the row of
+        the previous step each new row continues. The best 2 * beams of beams x vocabulary are among each row's
+        best 2 * beams (a row adds one score to all its tokens). `gone` (batch, 1): sentences that could no longer
+        improve and left the batch (their scores are stand-ins); their candidates count as ended for the stopping
+        rule, which they can no longer change."""
         batch, beams, keep = self.running.shape[0], self.beams, 2 * self.beams
-        best, best_ids = torch.topk(log_probs, k=min(keep, log_probs.shape[-1]), dim=-1)
-        candidates = (best.view(batch, beams, -1) + self.running_scores[:, :, None]).view(batch, -1)
-        top_scores, top_index = torch.topk(candidates, k=keep)
-        source_beam, ids = top_index // best.shape[-1], torch.gather(best_ids.view(batch, -1), 1, top_index)
-        top_sequences = _take(self.running, source_beam).clone()
+        candidates = (best.reshape(batch, beams, -1) + self.running_scores[:, :, None]).reshape(batch, -1)
+        top_scores, top_index = _top(candidates, keep)
+        source_beam = top_index // best.shape[-1]
+        ids = np.take_along_axis(best_ids.reshape(batch, -1), top_index, 1)
+        top_sequences = self.running[self.sentences, source_beam]
         top_sequences[:, :, self.length] = ids
         hits = (ids == self.eos) | (self.length + 1 >= self.max_length)
-        still = top_scores + hits.float() * -1e9
-        chosen = torch.topk(still, k=beams)[1]
-        self.running, self.running_scores = _take(top_sequences, chosen), torch.gather(still, 1, chosen)
-        self._finish(top_sequences, top_scores, hits & (torch.arange(keep) < beams)[None, :])
+        still = top_scores + hits * np.float32(-1e9)
+        chosen = _top(still, beams)[1]
+        self.running = top_sequences[self.sentences, chosen]
+        self.running_scores = np.take_along_axis(still, chosen, 1)
+        self._finish(top_sequences, top_scores, hits & (np.arange(keep) < beams)[None, :])
         self.length += 1
         self._update_unfinished(hits if gone is None else hits | gone)
-        return (torch.gather(source_beam, 1, chosen) + torch.arange(batch)[:, None] * beams).view(-1).numpy()
+        return (np.take_along_axis(source_beam, chosen, 1) + self.sentences * beams).reshape(-1)
 
-    def _finish(self, sequences: torch.Tensor, scores: torch.Tensor, ended: torch.Tensor) -> None:
+    def _finish(self, sequences: np.ndarray, scores: np.ndarray, ended: np.ndarray) -> None:
         """Keep the `beams` best of the finished hypotheses and those that just `ended`, scored with the length
         penalty; none is added to a sentence that has its `beams` under `early=True`, or that cannot improve."""
-        ended_scores = scores / (self.length**self.penalty)
-        full = self.finished.all(-1, keepdim=True) & (self.early is True)
-        ended_scores = ended_scores + full.float() * -1e9 + (~self.unsatisfied).float() * -1e9 + (~ended) * -1e9
-        merged = torch.cat((self.scores, ended_scores), 1)
-        best = torch.topk(merged, k=self.beams)[1]
-        self.sequences = _take(torch.cat((self.sequences, sequences), 1), best)
-        lengths = torch.full_like(ended_scores, self.length).long()
-        self.lengths = torch.gather(torch.cat((self.lengths, lengths), 1), 1, best)
-        self.finished = torch.gather(torch.cat((self.finished, ended), 1), 1, best)
-        self.scores = torch.gather(merged, 1, best)
+        minus = np.float32(-1e9)
+        ended_scores = scores / float(self.length**self.penalty)
+        full = self.finished.all(-1, keepdims=True) & (self.early is True)
+        ended_scores = ended_scores + full * minus + ~self.unsatisfied * minus + ~ended * minus
+        merged = np.concatenate((self.scores, ended_scores), 1)
+        best = _top(merged, self.beams)[1]
+        self.sequences = np.concatenate((self.sequences, sequences), 1)[self.sentences, best]
+        lengths = np.full(ended_scores.shape, self.length, dtype=np.int64)
+        self.lengths = np.take_along_axis(np.concatenate((self.lengths, lengths), 1), best, 1)
+        self.finished = np.take_along_axis(np.concatenate((self.finished, ended), 1), best, 1)
+        self.scores = np.take_along_axis(merged, best, 1)
 
-    def _update_unfinished(self, hits: torch.Tensor) -> None:
+    def _update_unfinished(self, hits: np.ndarray) -> None:
         """`generate()`'s stopping rule: a sentence is done when its best running hypothesis, at the length the
         early-stopping rule supposes, cannot beat its worst finished one; the search when every sentence is done,
         when every sentence has its `beams` under `early=True`, or when every candidate just ended."""
         hypothetical = self.max_length - 1 if self.early == "never" and self.penalty > 0.0 else self.length - 1
-        possible = self.running_scores[:, :1] / (hypothetical**self.penalty)
-        worst = torch.where(self.finished, self.scores.min(dim=1, keepdim=True)[0], -1.0e9)
-        self.unsatisfied = self.unsatisfied & (possible > worst).any(-1, keepdim=True)
+        possible = self.running_scores[:, :1] / float(hypothetical**self.penalty)
+        worst = np.where(self.finished, self.scores.min(1, keepdims=True), np.float32(-1.0e9))
+        self.unsatisfied = self.unsatisfied & (possible > worst).any(-1, keepdims=True)
         done = (self.finished.all() & (self.early is True)) | hits.all()
         self.unfinished = bool(self.unsatisfied.any() & ~done)
 
     def best(self) -> np.ndarray:
         """The best finished hypothesis of each sentence without the start token, as wide as the longest."""
-        return self.sequences[:, 0, 1 : 1 + int(self.lengths[:, 0].max())].numpy()
+        return self.sequences[:, 0, 1 : 1 + int(self.lengths[:, 0].max())]
 
 
 def _view(flat: np.ndarray, shape: tuple) -> np.ndarray:
@@ -330,24 +379,23 @@ class OnnxDecoder(Decoder):
         if max_lengths is not None:
             max_lengths = np.repeat(np.asarray(max_lengths), num_beams)  # rows grouped by sentence
         batch = _Batch(self, started, max_new_tokens + 2, max_lengths)
-        active, gone = np.arange(rows), None
+        active, gone, width = np.arange(rows), None, min(2 * num_beams, logits.shape[-1])
+        threads = self.step.get_session_options().intra_op_num_threads
         while True:
-            if len(active) < rows:  # stand-in scores for the sentences that left: nothing reads them
-                logits, kept = np.zeros((rows, logits.shape[-1]), np.float32), logits
-                logits[active] = kept
-            log_probs = torch.log_softmax(torch.from_numpy(logits), dim=-1)
-            if search.length - 1 < min_new_tokens:
-                log_probs[:, self.eos] = -math.inf
-            sources = search.advance(log_probs, gone)
+            barred = self.eos if search.length - 1 < min_new_tokens else None
+            best, best_ids = _top_log_probs(logits, width, threads, barred)
+            if len(active) < rows:  # stand-ins for the sentences that left: nothing reads them
+                best, best_ids = _spread(best, active, rows), _spread(best_ids, active, rows)
+            sources = search.advance(best, best_ids, gone)
             if not search.unfinished:
                 return search.best()
             gone = ~search.unsatisfied
-            going = np.flatnonzero(np.repeat(search.unsatisfied[:, 0].numpy(), num_beams))
+            going = np.flatnonzero(np.repeat(search.unsatisfied[:, 0], num_beams))
             position = np.empty(rows, dtype=np.int64)
             position[active] = np.arange(len(active))
             batch.keep(position[sources[going]], len(going) < len(active))
             active = going
-            tokens = search.running[:, :, search.length - 1].reshape(-1).numpy()[active]
+            tokens = search.running[:, :, search.length - 1].reshape(-1)[active]
             logits = batch.step(tokens, search.length - 1)
 
     # ---- the serving seam (`Decoder`) ----------------------------------------------------------------------------
