@@ -159,7 +159,6 @@ print(json.dumps({"code": code, "imported": sorted(m for m in ("torch", "transfo
 """
 
 
-@pytest.mark.xfail(strict=False, reason="the ONNX decoder's beam search still runs on torch until it is numpy-only")
 def test_translating_with_onnx_runtime_imports_neither_torch_nor_transformers(small_onnx_export, tmp_path):
     folder = small_onnx_export[0]
     (tmp_path / "in.txt").write_text("hola\n\nbuenos días\n", encoding="utf-8")

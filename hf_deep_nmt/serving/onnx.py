@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from hf_deep_nmt.serving import onnx_checks
 from hf_deep_nmt.serving.decoder import Decoder
