@@ -83,9 +83,9 @@ import numpy as np
 import regex
 import torch
 from torch.utils.data import DataLoader, IterableDataset
-from transformers import TrainerCallback
+from transformers import BatchEncoding, DataCollatorForSeq2Seq, PreTrainedTokenizerBase, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
-from transformers.utils import logging
+from transformers.utils import PaddingStrategy, logging
 
 from hf_deep_nmt.data.batching import token_batches
 from hf_deep_nmt.data.corpus import (
@@ -698,6 +698,37 @@ def _kept(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.n
     return flat[np.repeat(keep, lengths)], offsets
 
 
+def _gathered(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of `rows` (of the rows `ids` holds one after another, row `i` at `offsets[i]:offsets[i + 1]`), one
+    after another, and their lengths: one gather, no Python loop over rows."""
+    starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
+    shift = starts - (np.cumsum(lengths) - lengths)  # where each row starts in `ids` minus where it starts in the out
+    return ids[np.repeat(shift, lengths) + np.arange(int(lengths.sum()))], lengths
+
+
+@dataclass
+class BatchRows:
+    """The pairs of one batch as arrays: the source ids of its pairs one after another (int32) and their lengths, the
+    same for the targets. `features()` gives them as `tokenize_parallel` makes them; `collate_rows` pads them."""
+
+    source_ids: np.ndarray
+    source_lengths: np.ndarray
+    target_ids: np.ndarray
+    target_lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.source_lengths)
+
+    def features(self) -> list[dict[str, list[int]]]:
+        """One `{input_ids, attention_mask, labels}` dict of lists per pair (what any collator is given)."""
+        sources = np.split(self.source_ids, np.cumsum(self.source_lengths)[:-1])
+        targets = np.split(self.target_ids, np.cumsum(self.target_lengths)[:-1])
+        return [
+            {"input_ids": source.tolist(), "attention_mask": [1] * len(source), "labels": target.tolist()}
+            for source, target in zip(sources, targets)
+        ]
+
+
 @dataclass
 class TokenizedBuffer:
     """A buffer's kept pairs: the source and target ids of pair `i` are `ids[offsets[i]:offsets[i + 1]]` of each side
@@ -709,32 +740,36 @@ class TokenizedBuffer:
     def __len__(self) -> int:
         return len(self.sources[1]) - 1
 
+    def rows(self, rows: list[int]) -> BatchRows:
+        """The pairs `rows` of the buffer, in that order."""
+        indices = np.asarray(rows, dtype=np.int64)
+        return BatchRows(*_gathered(*self.sources, indices), *_gathered(*self.targets, indices))
+
     def features(self, rows: list[int]) -> list[dict[str, list[int]]]:
         """The features of `rows`, as `tokenize_parallel` makes them (`input_ids`, `attention_mask`, `labels`)."""
-        (source_ids, source_offsets), (target_ids, target_offsets) = self.sources, self.targets
-        features = []
-        for row in rows:
-            source = source_ids[source_offsets[row] : source_offsets[row + 1]].tolist()
-            target = target_ids[target_offsets[row] : target_offsets[row + 1]].tolist()
-            features.append({"input_ids": source, "attention_mask": [1] * len(source), "labels": target})
-        return features
+        return self.rows(rows).features()
 
 
 @dataclass
 class StreamBatch:
-    """One batch: its features (`input_ids`, `attention_mask`, `labels` per pair, as `tokenize_parallel` makes them),
-    the stream's pair numbers (`pairs`: the byte offset of the pair's line in a single-file corpus, pair `j` of a
-    two-file corpus counting from 0, or of this process's share of a `datasets` stream), and the position of the
-    stream after it."""
+    """One batch: its pairs (`rows`; `features`: as `tokenize_parallel` makes them, `input_ids`, `attention_mask`,
+    `labels` per pair), the stream's pair numbers (`pairs`: the byte offset of the pair's line in a single-file
+    corpus, pair `j` of a two-file corpus counting from 0, or of this process's share of a `datasets` stream), and
+    the position of the stream after it."""
 
-    features: list[dict[str, list[int]]]
+    rows: BatchRows
     pairs: list[int]
     position: dict[str, Any]
+
+    @property
+    def features(self) -> list[dict[str, list[int]]]:
+        return self.rows.features()
 
 
 class StreamedPairs(IterableDataset):
     """The training data of a streamed run: an endless iterable of token-budget batches (see the module). Iterating
-    yields `(features, position)` from `start` (None: the corpus's beginning); `batches()` yields `StreamBatch`es.
+    yields `(rows, position)` (`rows`: a `BatchRows`) from `start` (None: the corpus's beginning); `batches()` yields
+    `StreamBatch`es.
 
     `replace(...)` gives a copy with other settings (the Trainer's rank, seed and budget are set that way); copies
     share `progress`, which the loader updates with the position of the last batch handed to training."""
@@ -799,10 +834,10 @@ class StreamedPairs(IterableDataset):
             **({"loader_workers": self.workers} if self.workers > 1 else {}),
         }
 
-    def __iter__(self) -> Iterator[tuple[list[dict[str, list[int]]], dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[BatchRows, dict[str, Any]]]:
         if self.workers == 1:
             for batch in self.batches(self.start):
-                yield batch.features, batch.position
+                yield batch.rows, batch.position
             return
         info = torch.utils.data.get_worker_info()
         if info is None or info.num_workers != self.workers:
@@ -811,7 +846,7 @@ class StreamedPairs(IterableDataset):
         reader = (info.id + (self.start or {}).get("next", 0)) % self.workers
         shard = self.reader_share(reader)
         for batch in shard.batches(shard.start):
-            yield batch.features, {"reader": reader, "position": batch.position}
+            yield batch.rows, {"reader": reader, "position": batch.position}
 
     def reader_share(self, reader: int) -> StreamedPairs:
         """The stream of reader `reader` of this process's `workers`: reader `rank x workers + reader` of
@@ -914,7 +949,7 @@ class StreamedPairs(IterableDataset):
                 "corpus_pairs": place["corpus_pairs"],
             }
             rows = order[index]
-            yield StreamBatch(kept.features(rows), [numbers[row] for row in rows], position)
+            yield StreamBatch(kept.rows(rows), [numbers[row] for row in rows], position)
 
     def _end_pass(self, pass_number: int, whole: bool, read: int, kept: int, dropped_rows: int, **_) -> None:
         """What a pass says when it ends: the pairs it dropped; an error when a whole pass kept none."""
@@ -964,9 +999,89 @@ class StreamedCorpus:
 # ---- the Trainer's side: loader, recorded position, resume ----------------------------------------------------------
 
 
-def _collate(collator, item):
-    features, position = item
-    return collator(features), position
+def _fast_settings(collator) -> dict[str, Any] | None:
+    """What `collate_rows` needs to make the batches `collator` makes, when it is a `DataCollatorForSeq2Seq` that
+    pads to the longest pair (`pad_to_multiple_of` allowed) into torch tensors with a tokenizer whose `pad` is
+    transformers' own; None for any other collator or setting, which then gets the features as lists."""
+    tokenizer = getattr(collator, "tokenizer", None)
+    names = list(getattr(tokenizer, "model_input_names", None) or [])
+    multiple = getattr(collator, "pad_to_multiple_of", None)
+    fits = (
+        type(collator) is DataCollatorForSeq2Seq
+        and collator.padding in (True, "longest", PaddingStrategy.LONGEST)
+        and collator.max_length is None
+        and collator.return_tensors == "pt"
+        and isinstance(collator.label_pad_token_id, int)
+        and (multiple is None or (isinstance(multiple, int) and multiple > 0))
+        and names[:1] == ["input_ids"]
+        and "attention_mask" in names
+        and isinstance(tokenizer.pad_token_id, int)
+        and tokenizer.padding_side in ("left", "right")
+        and type(tokenizer).pad is PreTrainedTokenizerBase.pad
+        and type(tokenizer)._pad is PreTrainedTokenizerBase._pad
+    )
+    if not fits:
+        return None
+    model = collator.model
+    shift = getattr(model, "prepare_decoder_input_ids_from_labels", None) if model is not None else None
+    return {
+        "pad": tokenizer.pad_token_id,
+        "label_pad": collator.label_pad_token_id,
+        "left": tokenizer.padding_side == "left",
+        "multiple": multiple,
+        "shift": shift,
+    }
+
+
+def _padded(ids: np.ndarray, lengths: np.ndarray, value: int, left: bool, multiple: int | None):
+    """The rows (`ids` one after another, `lengths` each) padded with `value` to the longest (rounded up to a
+    multiple of `multiple`) on the right, or the `left`, as int64; and where the ids are (the attention mask)."""
+    width = int(lengths.max())
+    if multiple is not None and width % multiple:
+        width += multiple - width % multiple
+    columns = np.arange(width)
+    mask = columns >= (width - lengths)[:, None] if left else columns < lengths[:, None]
+    padded = np.full(mask.shape, value, dtype=np.int64)
+    padded[mask] = ids  # row after row, each row's ids in order: the order `ids` holds them in
+    return padded, mask
+
+
+def collate_rows(rows: BatchRows, settings: dict[str, Any]) -> BatchEncoding:
+    """The batch `DataCollatorForSeq2Seq` makes of `rows.features()` (the collator `_fast_settings` read `settings`
+    from), tensor for tensor, padded from the arrays at once: `input_ids` and `attention_mask` as `tokenizer.pad`
+    pads them, `labels` padded with the label padding, `decoder_input_ids` from the model's own
+    `prepare_decoder_input_ids_from_labels`; all int64."""
+    inputs, mask = _padded(
+        rows.source_ids, rows.source_lengths, settings["pad"], settings["left"], settings["multiple"]
+    )
+    labels, _ = _padded(
+        rows.target_ids, rows.target_lengths, settings["label_pad"], settings["left"], settings["multiple"]
+    )
+    batch = {
+        "input_ids": torch.from_numpy(inputs),
+        "attention_mask": torch.from_numpy(mask.astype(np.int64)),
+        "labels": torch.from_numpy(labels),
+    }
+    if settings["shift"] is not None:
+        batch["decoder_input_ids"] = settings["shift"](labels=batch["labels"])
+    return BatchEncoding(batch)
+
+
+class StreamCollator:
+    """The loader's `collate_fn` of a stream: `(rows, position)` -> `(batch, position)`. The Trainer's
+    `DataCollatorForSeq2Seq` spends as much CPU as the rest of the loader on per-pair Python (lists padded one by
+    one, then turned into tensors); where `_fast_settings` says `collate_rows` makes the same batch, it is made from
+    the arrays instead. Any other collator is called with the features as lists, as it would be without streaming."""
+
+    def __init__(self, collator):
+        self.collator, self.settings = collator, _fast_settings(collator)
+
+    def __call__(self, item: tuple[BatchRows, dict[str, Any]]):
+        rows, position = item
+        # a side with no ids at all: the collator's own tensors (torch makes float32 of empty lists)
+        if self.settings is None or not (rows.source_lengths.max() and rows.target_lengths.max()):
+            return self.collator(rows.features()), position
+        return collate_rows(rows, self.settings), position
 
 
 class StreamLoader:
@@ -986,7 +1101,7 @@ class StreamLoader:
         loader = DataLoader(
             self.stream.replace(start=self.position),
             batch_size=None,
-            collate_fn=partial(_collate, self.collator),
+            collate_fn=StreamCollator(self.collator),
             num_workers=self.num_workers,
             # its own generator: starting the loader draws a seed, which must not shift the global random state (a
             # resumed run restores it before the loader starts, the uninterrupted one started it at step 0)
