@@ -68,12 +68,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import re
 import sys
 import unicodedata
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from itertools import chain, islice
 from pathlib import Path
 from typing import Any
@@ -553,12 +553,11 @@ def _derived_seed(seed: int, *parts: Any) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little") >> 1
 
 
-def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
-    """The `input_ids` that `tokenizer(texts)` (`text_target=` for `target`) gives, from the `tokenizers` backend's
-    batch encoding when that gives the same ids (a fast tokenizer without a target mode of its own, nor truncation or
-    padding set on its backend): the wrapper's per-text conversions cost about a sixth of the tokenizing."""
+def _backend_ids_are_the_tokenizers(tokenizer) -> bool:
+    """Whether the `tokenizers` backend's batch encoding gives the ids `tokenizer(texts)` gives: a fast tokenizer
+    without a target mode of its own, nor truncation or padding set on its backend."""
     backend = getattr(tokenizer, "_tokenizer", None)
-    plain = (
+    return bool(
         getattr(tokenizer, "is_fast", False)
         and backend is not None
         and backend.truncation is None
@@ -566,13 +565,31 @@ def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
         and not hasattr(tokenizer, "_switch_to_target_mode")
         and not hasattr(tokenizer, "_switch_to_input_mode")
     )
-    if not plain:
+
+
+def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
+    """The `input_ids` that `tokenizer(texts)` (`text_target=` for `target`) gives, from the `tokenizers` backend's
+    batch encoding when that gives the same ids: the wrapper's per-text conversions cost about a sixth of the
+    tokenizing."""
+    if not _backend_ids_are_the_tokenizers(tokenizer):
         return tokenizer(text_target=texts)["input_ids"] if target else tokenizer(texts)["input_ids"]
     pieces = _piece_encoder(tokenizer)
     if pieces is not None:
         return pieces.encode(texts)
+    backend = tokenizer._tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # `_fast`: no character offsets
     return [encoding.ids for encoding in encode(texts, add_special_tokens=True)]
+
+
+def encode_arrays(tokenizer, texts: list[str], target: bool) -> tuple[np.ndarray, np.ndarray]:
+    """`encode_texts`' ids as one int32 array (the texts' ids one after another) and each text's count; the
+    piece-by-piece encoder makes them without a Python list per text."""
+    pieces = _piece_encoder(tokenizer) if _backend_ids_are_the_tokenizers(tokenizer) else None
+    if pieces is not None:
+        return pieces.encode_arrays(texts)
+    ids = encode_texts(tokenizer, texts, target)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
 
 
 # `tokenizers`' ByteLevel pre-tokenizer split (`use_regex`: GPT-2's pattern)
@@ -580,10 +597,29 @@ _BYTE_LEVEL_SPLIT = regex.compile(r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+|
 # Texts `_PieceEncoder` takes: printable Latin only (U+0020-U+007E without '<', U+00A1-U+024F), where the `regex`
 # module's and Oniguruma's letter, digit and space classes agree and NFKC has been the same in every Unicode version;
 # without '<' no special token can start. Other texts go to the `tokenizers` backend.
-_PLAIN_TEXT = regex.compile(r"[\x20-\x3b\x3d-\x7e\u00a1-\u024f]+")
-# Distinct pieces remembered per process (about 26 MB: 264 bytes each measured); pieces seen after that are tokenized
-# each time.
+_PLAIN_TEXT = re.compile(r"[\x20-\x3b\x3d-\x7e\u00a1-\u024f]+")
+
+
+def _plain_split() -> re.Pattern:
+    r"""`_BYTE_LEVEL_SPLIT` for the texts `_PLAIN_TEXT` takes, in Python's own `re` (about twice as fast as `regex`):
+    its letter and digit classes listed character by character, each character of the plain range tested against
+    `regex`'s `\p{L}` and `\p{N}`; the only space in the range is U+0020, which both modules' `\s` match alone."""
+    characters = [chr(code) for code in (*range(0x20, 0x7F), *range(0xA1, 0x250))]
+
+    def listed(name: str) -> str:
+        return "".join(re.escape(character) for character in characters if regex.fullmatch(name, character))
+
+    letters, digits = listed(r"\p{L}"), listed(r"\p{N}")
+    return re.compile(rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{letters}]+| ?[{digits}]+| ?[^\s{letters}{digits}]+|\s+(?!\S)|\s+")
+
+
+_PLAIN_SPLIT = _plain_split()
+# Distinct pieces remembered per process (each a dictionary entry and its ids in one int32 table); pieces seen after
+# that are tokenized each time.
 PIECE_MEMO_SIZE = 100_000
+# `_PieceEncoder`'s key of the suffix's slot (and, followed by a number, of a text the backend encoded): no piece of a
+# text it splits holds a control character
+_SUFFIX_KEY = "\x00"
 _BYTE_LEVEL_CONFIG = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
 
 
@@ -608,43 +644,73 @@ class _PieceEncoder:
 
     def __init__(self, backend, suffix: list[int]):
         self.backend, self.model, self.suffix = backend, backend.model, suffix
-        self.bytes, self.memo = _byte_characters(), {}
+        self.bytes = _byte_characters()
+        # each remembered piece's ids: `table[starts[k]:starts[k] + lengths[k]]` for the piece of slot `k` (`memo`);
+        # slot 0 holds the suffix, under a key no piece can be (a plain text holds no control character)
+        self.memo: dict[str, int] = {}
+        self.table, self.starts, self.lengths = (
+            np.zeros(1 << 16, np.int32),
+            np.zeros(1 << 12, np.int64),
+            np.zeros(1 << 12, np.int64),
+        )
+        self.used, self.slots = 0, 0
+        self._store([suffix])
+        self.memo[_SUFFIX_KEY] = 0
 
-    def piece(self, piece: str) -> list[int]:
-        ids = self.memo.get(piece)
-        if ids is None:
-            mapped = piece.encode("utf-8").decode("latin-1").translate(self.bytes)
-            ids = [token.id for token in self.model.tokenize(mapped)]
-            if len(self.memo) < PIECE_MEMO_SIZE:
-                self.memo[piece] = ids
-        return ids
+    def _piece_ids(self, piece: str) -> list[int]:
+        mapped = piece.encode("utf-8").decode("latin-1").translate(self.bytes)
+        return [token.id for token in self.model.tokenize(mapped)]
+
+    def _store(self, rows: list[list[int]]) -> int:
+        """Append `rows` (the ids of new slots) to the table; the first new slot's number."""
+        ids = np.fromiter(chain.from_iterable(rows), dtype=np.int32)
+        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        while self.used + len(ids) > len(self.table):
+            self.table = np.concatenate([self.table, np.zeros_like(self.table)])
+        while self.slots + len(rows) > len(self.starts):
+            self.starts = np.concatenate([self.starts, np.zeros_like(self.starts)])
+            self.lengths = np.concatenate([self.lengths, np.zeros_like(self.lengths)])
+        first = self.slots
+        self.table[self.used : self.used + len(ids)] = ids
+        self.starts[first : first + len(rows)] = self.used + np.cumsum(lengths) - lengths
+        self.lengths[first : first + len(rows)] = lengths
+        self.used, self.slots = self.used + len(ids), first + len(rows)
+        return first
+
+    def encode_arrays(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of `texts` one after another (int32) and each text's count: every text is a sequence of slots
+        (its pieces', then the suffix's; a text the backend encodes, one slot of its own for this call), whose ids
+        are gathered from the table at once."""
+        plain, split, normalized = _PLAIN_TEXT.fullmatch, _PLAIN_SPLIT.findall, unicodedata.is_normalized
+        sequences, others = [], []
+        for text in texts:
+            if plain(text) and normalized("NFKC", text):
+                sequences.append([*split(text if text[0] == " " else " " + text), _SUFFIX_KEY])
+            else:
+                others.append(text)
+                sequences.append([f"{_SUFFIX_KEY}{len(others)}"])  # this call's own key, no piece's
+        new = set(chain.from_iterable(sequences)).difference(self.memo)
+        pieces = [piece for piece in new if piece[0] != _SUFFIX_KEY]  # not the keys of the backend's texts
+        rows = [self._piece_ids(piece) for piece in pieces]
+        kept = max(0, min(len(pieces), PIECE_MEMO_SIZE + 1 - len(self.memo)))  # remembered; the rest for this call
+        if others:
+            pieces += [f"{_SUFFIX_KEY}{number}" for number in range(1, len(others) + 1)]
+            rows += [encoding.ids for encoding in self.backend.encode_batch_fast(others, add_special_tokens=True)]
+        first = self._store(rows) if rows else self.slots
+        self.memo.update(zip(pieces, range(first, first + len(pieces))))
+        keys = np.fromiter(map(self.memo.__getitem__, chain.from_iterable(sequences)), dtype=np.int64)
+        counts = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
+        ids, lengths = _gather(self.table, self.starts[keys], self.lengths[keys])
+        if kept < len(pieces):  # the slots after the remembered ones served this call only
+            for piece in pieces[kept:]:
+                del self.memo[piece]
+            self.slots, self.used = first + kept, int(self.starts[first + kept])
+        ends = np.concatenate([[0], np.cumsum(lengths)])[np.cumsum(counts)]
+        return ids, np.diff(ends, prepend=0)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
-        encoded: list[list[int] | None] = []
-        others = []  # (index, text) of the texts the backend encodes
-        plain, split, known, piece = (
-            _PLAIN_TEXT.fullmatch,
-            _BYTE_LEVEL_SPLIT.findall,
-            self.memo.__getitem__,
-            self.piece,
-        )
-        normalized = partial(unicodedata.is_normalized, "NFKC")
-        for text in texts:
-            if not (plain(text) and normalized(text)):
-                others.append((len(encoded), text))
-                encoded.append(None)
-                continue
-            parts = split(text if text[0] == " " else " " + text)
-            try:  # every piece seen before: the look-ups and the concatenation run in C
-                ids = [*chain.from_iterable(map(known, parts)), *self.suffix]
-            except KeyError:
-                ids = [*chain.from_iterable(map(piece, parts)), *self.suffix]
-            encoded.append(ids)
-        if others:
-            backend = self.backend.encode_batch_fast([text for _, text in others], add_special_tokens=True)
-            for (index, _), encoding in zip(others, backend):
-                encoded[index] = encoding.ids
-        return encoded
+        ids, lengths = self.encode_arrays(texts)
+        return [row.tolist() for row in np.split(ids, np.cumsum(lengths)[:-1])]
 
 
 def _suffix_of(config: dict) -> list[int] | None:
@@ -698,12 +764,17 @@ def _kept(flat: np.ndarray, lengths: np.ndarray, keep: np.ndarray) -> tuple[np.n
     return flat[np.repeat(keep, lengths)], offsets
 
 
-def _gathered(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The ids of `rows` (of the rows `ids` holds one after another, row `i` at `offsets[i]:offsets[i + 1]`), one
-    after another, and their lengths: one gather, no Python loop over rows."""
-    starts, lengths = offsets[rows], offsets[rows + 1] - offsets[rows]
+def _gather(ids: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`ids[starts[i]:starts[i] + lengths[i]]` for each `i`, one after another, and `lengths`: one gather, no Python
+    loop over the rows."""
     shift = starts - (np.cumsum(lengths) - lengths)  # where each row starts in `ids` minus where it starts in the out
     return ids[np.repeat(shift, lengths) + np.arange(int(lengths.sum()))], lengths
+
+
+def _gathered(ids: np.ndarray, offsets: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The ids of `rows` (of the rows `ids` holds one after another, row `i` at `offsets[i]:offsets[i + 1]`), one
+    after another, and their lengths."""
+    return _gather(ids, offsets[rows], offsets[rows + 1] - offsets[rows])
 
 
 @dataclass
@@ -869,11 +940,7 @@ class StreamedPairs(IterableDataset):
         for first in range(0, len(pairs), TOKENIZE_CHUNK):
             chunk = pairs[first : first + TOKENIZE_CHUNK]
             for side, chunks in enumerate(sides):
-                ids = encode_texts(self.tokenizer, [pair[side] for pair in chunk], target=side == 1)
-                lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-                chunks.append(
-                    (np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths)
-                )
+                chunks.append(encode_arrays(self.tokenizer, [pair[side] for pair in chunk], target=side == 1))
         (source_ids, source_lengths), (target_ids, target_lengths) = (
             (np.concatenate([flat for flat, _ in chunks]), np.concatenate([lengths for _, lengths in chunks]))
             for chunks in sides
