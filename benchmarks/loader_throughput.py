@@ -49,6 +49,7 @@ from hf_deep_nmt.data.streaming import (  # noqa: E402
     FileSource,
     StreamCollator,
     StreamedPairs,
+    StreamLoader,
     _fast_settings,
     collate_rows,
 )
@@ -118,25 +119,34 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def loader_batches(loader: StreamLoader, workers: int):
+    """(batch, position of the reader that read it) of a loader of `workers` readers, which takes their batches in
+    turn from the first."""
+    for batch in loader:
+        position = loader.position
+        yield batch, position["readers"][(position["batches"] - 1) % workers]
+
+
 def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_tokens: int) -> dict:
     """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated): in this process for
-    one worker (the same work a single loader worker does), else in `workers` loader workers, each reading its own
-    pairs; CPU seconds of the whole (this process and the workers), up to the batch that completes the pass's
-    `expected_tokens` target tokens (a reader that ends its pass first reads at most one buffer of the next)."""
+    one worker (the same work a single loader worker does), else through a streamed run's loader (`StreamLoader`) of
+    `workers` loader workers, each reading its own pairs; CPU seconds of the whole (this process and the workers), up
+    to the batch that completes the pass's `expected_tokens` target tokens (a reader that ends its pass first reads at
+    most one buffer of the next)."""
     max_tokens, seed, buffer_pairs = args.max_tokens, args.seed, args.buffer_pairs
-    collate = StreamCollator(DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100))
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     readers = {"workers": workers} if workers > 1 else {}  # (so that an older version measures its one reader)
     stream = StreamedPairs(
         FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed, **readers
     )
     if workers == 1:
-        batches = ((collate((batch.rows, None))[0], 0, batch.position) for batch in stream.batches())
+        collate = StreamCollator(collator)
+        batches = ((collate((batch.rows, None))[0], batch.position) for batch in stream.batches())
     else:
-        loader = DataLoader(stream, batch_size=None, collate_fn=collate, num_workers=workers)
-        batches = ((batch, item["reader"], item["position"]) for batch, item in loader)
+        batches = loader_batches(StreamLoader(stream, collator, num_workers=workers), workers)
     tokens = padded = count = 0
     started = _cpu_seconds()
-    for batch, _, position in batches:
+    for batch, position in batches:
         if position["pass"] > 0:  # this reader's pass has ended; the others are still reading theirs
             continue
         labels = batch["labels"]

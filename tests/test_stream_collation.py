@@ -13,7 +13,14 @@ import torch
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration
-from hf_deep_nmt.data.streaming import BatchRows, FileSource, StreamCollator, StreamedPairs, StreamLoader
+from hf_deep_nmt.data.streaming import (
+    BatchRows,
+    FileSource,
+    PackedBatch,
+    StreamCollator,
+    StreamedPairs,
+    StreamLoader,
+)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +80,26 @@ def test_the_batches_of_a_pass_are_the_collators_tensor_for_tensor(sample):
         fast, slow = collated(collator, rows)
         assert_same_batch(fast, slow)
         assert set(fast) == {"input_ids", "attention_mask", "labels", "decoder_input_ids"}
+        # as a loader worker hands it over: one tensor, unpacked into views of it
+        packed = StreamCollator(collator, pack=True)((rows, None))[0]
+        assert isinstance(packed, PackedBatch) and packed.ids.dtype == torch.int64
+        assert_same_batch(packed.unpacked(), slow)
     # through the loader too (the Trainer's road), in order
     loader = StreamLoader(stream, collator)
     for rows, batch in zip(batches, loader):
         assert_same_batch(batch, collator(rows.features()))
+
+
+def test_two_loader_workers_hand_over_the_collators_batches(sample):
+    folder, tokenizer, model = sample
+    source = FileSource(folder / "train.tsv", "es", "en")
+    stream = StreamedPairs(source, tokenizer, 8, 256, 256, max_tokens=500, workers=2)
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    readers = [stream.reader_share(reader).batches() for reader in (0, 1)]
+    expected = [collator(next(readers[index % 2]).features) for index in range(6)]
+    loader = iter(StreamLoader(stream, collator, num_workers=2))
+    for want in expected:
+        assert_same_batch(next(loader), want)
 
 
 SHAPES = {
