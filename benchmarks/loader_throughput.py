@@ -5,7 +5,10 @@ tokenizes the corpus while training: its batches of one pass over the same corpu
 tokenizer at one thread.
 
 Both go through what `hf-deep-nmt train` uses with `max_tokens`: `TokenBudgetBatchSampler` over `pair_lengths`, a
-`DataLoader` with `DataCollatorForSeq2Seq` (padding, the attention mask, `decoder_input_ids` from the labels). The
+`DataLoader` with `DataCollatorForSeq2Seq` (padding, the attention mask, `decoder_input_ids` from the labels); the
+streamed path collates as a streamed run does (`StreamCollator`: the same tensors, padded from the worker's arrays at
+once instead of the collator's per-pair lists). One more row says what the prepared path would reach with that
+collation too (its features as lists turned into arrays, then `collate_rows`; `train` does not collate so). The
 same corpus and the same tokenizer for both; the time of building the sampler (lengths read from Arrow) is reported
 apart from the time of iterating the batches. Ratios, not absolute figures, are the result: `after / before`, and
 `streamed / prepared`. "Cores per H100": the cores that loader needs to feed one GPU that trains on 300,000 target
@@ -25,13 +28,14 @@ import resource
 import sys
 import tempfile
 import time
-from functools import partial
+from itertools import chain
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the streamed path's tokenizer on one core too
 
 import datasets  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 from transformers import DataCollatorForSeq2Seq  # noqa: E402
@@ -40,7 +44,15 @@ from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: 
 from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
 from hf_deep_nmt.data.corpus import read_parallel_file, tokenize_parallel  # noqa: E402
 from hf_deep_nmt.data.prepared import prepare_data  # noqa: E402
-from hf_deep_nmt.data.streaming import FileSource, StreamedPairs, _collate  # noqa: E402
+from hf_deep_nmt.data.streaming import (  # noqa: E402
+    BatchRows,
+    FileSource,
+    StreamCollator,
+    StreamedPairs,
+    StreamLoader,
+    _fast_settings,
+    collate_rows,
+)
 from hf_deep_nmt.training.arguments import DataArguments, ModelArguments  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -55,13 +67,34 @@ def corpus_generator():
     return module
 
 
-def iterate(dataset, tokenizer, model, max_tokens: int, seed: int) -> dict:
-    """Build the sampler, then collate every batch once; CPU seconds of each part and the real target tokens."""
+def array_collation(collator):
+    """`collator`'s batches made as a streamed run makes them (`collate_rows`), from features given as lists."""
+    settings = _fast_settings(collator)
+
+    def collate(features: list[dict]) -> dict:
+        sources, targets = [row["input_ids"] for row in features], [row["labels"] for row in features]
+        arrays = [
+            array
+            for side in (sources, targets)
+            for array in (
+                np.fromiter(chain.from_iterable(side), dtype=np.int32),
+                np.fromiter(map(len, side), dtype=np.int64, count=len(side)),
+            )
+        ]
+        return collate_rows(BatchRows(*arrays), settings)
+
+    return collate
+
+
+def iterate(dataset, tokenizer, model, max_tokens: int, seed: int, arrays: bool = False) -> dict:
+    """Build the sampler, then collate every batch once (`arrays`: by `array_collation`); CPU seconds of each part and
+    the real target tokens."""
     started = time.process_time()
     sampler = TokenBudgetBatchSampler(pair_lengths(dataset), max_tokens, seed=seed)
     sampler_seconds = time.process_time() - started
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
-    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collator, num_workers=0)
+    collate = array_collation(collator) if arrays else collator
+    loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
     tokens = padded = batches = 0
     started = time.process_time()
     for batch in loader:
@@ -86,11 +119,20 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+def loader_batches(loader: StreamLoader, workers: int):
+    """(batch, position of the reader that read it) of a loader of `workers` readers, which takes their batches in
+    turn from the first."""
+    for batch in loader:
+        position = loader.position
+        yield batch, position["readers"][(position["batches"] - 1) % workers]
+
+
 def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_tokens: int) -> dict:
     """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated): in this process for
-    one worker (the same work a single loader worker does), else in `workers` loader workers, each reading its own
-    pairs; CPU seconds of the whole (this process and the workers), up to the batch that completes the pass's
-    `expected_tokens` target tokens (a reader that ends its pass first reads at most one buffer of the next)."""
+    one worker (the same work a single loader worker does), else through a streamed run's loader (`StreamLoader`) of
+    `workers` loader workers, each reading its own pairs; CPU seconds of the whole (this process and the workers), up
+    to the batch that completes the pass's `expected_tokens` target tokens (a reader that ends its pass first reads at
+    most one buffer of the next)."""
     max_tokens, seed, buffer_pairs = args.max_tokens, args.seed, args.buffer_pairs
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     readers = {"workers": workers} if workers > 1 else {}  # (so that an older version measures its one reader)
@@ -98,13 +140,13 @@ def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_toke
         FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed, **readers
     )
     if workers == 1:
-        batches = ((collator(batch.features), 0, batch.position) for batch in stream.batches())
+        collate = StreamCollator(collator)
+        batches = ((collate((batch.rows, None))[0], batch.position) for batch in stream.batches())
     else:
-        loader = DataLoader(stream, batch_size=None, collate_fn=partial(_collate, collator), num_workers=workers)
-        batches = ((batch, item["reader"], item["position"]) for batch, item in loader)
+        batches = loader_batches(StreamLoader(stream, collator, num_workers=workers), workers)
     tokens = padded = count = 0
     started = _cpu_seconds()
-    for batch, _, position in batches:
+    for batch, position in batches:
         if position["pass"] > 0:  # this reader's pass has ended; the others are still reading theirs
             continue
         labels = batch["labels"]
@@ -190,13 +232,17 @@ def main(argv: list[str] | None = None) -> int:
             "before (in memory)": iterate(before, tokenizer, model, args.max_tokens, args.seed),
             "after (prepared, memory-mapped)": iterate(after.train, tokenizer, model, args.max_tokens, args.seed),
         }
+        rows["prepared, array collation (not what train uses)"] = iterate(
+            after.train, tokenizer, model, args.max_tokens, args.seed, arrays=True
+        )
         expected = rows["after (prepared, memory-mapped)"]["target_tokens"]
         for workers in (1, 2):
             name = f"streamed, {workers} loader worker{'s' if workers > 1 else ''}"
             rows[name] = stream_pass(train, tokenizer, model, args, workers, expected)
-    first, second, streamed, streamed_two = rows.values()
-    if first["target_tokens"] != second["target_tokens"] or first["batches"] != second["batches"]:
-        raise SystemExit(f"the two loaders gave different batches: {first} vs {second}")
+    first, second, arrays, streamed, streamed_two = rows.values()
+    for other in (first, arrays):
+        if other["target_tokens"] != second["target_tokens"] or other["batches"] != second["batches"]:
+            raise SystemExit(f"two loaders of the same data gave different batches: {other} vs {second}")
     result = {
         "pairs": args.pairs,
         "max_tokens": args.max_tokens,
@@ -204,12 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "after_over_before": round(second["tokens_per_cpu_s"] / first["tokens_per_cpu_s"], 3),
         "streamed_over_prepared": round(streamed["tokens_per_cpu_s"] / second["tokens_per_cpu_s"], 3),
+        "streamed_over_prepared_array_collation": round(streamed["tokens_per_cpu_s"] / arrays["tokens_per_cpu_s"], 3),
     }
     for row in (streamed, streamed_two):
         if row["target_tokens"] != second["target_tokens"]:
             raise SystemExit(f"a pass of the stream gave other pairs than the prepared data: {row} vs {second}")
     print_table(rows)
-    print(f"after / before: {result['after_over_before']}; streamed / prepared: {result['streamed_over_prepared']}")
+    print(
+        f"after / before: {result['after_over_before']}; streamed / prepared: {result['streamed_over_prepared']} "
+        f"(/ prepared with array collation: {result['streamed_over_prepared_array_collation']})"
+    )
     if args.json and not args.smoke:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -13,6 +13,7 @@ import os
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -275,6 +276,33 @@ def test_the_piece_by_piece_encoding_gives_the_backends_ids():
     assert streaming.encode_texts(tokenizer, texts, target=False) == expected
     assert streaming.encode_texts(tokenizer, texts, target=True) == tokenizer(text_target=texts)["input_ids"]
     assert streaming._piece_encoder(word_tokenizer()) is None  # another pre-tokenizer and model: the backend's ids
+
+
+def test_the_plain_split_is_the_byte_level_split_on_every_plain_character():
+    plain = [chr(code) for code in (*range(0x20, 0x7F), *range(0xA1, 0x250)) if chr(code) != "<"]
+    texts = [text for c in plain for text in (f" {c}", f"a{c}b {c}{c}  1{c}'s", f"{c}'re {c} {c}9 ")]
+    texts += [line for line in (sample_corpus_dir() / "train.tsv").read_text(encoding="utf-8").splitlines()[:300]]
+    texts = [text for text in texts if streaming._PLAIN_TEXT.fullmatch(text)]
+    assert len(texts) > 1500
+    assert [streaming._PLAIN_SPLIT.findall(text) for text in texts] == [
+        streaming._BYTE_LEVEL_SPLIT.findall(text) for text in texts
+    ]
+
+
+def test_a_full_piece_memo_still_gives_the_backends_ids(monkeypatch):
+    """Pieces past `PIECE_MEMO_SIZE`, and texts the backend encodes, hold slots for one call only."""
+    pairs = read_parallel_file(sample_corpus_dir() / "train.tsv")
+    tokenizer = train_joint_tokenizer(zip(*(side[:200] for side in pairs.values())), vocab_size=300)
+    texts = [text for side in pairs.values() for text in side[:100]] + ["日本 a", "<s> b", "", "½ x"]
+    expected = [encoding.ids for encoding in tokenizer._tokenizer.encode_batch(texts, add_special_tokens=True)]
+    monkeypatch.setattr(streaming, "PIECE_MEMO_SIZE", 50)
+    encoder = streaming._piece_encoder(tokenizer)
+    for half in (texts[::2], texts[1::2], texts):  # a cold memo, one that fills up, a full one
+        assert encoder.encode(half) == [expected[texts.index(text)] for text in half]
+    assert len(encoder.memo) == 51 and encoder.slots == 51  # 50 pieces and the suffix
+    ids, lengths = streaming.encode_arrays(tokenizer, texts, target=False)
+    assert ids.dtype == np.int32 and lengths.tolist() == [len(row) for row in expected]
+    assert ids.tolist() == [token for row in expected for token in row]
 
 
 def hub_style_dataset(folder: Path, splits: dict[str, list[tuple[str, str]]]) -> str:
