@@ -225,18 +225,19 @@ class _Batch:
         grows = [decoder.layout[index][2] in ("keys", "values") for index in decoder.self_index]
         own_slots = [slots[index] for index in decoder.self_index]
         sizes = _SelfCache.sizes(own_slots, grows, capacity)
-        # the re-gathered states alternate between two sets of buffers (the gather reads the other set)
-        self.pool, count = getattr(decoder, "buffers", None), len(self.fixed)
-        fixed_sizes = [np.asarray(tensor).nbytes for tensor in self.fixed.values()] * 2
+        self.pool = getattr(decoder, "buffers", None)
+        fixed_sizes = [np.asarray(tensor).nbytes for tensor in self.fixed.values()]
         self.flats = self.pool.take(sizes + fixed_sizes) if self.pool is not None else None
         flats = self.flats or [np.empty(size, np.uint8) for size in sizes + fixed_sizes]
         self.cache = _SelfCache(own_slots, grows, capacity, flats[: len(sizes)])
-        first = len(sizes)
-        self.gathered, self.turn = (flats[first : first + count], flats[first + count : first + 2 * count]), 0
+        # the rows that go on are gathered from the start graph's states (which the search holds to the end anyway)
+        # into one set of buffers: `origin`, each row's row there
+        self.gathered, self.origin = flats[len(sizes) : len(sizes) + len(fixed_sizes)], None
         self.max_lengths = None if max_lengths is None else np.asarray(max_lengths)
         self.steps = np.zeros(capacity, dtype=np.float32)  # only its length is read: the tokens decoded so far
         self.binding = self.session.io_binding()
         self._bind_fixed()
+        self.started = dict(self.fixed)
 
     def __del__(self):
         if getattr(self, "flats", None) is not None:
@@ -251,10 +252,10 @@ class _Batch:
         """Go on with `rows` of the last step's (None: all, in order); `changed`: some row left the batch."""
         self.cache.keep(rows)
         if rows is not None and changed:
-            into, self.turn = self.gathered[self.turn], 1 - self.turn
-            for flat, (name, tensor) in zip(into, self.fixed.items()):
+            self.origin = rows if self.origin is None else self.origin[rows]
+            for flat, (name, tensor) in zip(self.gathered, self.started.items()):
                 out = _view(flat, (len(rows), *tensor.shape[1:]), tensor.dtype)
-                self.fixed[name] = np.take(tensor, rows, axis=0, out=out, mode="clip")
+                self.fixed[name] = np.take(tensor, self.origin, axis=0, out=out, mode="clip")
             self._bind_fixed()
             if self.max_lengths is not None:
                 self.max_lengths = self.max_lengths[rows]
@@ -300,10 +301,14 @@ class OnnxDecoder(Decoder):
         # unset in the generation config: generate()'s defaults
         self.length_penalty = 1.0 if info.get("length_penalty") is None else info["length_penalty"]
         self.early_stopping = False if info.get("early_stopping") is None else info["early_stopping"]
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = threads
-        self.start = onnx_checks.open_session(start, options, folder, int8)
-        self.step = onnx_checks.open_session(step, options, folder, int8)
+
+        def options():
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = options.inter_op_num_threads = threads
+            return options
+
+        # one copy of the weights for both graphs (`weights`: the arrays the sessions use in place)
+        (self.start, self.step), self.weights = onnx_checks.open_sessions([start, step], options, folder, int8)
         self.folder, self.names = folder, [_slot_name(entry) for entry in self.layout]
         self.buffers = _Buffers()  # the batches' buffers, reused from one batch to the next
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
