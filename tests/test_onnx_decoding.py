@@ -149,3 +149,21 @@ def test_batches_take_over_the_buffers_of_the_batch_before(small_onnx_export):
     np.testing.assert_array_equal(decoder.beam(ids[1:], mask[1:], 2, 10), fresh.beam(ids[1:], mask[1:], 2, 10))
     np.testing.assert_array_equal(decoder.greedy(ids[1:], mask[1:], 10)[0], fresh.greedy(ids[1:], mask[1:], 10)[0])
     assert [buffer.ctypes.data for buffer in decoder.buffers.sets[0]] == held
+
+
+def test_sessions_hold_one_copy_of_weights_they_share(small_onnx_export):
+    """`open_sessions` gives each weight once, however many of the graphs hold it: the same graph opened twice holds
+    the weights of one, and a decoder's two graphs those of its start graph alone (the step graph's weights are the
+    start graph's decoder weights)."""
+    import onnxruntime
+
+    from hf_deep_nmt.serving import onnx_checks
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    folder = small_onnx_export[0] / "onnx"
+    start, step = folder / "start.onnx", folder / "step.onnx"
+    _, once = onnx_checks.open_sessions([step], onnxruntime.SessionOptions, folder, False)
+    _, twice = onnx_checks.open_sessions([step, step], onnxruntime.SessionOptions, folder, False)
+    assert len(once) == len(twice) > 0
+    _, start_alone = onnx_checks.open_sessions([start], onnxruntime.SessionOptions, folder, False)
+    assert len(OnnxDecoder(folder).weights) == len(start_alone)
