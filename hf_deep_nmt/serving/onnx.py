@@ -307,8 +307,10 @@ class OnnxDecoder(Decoder):
             options.intra_op_num_threads = options.inter_op_num_threads = threads
             return options
 
-        # one copy of the weights for both graphs (`weights`: the arrays the sessions use in place)
-        (self.start, self.step), self.weights = onnx_checks.open_sessions([start, step], options, folder, int8)
+        # one copy of the weights for both graphs (`weights`: the arrays the sessions use in place); the step graph's
+        # fp32 products on pre-packed weights (int8 decoding measured the same without them)
+        packed = [] if int8 else [step]
+        (self.start, self.step), self.weights = onnx_checks.open_sessions([start, step], options, folder, int8, packed)
         self.folder, self.names = folder, [_slot_name(entry) for entry in self.layout]
         self.buffers = _Buffers()  # the batches' buffers, reused from one batch to the next
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]

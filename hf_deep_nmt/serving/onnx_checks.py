@@ -122,20 +122,22 @@ def open_session(path: Path, options, folder: Path, int8: bool, **settings):
 SHARED_INITIALIZER_BYTES = 4096
 
 
-def open_sessions(paths: list[Path], make_options, folder: Path, int8: bool) -> tuple[list, dict]:
+def open_sessions(paths: list[Path], make_options, folder: Path, int8: bool, prepack=()) -> tuple[list, dict]:
     """Sessions of the graphs `paths` (the start and step graphs) that hold one copy of the weights between them: the
     step graph's weights are the start graph's decoder weights, and each session would otherwise keep its own, and
     its own pre-packed copy of each (the loaded decoder at twice to three times the weights). Each graph is first
     rewritten by ONNX Runtime itself (`make_options()`' optimizations, then saved, its weights in a file beside it),
-    then opened as rewritten with no further rewrite and no pre-packing, every weight given as one array per content
-    (`add_initializer`, used in place on the CPU); what runs is the graph a plain session runs. Returns the sessions
-    and the arrays they use, which must outlive them. Without the onnx package (which reads the rewritten graphs),
-    plain sessions, each with its own weights."""
+    then opened as rewritten with no further rewrite, every weight given as one array per content (`add_initializer`,
+    used in place on the CPU); what runs is the graph a plain session runs. Only the graphs of `prepack` (paths) keep
+    pre-packed copies of their weights (ONNX Runtime's matrix layout for its fp32 products; the step graph's saved
+    10-13% of fp32 decoding's CPU time, the start graph's, run once a batch, nothing measurable). Returns the
+    sessions and the arrays they use, which must outlive them. Without the onnx package (which reads the rewritten
+    graphs), plain sessions, each with its own weights."""
     try:
         import onnx  # noqa: F401
     except ImportError:
         return [open_session(path, make_options(), folder, int8) for path in paths], {}
-    sessions, weights = _shared_weight_sessions(paths, make_options, folder, int8)
+    sessions, weights = _shared_weight_sessions(paths, make_options, folder, int8, prepack)
     _release_freed_memory()
     return sessions, weights
 
@@ -151,7 +153,7 @@ def _release_freed_memory() -> None:
         pass
 
 
-def _shared_weight_sessions(paths: list[Path], make_options, folder: Path, int8: bool) -> tuple[list, dict]:
+def _shared_weight_sessions(paths: list[Path], make_options, folder: Path, int8: bool, prepack) -> tuple[list, dict]:
     """`open_sessions`' sessions over one copy of the weights."""
     import hashlib
     import tempfile
@@ -177,7 +179,8 @@ def _shared_weight_sessions(paths: list[Path], make_options, folder: Path, int8:
             graph = onnx.load(str(rewritten), load_external_data=False).graph
             options = make_options()
             options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-            options.add_session_config_entry("session.disable_prepacking", "1")
+            if path not in prepack:
+                options.add_session_config_entry("session.disable_prepacking", "1")
             for initializer in graph.initializer:
                 if initializer.data_location != onnx.TensorProto.EXTERNAL:
                     continue
