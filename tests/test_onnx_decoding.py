@@ -133,3 +133,37 @@ def test_export_onnx_refuses_an_existing_folder_before_loading_the_model(tmp_pat
     (tmp_path / "out").mkdir()
     assert main(["export-onnx", "--model", str(tmp_path / "no-model"), "--output", str(tmp_path / "out")]) == 2
     assert "exists; give a new folder" in capsys.readouterr().err
+
+
+def test_batches_take_over_the_buffers_of_the_batch_before(small_onnx_export):
+    """A batch's cache slots and re-gathered encoder states live in buffers that the decoder hands to its next batch
+    (`_Buffers`): a batch no larger than one before it maps no new memory (a fresh ~100 MB per batch of 32 x 4 beams
+    was most of `translate`'s system time, in page faults), and what the buffers held before changes no token."""
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    folder = small_onnx_export[0] / "onnx"
+    decoder, fresh = OnnxDecoder(folder), OnnxDecoder(folder)
+    ids, mask = SOURCE.numpy(), MASK.long().numpy()
+    decoder.beam(ids, mask, 3, 12)  # the largest batch first: its rows finish apart, so every buffer is written
+    held = [buffer.ctypes.data for buffer in decoder.buffers.sets[0]]
+    np.testing.assert_array_equal(decoder.beam(ids[1:], mask[1:], 2, 10), fresh.beam(ids[1:], mask[1:], 2, 10))
+    np.testing.assert_array_equal(decoder.greedy(ids[1:], mask[1:], 10)[0], fresh.greedy(ids[1:], mask[1:], 10)[0])
+    assert [buffer.ctypes.data for buffer in decoder.buffers.sets[0]] == held
+
+
+def test_sessions_hold_one_copy_of_weights_they_share(small_onnx_export):
+    """`open_sessions` gives each weight once, however many of the graphs hold it: the same graph opened twice holds
+    the weights of one, and a decoder's two graphs those of its start graph alone (the step graph's weights are the
+    start graph's decoder weights)."""
+    import onnxruntime
+
+    from hf_deep_nmt.serving import onnx_checks
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    folder = small_onnx_export[0] / "onnx"
+    start, step = folder / "start.onnx", folder / "step.onnx"
+    _, once = onnx_checks.open_sessions([step], onnxruntime.SessionOptions, folder, False)
+    _, twice = onnx_checks.open_sessions([step, step], onnxruntime.SessionOptions, folder, False)
+    assert len(once) == len(twice) > 0
+    _, start_alone = onnx_checks.open_sessions([start], onnxruntime.SessionOptions, folder, False)
+    assert len(OnnxDecoder(folder).weights) == len(start_alone)

@@ -178,38 +178,72 @@ class _BeamSearch:
         return self.sequences[:, 0, 1 : 1 + int(self.lengths[:, 0].max())]
 
 
-def _view(flat: np.ndarray, shape: tuple) -> np.ndarray:
-    """The contiguous leading part of `flat` as an array of `shape` (no copy)."""
-    return flat[: math.prod(shape)].reshape(shape)
+def _view(flat: np.ndarray, shape: tuple, dtype=None) -> np.ndarray:
+    """The contiguous leading part of `flat` (as `dtype`, where given) as an array of `shape` (no copy)."""
+    if dtype is None:
+        return flat[: math.prod(shape)].reshape(shape)
+    return flat[: math.prod(shape) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+
+
+class _Buffers:
+    """The flat byte buffers of one decoder's batches (`_Batch`: cache slots, encoder states), handed from one batch
+    to the next: a batch's buffers are allocated once and then reused, not mapped afresh and faulted in page by page
+    for every batch (seconds of system time over a file). A buffer too small for a batch is replaced by one a quarter
+    larger than asked, so that batches growing by little do not each allocate. Two batches alive at once (another
+    thread's) get separate buffers: `take` hands a set to one batch only."""
+
+    def __init__(self):
+        self.sets: list[list[np.ndarray]] = []
+
+    def take(self, sizes: list[int]) -> list[np.ndarray]:
+        """Buffers of at least `sizes` bytes each (the first len(sizes) of the list returned)."""
+        try:
+            held = self.sets.pop()  # atomic: two batches never share one set
+        except IndexError:
+            held = []
+        for index, size in enumerate(sizes):
+            if index == len(held):
+                held.append(np.empty(size, np.uint8))
+            elif held[index].nbytes < size:
+                held[index] = np.empty(max(size, held[index].nbytes * 5 // 4), np.uint8)
+        return held
+
+    def give(self, buffers: list[np.ndarray]) -> None:
+        """`buffers` (of `take`) for the next batch; one set is kept, the largest."""
+        if not self.sets or sum(b.nbytes for b in buffers) > sum(b.nbytes for b in self.sets[0]):
+            self.sets[:] = [buffers]
 
 
 class _SelfCache:
     """The self-attention slots of one batch (keys and values gaining a position a step, MAtt/AAN's running sum of
-    one size) in two flat buffers each, allocated once at the positions the caps allow (`capacity`): a step reads
-    one and the graph writes its grown slots straight into the other (`outputs`); then the two swap, or the rows
-    that go on are gathered back into the first (`keep`, before every step: beams reordered, finished sentences
-    dropped; the start graph's slots count as written). Nothing is
-    allocated per step and no copy is made outside the graph but that gather: the memory of a step is bounded by
-    the batch, and untouched pages of a buffer are never mapped."""
+    one size) in two flat buffers each, sized at the positions the caps allow (`capacity`): a step reads one and the
+    graph writes its grown slots straight into the other (`outputs`); then the two swap, or the rows that go on are
+    gathered back into the first (`keep`, before every step: beams reordered, finished sentences dropped; the start
+    graph's slots count as written). Nothing is allocated per step and no copy is made outside the graph but that
+    gather; the buffers are `flats` (byte buffers of `_Buffers.take`, or new ones), whose untouched pages are never
+    mapped."""
 
-    def __init__(self, slots: list[np.ndarray], grows: list[bool], capacity: int):
-        self.grows, self.shapes = grows, [slot.shape for slot in slots]
-        self.read, self.write = [], []
-        for slot, growing in zip(slots, grows):
-            size = slot.size // slot.shape[2] * capacity if growing else slot.size
-            first, second = np.empty(size, slot.dtype), np.empty(size, slot.dtype)
-            _view(second, slot.shape)[...] = slot  # as if a step had written them: `keep` comes first
-            self.read.append(first)
-            self.write.append(second)
+    def __init__(self, slots: list[np.ndarray], grows: list[bool], capacity: int, flats: list[np.ndarray] = None):
+        self.grows, self.shapes, self.dtypes = grows, [slot.shape for slot in slots], [slot.dtype for slot in slots]
+        flats = flats or [np.empty(size, np.uint8) for size in _SelfCache.sizes(slots, grows, capacity)]
+        self.read, self.write = flats[: len(slots)], flats[len(slots) : 2 * len(slots)]
+        for slot, second in zip(slots, self.write):
+            _view(second, slot.shape, slot.dtype)[...] = slot  # as if a step had written them: `keep` comes first
         self.grown = self.shapes
 
+    @staticmethod
+    def sizes(slots: list[np.ndarray], grows: list[bool], capacity: int) -> list[int]:
+        """The bytes of each buffer, read ones then written ones."""
+        sizes = [slot.nbytes // slot.shape[2] * capacity if g else slot.nbytes for slot, g in zip(slots, grows)]
+        return sizes + sizes
+
     def inputs(self) -> list[np.ndarray]:
-        return [_view(flat, shape) for flat, shape in zip(self.read, self.shapes)]
+        return [_view(flat, shape, dtype) for flat, shape, dtype in zip(self.read, self.shapes, self.dtypes)]
 
     def outputs(self) -> list[np.ndarray]:
         """The arrays the next step writes its slots into, one position longer where a slot grows."""
         self.grown = [(*s[:2], s[2] + 1, *s[3:]) if g else s for s, g in zip(self.shapes, self.grows)]
-        return [_view(flat, shape) for flat, shape in zip(self.write, self.grown)]
+        return [_view(flat, shape, dtype) for flat, shape, dtype in zip(self.write, self.grown, self.dtypes)]
 
     def keep(self, rows: np.ndarray | None) -> None:
         """After a step: the written slots become the read ones, only `rows` of them (in that order) when given."""
@@ -217,8 +251,8 @@ class _SelfCache:
             self.read, self.write, self.shapes = self.write, self.read, self.grown
             return
         self.shapes = [(len(rows), *shape[1:]) for shape in self.grown]
-        for read, write, grown, shape in zip(self.read, self.write, self.grown, self.shapes):
-            np.take(_view(write, grown), rows, axis=0, out=_view(read, shape), mode="clip")
+        for read, write, grown, shape, dtype in zip(self.read, self.write, self.grown, self.shapes, self.dtypes):
+            np.take(_view(write, grown, dtype), rows, axis=0, out=_view(read, shape, dtype), mode="clip")
 
 
 def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
@@ -232,7 +266,8 @@ class _Batch:
     """One batch's decoding state for the step graph, bound once (ONNX Runtime's I/O binding over numpy memory):
     the encoder states, cross-attention slots and mask (re-gathered and bound again only when rows leave), the
     self-attention slots in a `_SelfCache`, the logits written into one buffer; `max_lengths`: each row's cap, as in
-    `greedy`."""
+    `greedy`. The slots and the re-gathered states live in the decoder's `_Buffers` (`decoder.buffers`), given back
+    when the batch is gone: the next batch finds them mapped."""
 
     def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None):
         logits, encoder, slots, mask = started
@@ -242,11 +277,25 @@ class _Batch:
         self.fixed = {"attention_mask": mask, **encoder, **cross}
         self.self_names = [decoder.names[index] for index in decoder.self_index]
         grows = [decoder.layout[index][2] in ("keys", "values") for index in decoder.self_index]
-        self.cache = _SelfCache([slots[index] for index in decoder.self_index], grows, capacity)
+        own_slots = [slots[index] for index in decoder.self_index]
+        sizes = _SelfCache.sizes(own_slots, grows, capacity)
+        self.pool = getattr(decoder, "buffers", None)
+        fixed_sizes = [np.asarray(tensor).nbytes for tensor in self.fixed.values()]
+        self.flats = self.pool.take(sizes + fixed_sizes) if self.pool is not None else None
+        flats = self.flats or [np.empty(size, np.uint8) for size in sizes + fixed_sizes]
+        self.cache = _SelfCache(own_slots, grows, capacity, flats[: len(sizes)])
+        # the rows that go on are gathered from the start graph's states (which the search holds to the end anyway)
+        # into one set of buffers: `origin`, each row's row there
+        self.gathered, self.origin = flats[len(sizes) : len(sizes) + len(fixed_sizes)], None
         self.max_lengths = None if max_lengths is None else np.asarray(max_lengths)
         self.steps = np.zeros(capacity, dtype=np.float32)  # only its length is read: the tokens decoded so far
         self.binding = self.session.io_binding()
         self._bind_fixed()
+        self.started = dict(self.fixed)
+
+    def __del__(self):
+        if getattr(self, "flats", None) is not None:
+            self.pool.give(self.flats)
 
     def _bind_fixed(self) -> None:
         self.fixed = {name: np.ascontiguousarray(tensor) for name, tensor in self.fixed.items()}
@@ -257,7 +306,10 @@ class _Batch:
         """Go on with `rows` of the last step's (None: all, in order); `changed`: some row left the batch."""
         self.cache.keep(rows)
         if rows is not None and changed:
-            self.fixed = {name: np.take(tensor, rows, axis=0) for name, tensor in self.fixed.items()}
+            self.origin = rows if self.origin is None else self.origin[rows]
+            for flat, (name, tensor) in zip(self.gathered, self.started.items()):
+                out = _view(flat, (len(rows), *tensor.shape[1:]), tensor.dtype)
+                self.fixed[name] = np.take(tensor, self.origin, axis=0, out=out, mode="clip")
             self._bind_fixed()
             if self.max_lengths is not None:
                 self.max_lengths = self.max_lengths[rows]
@@ -303,11 +355,18 @@ class OnnxDecoder(Decoder):
         # unset in the generation config: generate()'s defaults
         self.length_penalty = 1.0 if info.get("length_penalty") is None else info["length_penalty"]
         self.early_stopping = False if info.get("early_stopping") is None else info["early_stopping"]
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = threads
-        self.start = onnx_checks.open_session(start, options, folder, int8)
-        self.step = onnx_checks.open_session(step, options, folder, int8)
+
+        def options():
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = options.inter_op_num_threads = threads
+            return options
+
+        # one copy of the weights for both graphs (`weights`: the arrays the sessions use in place); the step graph's
+        # fp32 products on pre-packed weights (int8 decoding measured the same without them)
+        packed = [] if int8 else [step]
+        (self.start, self.step), self.weights = onnx_checks.open_sessions([start, step], options, folder, int8, packed)
         self.folder, self.names = folder, [_slot_name(entry) for entry in self.layout]
+        self.buffers = _Buffers()  # the batches' buffers, reused from one batch to the next
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
 
     def _start(self, input_ids, attention_mask, rows_per_sentence: int = 1):

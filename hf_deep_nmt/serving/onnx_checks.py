@@ -99,17 +99,98 @@ def checked_graphs(folder: Path, info: dict, int8: bool) -> list[Path]:
 SLOW_FUSIONS = ["SkipLayerNormFusion"]
 
 
-def open_session(path: Path, options, folder: Path, int8: bool):
-    """An ONNX Runtime session of the graph `path`; a graph it cannot read is named, with the way to write it again."""
+def open_session(path: Path, options, folder: Path, int8: bool, **settings):
+    """An ONNX Runtime session of the graph `path`; a graph it cannot read is named, with the way to write it again.
+    `settings`: InferenceSession's own (its rewrites left out: `SLOW_FUSIONS`, unless given)."""
     import onnxruntime
 
+    settings.setdefault("disabled_optimizers", SLOW_FUSIONS)
     try:
-        return onnxruntime.InferenceSession(str(path), options, disabled_optimizers=SLOW_FUSIONS)
+        return onnxruntime.InferenceSession(str(path), options, **settings)
     except Exception as error:  # onnxruntime raises its own exception types (Fail, InvalidProtobuf, ...)
         reason = " ".join(str(error).split())[:300]
         raise ValueError(
             f"{path} is not a graph ONNX Runtime can read ({reason}); {export_again(folder, int8)}."
         ) from None
+
+
+# initializers from this size up are written beside the rewritten graphs and shared (smaller ones: shapes, scales)
+SHARED_INITIALIZER_BYTES = 4096
+
+
+def open_sessions(paths: list[Path], make_options, folder: Path, int8: bool, prepack=()) -> tuple[list, dict]:
+    """Sessions of the graphs `paths` (the start and step graphs) that hold one copy of the weights between them: the
+    step graph's weights are the start graph's decoder weights, and each session would otherwise keep its own, and
+    its own pre-packed copy of each (the loaded decoder at twice to three times the weights). Each graph is first
+    rewritten by ONNX Runtime itself (`make_options()`' optimizations, then saved, its weights in a file beside it),
+    then opened as rewritten with no further rewrite, every weight given as one array per content (`add_initializer`,
+    used in place on the CPU); what runs is the graph a plain session runs. Only the graphs of `prepack` (paths) keep
+    pre-packed copies of their weights (ONNX Runtime's matrix layout for its fp32 products; the step graph's saved
+    10-13% of fp32 decoding's CPU time, the start graph's, run once a batch, nothing measurable). Returns the
+    sessions and the arrays they use, which must outlive them. Without the onnx package (which reads the rewritten
+    graphs), plain sessions, each with its own weights."""
+    try:
+        import onnx  # noqa: F401
+    except ImportError:
+        return [open_session(path, make_options(), folder, int8) for path in paths], {}
+    sessions, weights = _shared_weight_sessions(paths, make_options, folder, int8, prepack)
+    _release_freed_memory()
+    return sessions, weights
+
+
+def _release_freed_memory() -> None:
+    """Hand back to the system the heap that the rewriting sessions freed (glibc keeps ~20 MB of it otherwise, in
+    pieces too small to unmap one by one); nothing where the C library has no `malloc_trim`."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _shared_weight_sessions(paths: list[Path], make_options, folder: Path, int8: bool, prepack) -> tuple[list, dict]:
+    """`open_sessions`' sessions over one copy of the weights."""
+    import hashlib
+    import tempfile
+
+    import numpy as np
+    import onnx
+    import onnxruntime
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    weights, sessions = {}, []
+    with tempfile.TemporaryDirectory(prefix="hf-deep-nmt-onnx-") as temporary:
+        for path in paths:
+            rewritten, options = Path(temporary) / path.name, make_options()
+            options.optimized_model_filepath = str(rewritten)
+            options.log_severity_level = 3  # not the warning that the rewritten graph is for this machine alone
+            for key, value in (
+                ("session.optimized_model_external_initializers_file_name", rewritten.stem + ".weights"),
+                ("session.optimized_model_external_initializers_min_size_in_bytes", str(SHARED_INITIALIZER_BYTES)),
+                ("session.disable_prepacking", "1"),
+            ):
+                options.add_session_config_entry(key, value)
+            open_session(path, options, folder, int8)  # only writes the rewritten graph
+            graph = onnx.load(str(rewritten), load_external_data=False).graph
+            options = make_options()
+            options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+            if path not in prepack:
+                options.add_session_config_entry("session.disable_prepacking", "1")
+            for initializer in graph.initializer:
+                if initializer.data_location != onnx.TensorProto.EXTERNAL:
+                    continue
+                place = {entry.key: entry.value for entry in initializer.external_data}
+                data = np.fromfile(
+                    Path(temporary) / place["location"], np.uint8, int(place["length"]), offset=int(place["offset"])
+                )
+                key = (initializer.data_type, tuple(initializer.dims), hashlib.sha256(data).digest())
+                if key not in weights:
+                    array = data.view(tensor_dtype_to_np_dtype(initializer.data_type)).reshape(initializer.dims)
+                    weights[key] = onnxruntime.OrtValue.ortvalue_from_numpy(array)
+                options.add_initializer(initializer.name, weights[key])
+            sessions.append(open_session(rewritten, options, folder, int8, disabled_optimizers=[]))
+    return sessions, weights
 
 
 def check_source(folder: Path, info: dict) -> None:
