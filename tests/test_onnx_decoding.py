@@ -167,3 +167,25 @@ def test_sessions_hold_one_copy_of_weights_they_share(small_onnx_export):
     assert len(once) == len(twice) > 0
     _, start_alone = onnx_checks.open_sessions([start], onnxruntime.SessionOptions, folder, False)
     assert len(OnnxDecoder(folder).weights) == len(start_alone)
+
+
+def test_graphs_not_rewritten_to_share_weights_decode_with_their_own(small_onnx_export, monkeypatch, caplog):
+    """No room (or no write access) for the rewritten copies: a warning naming the cause and TMPDIR, each graph with
+    its own weights, the same tokens; never a graph called damaged that is not."""
+    import errno
+    import tempfile
+
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    folder = small_onnx_export[0] / "onnx"
+    source, mask = SOURCE.numpy(), MASK.numpy()
+    expected = OnnxDecoder(folder).beam(source, mask, 2, 6)
+
+    def no_room(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", no_room)
+    with caplog.at_level("WARNING", logger="hf_deep_nmt.serving.onnx_checks"):
+        decoder = OnnxDecoder(folder)
+    assert decoder.weights == {} and "No space left on device" in caplog.text and "TMPDIR" in caplog.text
+    np.testing.assert_array_equal(decoder.beam(source, mask, 2, 6), expected)

@@ -133,7 +133,17 @@ def open_sessions(paths: list[Path], make_options, folder: Path, int8: bool, pre
         import onnx  # noqa: F401
     except ImportError:
         return [open_session(path, make_options(), folder, int8) for path in paths], {}
-    sessions, weights = _shared_weight_sessions(paths, make_options, folder, int8, prepack)
+    try:
+        sessions, weights = _shared_weight_sessions(paths, make_options, folder, int8, prepack)
+    except (OSError, ValueError) as error:  # no room or no write access for the rewritten copies, say
+        # opened plainly, each graph with its own weights; a damaged graph is named here, as without the rewriting
+        sessions = [open_session(path, make_options(), folder, int8) for path in paths]
+        logger.warning(
+            "The ONNX graphs could not be rewritten into a temporary folder to share their weights (%s); each graph "
+            "keeps its own copy (more memory, the same translations). TMPDIR names where they go.",
+            " ".join(str(error).split())[:200],
+        )
+        return sessions, {}
     _release_freed_memory()
     return sessions, weights
 
