@@ -735,12 +735,14 @@ def contender_command(contender: str, setting: dict, output: Path, record: Path)
         folder = setting["ct2"][contender]
         values = [folder, CT2_COMPUTE_TYPES[contender], setting["threads"], setting["lines"], output]
         values += [setting["beams"], setting["cap"], E2E_BATCH]
-        return [sys.executable, "-c", _CT2_CHILD, str(record), *map(str, values)]
+        return [sys.executable, "-P", "-c", _CT2_CHILD, str(record), *map(str, values)]
     backend = contender.split()[-1]
     arguments = whole_process_arguments(
         setting["model"], setting["lines"], output, backend, setting["beams"], setting["cap"], setting["threads"]
     )
-    return [sys.executable, "-c", _MEASURED_CHILD, str(record), _RUNTIMES[backend], *arguments]
+    # -P: the working folder stays off the child's import path, which would otherwise come before PYTHONPATH and run
+    # the checkout the benchmark is started from under every label (`--before` measured this code twice)
+    return [sys.executable, "-P", "-c", _MEASURED_CHILD, str(record), _RUNTIMES[backend], *arguments]
 
 
 def run_contender(contender: str, setting: dict, workdir: Path) -> dict:
@@ -823,7 +825,7 @@ def profile_translate(model: Path, lines: Path, workdir: Path, backend: str, bea
     child = _PROFILED_CHILD.replace("OUT", repr(str(stats_file)))
     arguments = whole_process_arguments(model, lines, workdir / f"profiled.{backend}.txt", backend, beams, cap)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    measured = child_seconds([sys.executable, "-c", child, "hf-deep-nmt", *arguments], env)
+    measured = child_seconds([sys.executable, "-P", "-c", child, "hf-deep-nmt", *arguments], env)
     stats = pstats.Stats(str(stats_file)).stats
     parts = {}
     for part, functions in PROFILE_PARTS.items():
