@@ -1,15 +1,15 @@
 """`hf-deep-nmt serve` under load, beside `translate` over the same sentences on the same backend.
 
-A closed-loop load generator (a real HTTP client, httpx, in this process) keeps `concurrency` requests in flight
-against a real server process (`hf-deep-nmt serve`, started here, `--threads` threads): each request is one sentence
-of the sample corpus (its lines split into sentences as the server splits them), and a worker sends its next request
-as soon as the last one is answered. At each concurrency (1, 8, 32, 128) it reports requests per second, target tokens
-per second (wall) and per CPU second of the server process (all its threads), the p50 / p95 / p99 latency, and the
-server's resident memory before and after; then one longer run at concurrency 32 (`--flat-requests`, 10,000) says
-whether the memory stays flat. The reference is `translate` (in this process, before the server starts, at the same
-threads and batch budget) over the same sentences: target tokens per wall and per CPU second, and whether every
-answer of the server equals its translation (fp32 decoding is the same whatever the batch). Target tokens are the
-translations tokenized again by the model's tokenizer, on both sides alike.
+A closed-loop load generator (a real HTTP client, httpx, in processes forked from this one, 32 connections each) keeps
+`concurrency` requests in flight against a real server process (`hf-deep-nmt serve`, started here, `--threads`
+threads): each request is one sentence of the sample corpus (its lines split into sentences as the server splits
+them), and a worker sends its next request as soon as the last one is answered. At each concurrency (1, 8, 32, 128) it
+reports requests per second, target tokens per second (wall) and per CPU second of the server process (all its
+threads), the p50 / p95 / p99 latency, and the server's resident memory before and after; then one longer run at
+concurrency 32 (`--flat-requests`, 10,000) says whether the memory stays flat. The reference is `translate` (in this
+process, before the server starts, at the same threads and batch budget) over the same sentences: target tokens per
+wall and per CPU second, and whether every answer of the server equals its translation (fp32 decoding is the same
+whatever the batch). Target tokens are the translations tokenized again by the model's tokenizer, on both sides alike.
 
 Without `--model` it serves a model with random weights (`--family`, `--size` as in `inference.py`; with random
 weights every sentence decodes to its output cap, so the work is fixed), saved with a tokenizer trained on the
@@ -130,16 +130,23 @@ def start_server(model: str, backend: str, int8: bool, threads: int, num_beams, 
             time.sleep(0.2)
 
 
-async def closed_loop(base: str, sentences: list[str], concurrency: int, total: int) -> tuple:
-    """(wall seconds, latencies, answers in request order) of `total` requests, `concurrency` in flight."""
-    latencies, answers, sent = [], [None] * total, 0
+# Connections per load-generator process. httpx's client costs more CPU per request the more connections it holds
+# (measured against the sample model: 3.5 ms of client CPU a request at 32 connections, 20 ms at 128, which kept one
+# process's core busy and let only a few requests reach the server at a time), so concurrency 128 is spread over
+# processes of 32 connections each.
+CLIENT_CONNECTIONS = 32
+
+
+async def closed_loop(base: str, sentences: list[str], concurrency: int, indexes: list[int]) -> tuple:
+    """(wall seconds, latencies, {request index: answer}) of the requests `indexes` (request i sends sentence
+    i mod len(sentences)), `concurrency` in flight."""
+    latencies, answers, queue = [], {}, list(reversed(indexes))
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=base, limits=limits, timeout=600) as client:
 
         async def worker():
-            nonlocal sent
-            while sent < total:
-                index, sent = sent, sent + 1
+            while queue:
+                index = queue.pop()
                 body = {"q": sentences[index % len(sentences)], "source": "auto", "target": "en"}
                 started = time.perf_counter()
                 response = await client.post("/translate", json=body)
@@ -150,6 +157,57 @@ async def closed_loop(base: str, sentences: list[str], concurrency: int, total: 
         started = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         return time.perf_counter() - started, latencies, answers
+
+
+def _client(base: str, sentences: list[str], concurrency: int, indexes: list[int], go, results) -> None:
+    """One load-generator process: its share of the requests once `go` is set; (latencies, answers, its CPU
+    seconds) into `results`."""
+    go.wait()
+    cpu = time.process_time()
+    _, latencies, answers = asyncio.run(closed_loop(base, sentences, concurrency, indexes))
+    results.put((latencies, answers, time.process_time() - cpu))
+
+
+def run_clients(base: str, sentences: list[str], concurrency: int, total: int) -> tuple:
+    """(wall seconds, latencies, answers in request order, the load generators' CPU seconds) of `total` requests,
+    `concurrency` in flight, spread over processes of at most `CLIENT_CONNECTIONS` connections each (forked: they
+    import nothing again), every one started before the clock."""
+    import multiprocessing
+
+    shares = -(-concurrency // CLIENT_CONNECTIONS)
+    context = multiprocessing.get_context("fork")
+    go, results = context.Event(), context.Queue()
+    clients = [
+        context.Process(
+            target=_client,
+            args=(
+                base,
+                sentences,
+                concurrency // shares + (share < concurrency % shares),
+                list(range(total))[share::shares],
+                go,
+                results,
+            ),
+        )
+        for share in range(shares)
+    ]
+    for process in clients:
+        process.start()
+    started = time.perf_counter()
+    go.set()
+    latencies, answers, cpu = [], [None] * total, 0.0
+    for _ in clients:
+        own_latencies, own_answers, own_cpu = results.get()
+        latencies += own_latencies
+        cpu += own_cpu
+        for index, answer in own_answers.items():
+            answers[index] = answer
+    wall = time.perf_counter() - started
+    for process in clients:
+        process.join()
+        if process.exitcode:
+            raise RuntimeError(f"a load-generator process failed (exit code {process.exitcode})")
+    return wall, latencies, answers, cpu
 
 
 def batch_totals(base: str) -> dict:
@@ -175,7 +233,7 @@ def batch_totals(base: str) -> dict:
 def load_level(base: str, server: psutil.Process, sentences: list[str], concurrency: int, total: int, reference):
     """The figures of one closed-loop run against the server."""
     rss_before, cpu_before, batches_before = server.memory_info().rss, server.cpu_times(), batch_totals(base)
-    wall, latencies, answers = asyncio.run(closed_loop(base, sentences, concurrency, total))
+    wall, latencies, answers, client_cpu = run_clients(base, sentences, concurrency, total)
     cpu_after, rss_after = server.cpu_times(), server.memory_info().rss
     batches = {name: value - batches_before.get(name, 0.0) for name, value in batch_totals(base).items()}
     count = max(batches.get("batch_sentences_count", 0.0), 1.0)
@@ -205,6 +263,7 @@ def load_level(base: str, server: psutil.Process, sentences: list[str], concurre
         * batches.get("queue_wait_seconds_sum", 0.0)
         / max(batches.get("queue_wait_seconds_count", 0.0), 1.0),
         decoding_busy=batches.get("batch_seconds_sum", 0.0) / wall,
+        client_cpu_ms_per_request=1000 * client_cpu / total,
     )
 
 
@@ -250,7 +309,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict:
     server, base = start_server(model, backend, args.int8, args.threads, args.num_beams, workdir / "server.log")
     try:
         process = psutil.Process(server.pid)
-        asyncio.run(closed_loop(base, sentences, 8, 8))  # warm-up
+        asyncio.run(closed_loop(base, sentences, 8, list(range(8))))  # warm-up
         levels = [
             load_level(base, process, sentences, concurrency, args.requests or plan["requests"], reference)
             for concurrency in args.concurrency or plan["concurrency"]
