@@ -57,6 +57,7 @@ RUNS = {
     "full": dict(sentences=300, requests=600, concurrency=(1, 8, 32, 128), flat_requests=10_000),
 }
 FLAT_CONCURRENCY = 32
+OFFLINE_RUNS = 3  # timed passes of `translate` over the sentences, after a warm-up pass; the median is the reference
 BATCH_TOKENS, BATCH_SENTENCES = 4096, 64  # the server's defaults, and translate's batches here
 
 
@@ -81,7 +82,8 @@ def random_model_folder(family: str, size_name: str, folder: Path, onnx: bool) -
 
 
 def offline(model: str, backend: str, int8: bool, threads: int, sentences: list[str], num_beams) -> dict:
-    """`translate` over `sentences`: wall and CPU seconds of the decoding alone (the model is loaded first)."""
+    """`translate` over `sentences`: wall and CPU seconds of the decoding alone (the model is loaded first), medians of
+    `OFFLINE_RUNS` passes after a warm-up pass."""
     set_threads(threads)
     decoder, tokenizer = make_decoder(backend, model, int8=int8, threads=threads)
     saved = decoder.generation_config  # what the server decodes with, as `serve` reads it
@@ -91,10 +93,15 @@ def offline(model: str, backend: str, int8: bool, threads: int, sentences: list[
         num_beams=beams, length_penalty=1.0 if penalty is None else penalty, batch_size=BATCH_SENTENCES,
         max_tokens=BATCH_TOKENS,
     )  # fmt: skip
-    translate(decoder, tokenizer, sentences[:4], options)  # warm-up
-    cpu, wall = time.process_time(), time.perf_counter()
-    outputs = translate(decoder, tokenizer, sentences, options)
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    # a whole pass to warm up (the decoder's buffers grow to the largest batch, the pages are mapped), then the median
+    # of three: one pass takes a few seconds, and single passes differed by up to a third on an idle machine
+    translate(decoder, tokenizer, sentences, options)
+    runs = []
+    for _ in range(OFFLINE_RUNS):
+        cpu, wall = time.process_time(), time.perf_counter()
+        outputs = translate(decoder, tokenizer, sentences, options)
+        runs.append((time.process_time() - cpu, time.perf_counter() - wall))
+    cpu, wall = statistics.median(cpu for cpu, _ in runs), statistics.median(wall for _, wall in runs)
     tokens = sum(len(ids) for ids in tokenizer(outputs)["input_ids"])
     figures = dict(sentences=len(sentences), wall_seconds=wall, cpu_seconds=cpu, target_tokens=tokens)
     figures.update(tokens_per_second=tokens / wall, tokens_per_cpu_second=tokens / cpu)
