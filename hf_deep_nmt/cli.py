@@ -462,8 +462,9 @@ def _translate(argv: list[str]) -> int:
 
     DECODERS[args.backend].check_settings(device=args.device, compile=args.compile, int8=args.int8)
     check_output_path(args.output, args.input, args.overwrite)
-    # torch's threads are set where torch decodes, or where the backend's decoder imported it for some of its work
-    torch_runs = args.backend == "torch" or "torch" in sys.modules
+    # torch's threads are set for every backend that imports torch (the torch decoder, CTranslate2's, which computes
+    # its output caps with it), or where something imported it already; the ONNX Runtime backend runs without it
+    torch_runs = args.backend != "onnxruntime" or "torch" in sys.modules
     load = _locate_decoder(args, set_threads(args.threads) if torch_runs else check_threads(args.threads))
     lines = read_lines(args.input)
     decoder, tokenizer = load()
