@@ -595,7 +595,7 @@ def encode_arrays(tokenizer, texts: list[str], target: bool) -> tuple[np.ndarray
     pieces = _piece_encoder(tokenizer) if _backend_ids_are_the_tokenizers(tokenizer) else None
     if pieces is not None:
         return pieces.encode_arrays(texts)
-    ids = encode_texts(tokenizer, texts, target)
+    ids = encode_texts(tokenizer, texts, target)  # the backend's batch encoding, or the tokenizer's own call
     lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
     return np.fromiter(chain.from_iterable(ids), dtype=np.int32, count=int(lengths.sum())), lengths
 

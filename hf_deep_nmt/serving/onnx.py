@@ -89,8 +89,8 @@ def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None 
     values, ids = _TOP_SESSIONS[threads].run(None, {"logits": logits, "k": np.array([wanted], dtype=np.int64)})
     if barred is not None:
         values[ids == barred] = -np.inf
-        order = np.argsort(-values, axis=1, kind="stable")[:, :k]
-        values, ids = np.take_along_axis(values, order, 1), np.take_along_axis(ids, order, 1)
+        values, order = _top(values, k)
+        ids = np.take_along_axis(ids, order, 1)
     return values, ids
 
 
