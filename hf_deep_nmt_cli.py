@@ -6,8 +6,12 @@ while this module is being imported, the package sees it in `sys.modules` and le
 use of one of its names, or to the command that loads or builds a model."""
 
 import gc
+import sys
 
-from hf_deep_nmt.cli import main as _main
+if __name__ == "__main__":  # `python -m hf_deep_nmt_cli`: the package looks for this module under its own name
+    sys.modules.setdefault("hf_deep_nmt_cli", sys.modules[__name__])
+
+from hf_deep_nmt.cli import main as _main  # noqa: E402  (after the alias above, which decides what the package does)
 
 __all__ = ["main"]
 
@@ -24,6 +28,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main())

@@ -138,3 +138,20 @@ def test_the_entry_point_freezes_the_heap_once_the_command_has_returned(monkeypa
             assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_python_dash_m_starts_the_command_line_as_the_script_does(tmp_path):
+    """`python -m hf_deep_nmt_cli` runs the entry point as `__main__`: the package must still see the command line
+    starting, and leave torch and transformers unimported for a refused command (`-X importtime` lists every
+    module the interpreter imported)."""
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hf_deep_nmt_cli", "no-such-command"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 2 and "unknown command 'no-such-command'" in result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("import time:")]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in lines}
+    assert "hf_deep_nmt.cli" in imported
+    assert not imported & set(HEAVY), sorted(imported & set(HEAVY))
