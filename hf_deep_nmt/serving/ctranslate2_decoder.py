@@ -33,6 +33,7 @@ from hf_deep_nmt.serving.ctranslate2_layout import (
     IDENTITY_FILE,
     UNSUPPORTED_GENERATION,
     PlainGenerationConfig,
+    ctranslate2_blockers,
     read_generation_config,
     read_identity,
     require_ctranslate2,
@@ -114,7 +115,7 @@ def _family_blockers(model: str | Path) -> list[str]:
         return []
     from transformers import AutoConfig
 
-    from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers  # registers this package's configs
+    from hf_deep_nmt import registration  # noqa: F401  (AutoConfig reads this package's model types)
 
     return ctranslate2_blockers(AutoConfig.from_pretrained(str(model)))
 

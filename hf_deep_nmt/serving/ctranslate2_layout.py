@@ -193,6 +193,7 @@ GENERIC_CONFIG_KEYS = frozenset(
 # Settings whose null (or, for the Hyper-Connections ones, missing) value the config class fills in when it loads:
 # the layer aggregation of each stack from `layer_aggregation`, each side's Hyper-Connections from
 # `hyper_connections` (`to_dict` writes none of the three where all are off).
+PACKAGE_MODEL_TYPES = "deep_nmt"  # this package's model types, each family's (`deep_nmt_deepnorm`, ...) too
 DERIVED_WHEN_NULL = ("encoder_layer_aggregation", "decoder_layer_aggregation")
 HYPER_CONNECTION_SETTINGS = ("hyper_connections", "encoder_hyper_connections", "decoder_hyper_connections")
 
@@ -200,10 +201,11 @@ HYPER_CONNECTION_SETTINGS = ("hyper_connections", "encoder_hyper_connections", "
 def servable_by_plain_reading(values: dict) -> bool:
     """Whether `values`, a parsed config.json, is a model CTranslate2 can express, told without transformers: True
     only where every key is one `SETTINGS` or `GENERIC_CONFIG_KEYS` names and every setting `SETTINGS` checks holds,
-    as written, a value its check accepts. False wherever the answer needs the config class (another model type, an
-    unknown key, a setting left for the class to fill in) or is a refusal: `ctranslate2_blockers` of the config that
-    transformers loads then gives (and words) the answer."""
-    if values.get("model_type") != "deep_nmt":
+    as written, a value its check accepts. False wherever the answer needs the config class (a model type not this
+    package's, an unknown key, a setting left for the class to fill in) or is a refusal: `ctranslate2_blockers` of
+    the config that transformers loads then gives (and words) the answer."""
+    model_type = values.get("model_type")
+    if not isinstance(model_type, str) or not model_type.startswith(PACKAGE_MODEL_TYPES):
         return False
     if any(key not in SETTINGS and key not in GENERIC_CONFIG_KEYS for key in values):
         return False
