@@ -8,8 +8,8 @@ The model lives in a model folder's `ctranslate2/` subfolder (`export-ctranslate
 uploads it with the model, or in a folder of its own (`export-ctranslate2 --output`); `ctranslate2_folder` finds
 either. The `ctranslate2` package is imported only when a decoder is made, so that naming this backend costs nothing.
 Decoding imports neither torch nor transformers: the settings it takes from the folder's files are read as JSON
-(`hf_deep_nmt.serving.ctranslate2_layout`), and its tokenizer is a `PlainTokenizer` where the folder's allows; a file
-that holds what the plain reading does not reproduce is read by transformers, as before.
+(`hf_deep_nmt.serving.ctranslate2_layout`), and its tokenizer is a `PlainTokenizer` where the folder's tokenizer
+files allow; a file that holds what the plain reading does not reproduce is read by transformers, as before.
 
 What matches the torch backend: the tokens of greedy search, and each sentence's output cap (`translate` caps every
 sentence by its own length; CTranslate2 takes one cap per call, so a batch is decoded under its largest cap, greedy

@@ -1,11 +1,12 @@
 """The tokenizer of a folder of exported graphs without transformers: `PlainTokenizer`, over `tokenizers.Tokenizer`.
 
-The ONNX Runtime backend needs of its tokenizer only what the translate loop and the server call (text to ids with
-the special tokens, right padding into numpy arrays, ids to text without the special tokens, the padding and end
-ids); importing transformers for that costs seconds and hundreds of megabytes at every start. `load_tokenizer` reads
-a folder's `tokenizer.json` into a `PlainTokenizer` where the folder's `tokenizer_config.json` asks for nothing
-transformers would do beyond the `tokenizers` library's own encoding and decoding, and returns
-`AutoTokenizer.from_pretrained(folder)` otherwise: a setting it does not reproduce never gives other ids or text.
+The ONNX Runtime and CTranslate2 backends need of their tokenizer only what the translate loop, the server and
+their decoders call (text to ids with the special tokens, right padding into numpy arrays, ids to text without the
+special tokens, ids to token strings and back, the padding and end ids); importing transformers for that costs
+seconds and hundreds of megabytes at every start. `load_tokenizer` reads a folder's `tokenizer.json` into a
+`PlainTokenizer` where the folder's `tokenizer_config.json` asks for nothing transformers would do beyond the
+`tokenizers` library's own encoding and decoding, and returns `AutoTokenizer.from_pretrained(folder)` otherwise: a
+setting it does not reproduce never gives other ids or text.
 """
 
 from __future__ import annotations
