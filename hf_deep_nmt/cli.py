@@ -462,9 +462,9 @@ def _translate(argv: list[str]) -> int:
 
     DECODERS[args.backend].check_settings(device=args.device, compile=args.compile, int8=args.int8)
     check_output_path(args.output, args.input, args.overwrite)
-    # torch's threads are set for every backend that imports torch (the torch decoder, CTranslate2's, which computes
-    # its output caps with it), or where something imported it already; the ONNX Runtime backend runs without it
-    torch_runs = args.backend != "onnxruntime" or "torch" in sys.modules
+    # torch's threads are set for the torch backend, or where something imported torch already; the ONNX Runtime and
+    # CTranslate2 backends run without it
+    torch_runs = args.backend == "torch" or "torch" in sys.modules
     load = _locate_decoder(args, set_threads(args.threads) if torch_runs else check_threads(args.threads))
     lines = read_lines(args.input)
     decoder, tokenizer = load()
@@ -484,8 +484,12 @@ def _locate_decoder(args, threads: int):
         graphs = onnx_folder(args.model, args.int8)  # before stdin is read
         return lambda: load_onnx_model(graphs, args.int8, threads)
     if args.backend == "ctranslate2":
-        from hf_deep_nmt.serving.ctranslate2 import require_ctranslate2
-        from hf_deep_nmt.serving.ctranslate2_decoder import PURPOSE, ctranslate2_folder, load_ctranslate2_model
+        from hf_deep_nmt.serving.ctranslate2_decoder import (
+            PURPOSE,
+            ctranslate2_folder,
+            load_ctranslate2_model,
+            require_ctranslate2,
+        )
 
         require_ctranslate2(PURPOSE)
         found = ctranslate2_folder(args.model)  # before stdin is read
@@ -634,7 +638,7 @@ def _serve(argv: list[str]) -> int:
     from hf_deep_nmt.serving.options import DecodingOptions
     from hf_deep_nmt.serving.server.app import Service
     from hf_deep_nmt.serving.server.runner import run_server
-    from hf_deep_nmt.serving.threads import set_threads
+    from hf_deep_nmt.serving.threads import check_threads, set_threads
 
     name, passed_over = backend_choice(args.model, int8=args.int8, backend=args.backend)
     device = _device(args.device) if name == "torch" else args.device
@@ -643,7 +647,9 @@ def _serve(argv: list[str]) -> int:
     print(f"hf-deep-nmt serve: backend {name}{' int8' * args.int8} for {args.model}{reasons}", flush=True)
     if name == "torch":
         _check_model_source(args.model)
-    threads = set_threads(args.threads)
+    # torch's threads are set where torch decodes or is imported already; the other backends run without it
+    torch_runs = name == "torch" or "torch" in sys.modules
+    threads = set_threads(args.threads) if torch_runs else check_threads(args.threads)
     decoder, tokenizer = make_decoder(name, args.model, int8=args.int8, threads=threads, device=device)
     options = DecodingOptions.from_arguments(args, decoder.generation_config)
     decoder.check(tokenizer, options)  # what this backend cannot do with the options, before listening

@@ -47,48 +47,26 @@ from hf_deep_nmt.folders import EXPORT_FLAG, write_marked_folder
 from hf_deep_nmt.memory import check_memory
 from hf_deep_nmt.modeling.configuration_deep_nmt import DEFAULT_MAX_OUTPUT_TOKENS
 from hf_deep_nmt.modeling.modeling_deep_nmt import DeepNMTSinusoidalPositions
-from hf_deep_nmt.settings import SettingCheck, refusals
+from hf_deep_nmt.serving.ctranslate2_layout import (  # noqa: F401  (importable from here, as before they moved)
+    ACTIVATIONS,
+    CTRANSLATE2_SUBFOLDER,
+    IDENTITY_FILE,
+    SETTINGS,
+    MissingCTranslate2Error,
+    ctranslate2_blockers,
+    require_ctranslate2,
+)
 
-# Activations of this package's configs that CTranslate2 computes the same way (`common_spec.Activation` names).
-ACTIVATIONS = {
-    "relu": "RELU",
-    "gelu": "GELU",
-    "gelu_new": "GELUTanh",
-    "gelu_pytorch_tanh": "GELUTanh",
-    "silu": "SWISH",
-    "swish": "SWISH",
-    "tanh": "Tanh",
-    "sigmoid": "Sigmoid",
-}
 # Rows of the position table: a source of up to this many tokens, and decoding of up to this many steps (the start
 # token included), as `translate` allows (`DEFAULT_MAX_OUTPUT_TOKENS` tokens and `</s>`).
 DEFAULT_MAX_POSITIONS = DEFAULT_MAX_OUTPUT_TOKENS + 2
 # The smallest table that translates anything: a source of one token and its `</s>`, and decoding the start token
 # then one token (one row only holds the start token, so no step could be taken).
 MIN_MAX_POSITIONS = 2
-CTRANSLATE2_SUBFOLDER = "ctranslate2"  # a model folder (and its Hub repository) carries its CTranslate2 model here
-# Written beside the CTranslate2 model: what its decoder checks a tokenizer against (the fingerprint and special ids
-# of the model it was made from), since CTranslate2's own config.json has no place for them.
-IDENTITY_FILE = "hf_deep_nmt_model.json"
 SERVABLE = (
     "pre- or post-norm (DeepNorm included), residual layers in both stacks, multi-head decoder self-attention, no "
     "relative position keys, no MSC"
 )
-
-
-class MissingCTranslate2Error(RuntimeError):
-    """The optional `ctranslate2` package is not installed."""
-
-
-def require_ctranslate2(purpose: str = "exporting to CTranslate2"):
-    try:
-        import ctranslate2
-    except ImportError:
-        raise MissingCTranslate2Error(
-            f"{purpose} needs the ctranslate2 package; install it with "
-            "`pip install 'hf-deep-nmt[bench]'` (or `pip install ctranslate2`)."
-        ) from None
-    return ctranslate2
 
 
 def quantization_choices() -> tuple[str, ...]:
@@ -96,123 +74,6 @@ def quantization_choices() -> tuple[str, ...]:
     from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 
     return tuple(ACCEPTED_MODEL_TYPES)
-
-
-def _aggregation_problem(value) -> str | None:
-    if value == "residual":
-        return None
-    what = {
-        "dlcl": "DLCL layer history",
-        "attnres": "Attention Residuals (a softmax over the earlier layers)",
-        "block_attnres": "Block Attention Residuals (a softmax over the earlier blocks)",
-    }.get(value, "sparse (SDT) block connections")
-    return f"{what}: a CTranslate2 layer reads only the layer below"
-
-
-def _self_attention_problem(value) -> str | None:
-    if value == "multi_head":
-        return None
-    what = "merged attention, MAtt" if value == "merged_average" else "the average attention network, AAN"
-    return f"{what}: CTranslate2 decoders have multi-head self-attention"
-
-
-def _eos_problem(value) -> str | None:
-    return "CTranslate2 stops at one end token" if isinstance(value, list) and len(value) > 1 else None
-
-
-ANY = None  # a setting whose every value the exporter expresses (a size, or one that only matters with another)
-# Every setting the exporter knows, with the check of its value (None when it can express the value, else why not).
-# An allow-list: a setting missing here (a new method's, say) is refused by name until the exporter is taught it.
-SETTINGS: dict[str, SettingCheck | None] = {
-    **dict.fromkeys(
-        (
-            "vocab_size",
-            "decoder_vocab_size",
-            "d_model",
-            "encoder_layers",
-            "decoder_layers",
-            "encoder_attention_heads",
-            "decoder_attention_heads",
-            "encoder_ffn_dim",
-            "decoder_ffn_dim",
-            "layer_norm_eps",
-            "scale_embedding",
-            "share_embeddings",
-            "tie_word_embeddings",
-            "pre_norm",
-            "sinusoid_frequencies",
-            "output_bias",
-            "pad_token_id",
-            "bos_token_id",
-            "decoder_start_token_id",
-            "decoder_layer_types",
-            "use_cache",
-            "sdpa_avoid_cudnn",
-            # training only
-            "dropout",
-            "attention_dropout",
-            "activation_dropout",
-            "encoder_l2_lambda",
-            "init_scheme",
-            "ds_init_alpha",
-            "ds_init_mode",
-            # how the model was made
-            "converted_from",
-            "tokenizer_fingerprint",
-            "growth",
-            # DeepNorm's skip weight alpha is folded into the weights and the epsilon (`deepnorm_scales`)
-            "deepnorm",
-            # settings of a feature refused through another setting (the layer histories, the AAN, MSC)
-            "layer_aggregation",
-            "dlcl_weights",
-            "dlcl_history_norm",
-            "sparse_block_size",
-            "encoder_block_boundaries",
-            "decoder_block_boundaries",
-            "aan_ffn",
-            "msc_context",
-            "msc_context_sides",
-            "msc_fusion",
-            "hyper_connections_dynamic",
-            "hyper_connections_sinkhorn_iterations",
-        ),
-        ANY,
-    ),
-    **dict.fromkeys(
-        ("hyper_connections", "encoder_hyper_connections", "decoder_hyper_connections"),
-        lambda value: (
-            None
-            if not value
-            else "Hyper-Connections: several residual streams mixed by learned weights around every sublayer, where "
-            "CTranslate2's Transformer has one residual stream"
-        ),
-    ),
-    "encoder_layer_aggregation": _aggregation_problem,
-    "decoder_layer_aggregation": _aggregation_problem,
-    "decoder_self_attention": _self_attention_problem,
-    "msc_block_layers": lambda value: (
-        None
-        if value is None
-        else "MSC: block-wise cross-attention and the context states have no CTranslate2 counterpart"
-    ),
-    "relative_position_window": lambda value: (
-        None
-        if not value
-        else "relative position keys: CTranslate2 uses them instead of the absolute sinusoidal positions, which these "
-        "models add as well"
-    ),
-    "activation_function": lambda value: (
-        None if value in ACTIVATIONS else f"CTranslate2 computes {sorted(ACTIVATIONS)}"
-    ),
-    "eos_token_id": _eos_problem,
-}
-
-
-def ctranslate2_blockers(config) -> list[str]:
-    """Each setting of `config` that CTranslate2's Transformer cannot express, naming it and its value and saying
-    why, and each setting the exporter does not know (`SETTINGS` is an allow-list); empty when the model can be
-    exported."""
-    return refusals(config, SETTINGS, "the CTranslate2 exporter")
 
 
 def check_ctranslate2_support(config) -> None:

@@ -7,6 +7,9 @@ second export). It is a `Decoder`: `translate` runs it in a model's place (`load
 The model lives in a model folder's `ctranslate2/` subfolder (`export-ctranslate2 --into-model`), where `push`
 uploads it with the model, or in a folder of its own (`export-ctranslate2 --output`); `ctranslate2_folder` finds
 either. The `ctranslate2` package is imported only when a decoder is made, so that naming this backend costs nothing.
+Decoding imports neither torch nor transformers: the settings it takes from the folder's files are read as JSON
+(`hf_deep_nmt.serving.ctranslate2_layout`), and its tokenizer is a `PlainTokenizer` where the folder's tokenizer
+files allow; a file that holds what the plain reading does not reproduce is read by transformers, as before.
 
 What matches the torch backend: the tokens of greedy search, and each sentence's output cap (`translate` caps every
 sentence by its own length; CTranslate2 takes one cap per call, so a batch is decoded under its largest cap, greedy
@@ -22,32 +25,26 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
 
-import torch
+import numpy as np
 
 from hf_deep_nmt.fingerprints import check_tokenizer_matches
-from hf_deep_nmt.serving.ctranslate2 import (
+from hf_deep_nmt.serving.ctranslate2_layout import (
     CTRANSLATE2_SUBFOLDER,
     IDENTITY_FILE,
+    UNSUPPORTED_GENERATION,
+    PlainGenerationConfig,
     ctranslate2_blockers,
+    read_generation_config,
+    read_identity,
     require_ctranslate2,
+    servable_by_plain_reading,
 )
 from hf_deep_nmt.serving.decoder import Decoder
 from hf_deep_nmt.serving.options import DecodingOptions
+from hf_deep_nmt.serving.plain_tokenizer import load_tokenizer
 from hf_deep_nmt.serving.threads import check_threads
 
 PURPOSE = "decoding with CTranslate2"
-# Settings of a saved generation config that `generate()` applies while choosing tokens, and which CTranslate2's
-# `translate_batch` has no option for: refused by name where a model sets them, since the torch backend honours them.
-UNSUPPORTED_GENERATION = (
-    "forced_bos_token_id",
-    "forced_eos_token_id",  # unless it is the end token, which `translate`'s output cap forces anyway
-    "begin_suppress_tokens",
-    "sequence_bias",
-    "encoder_no_repeat_ngram_size",
-    "exponential_decay_length_penalty",
-    "min_new_tokens",
-    "diversity_penalty",
-)
 # Settings of a saved generation config that CTranslate2 applies the same way, under its own names (`bad_words_ids`
 # and `suppress_tokens`, which converted Marian models set, become its `suppress_sequences`; `min_length` counts the
 # start token, CTranslate2's `min_decoding_length` does not).
@@ -96,14 +93,30 @@ def ctranslate2_folder(model: str | Path) -> Path:
     return found
 
 
+def _saved_config(path: Path) -> dict | None:
+    """The parsed config.json of a local model folder; None for a Hub id, or a file that is not a JSON object."""
+    try:
+        values = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return values if isinstance(values, dict) else None
+
+
 def _family_blockers(model: str | Path) -> list[str]:
     """`ctranslate2_blockers` of the config of `model` (a model folder or Hub id); none for a CTranslate2 folder
-    itself, which an export already passed."""
-    from transformers import AutoConfig  # this package's configs are registered by `serving.ctranslate2`
-
+    itself, which an export already passed, nor for a config.json that `servable_by_plain_reading` passes without
+    transformers. The rest (a refusal to word, a Hub id, a config only its class can read) goes through transformers,
+    which also names a config.json it cannot read."""
     path = Path(str(model)).expanduser()
     if _is_ctranslate2_model(path):
         return []
+    values = _saved_config(path)
+    if values is not None and servable_by_plain_reading(values):
+        return []
+    from transformers import AutoConfig
+
+    from hf_deep_nmt import registration  # noqa: F401  (AutoConfig reads this package's model types)
+
     return ctranslate2_blockers(AutoConfig.from_pretrained(str(model)))
 
 
@@ -121,10 +134,9 @@ class CTranslate2Decoder(Decoder):
             intra_threads=threads,
             inter_threads=1,
         )
-        identity = self.folder / IDENTITY_FILE
-        # a folder exported before the identity file was written: checked on what a config without a fingerprint
-        # allows (`check_tokenizer_matches` warns that the tokenizer itself was not)
-        fields = json.loads(identity.read_text()) if identity.is_file() else {}
+        # a folder exported before the identity file (`IDENTITY_FILE`) was written: checked on what a config without a
+        # fingerprint allows (`check_tokenizer_matches` warns that the tokenizer itself was not)
+        fields = read_identity(self.folder)
         self.max_positions = fields.pop("max_positions", None)
         self.identity = SimpleNamespace(config=SimpleNamespace(_name_or_path=str(self.folder), **fields))
         self.settings = _translator_settings(self.generation_config)
@@ -168,12 +180,14 @@ class CTranslate2Decoder(Decoder):
     @property
     def generation_config(self):
         """The generation config saved beside the CTranslate2 model (`export_ctranslate2`), else transformers'
-        defaults."""
+        defaults: read as JSON (`read_generation_config`), or by transformers where it holds what that reading does
+        not reproduce."""
+        saved = read_generation_config(self.folder)
+        if saved is not None:
+            return saved
         from transformers import GenerationConfig
 
-        if (self.folder / "generation_config.json").is_file():
-            return GenerationConfig.from_pretrained(self.folder)
-        return GenerationConfig()
+        return GenerationConfig.from_pretrained(self.folder)
 
     def check(self, tokenizer, options: DecodingOptions) -> None:
         """Refuse the GNMT penalty (CTranslate2 applies the fairseq form while it searches), a saved generation
@@ -184,9 +198,13 @@ class CTranslate2Decoder(Decoder):
                 "CTranslate2 backend applies the fairseq form while it searches: use the fairseq form, or the torch "
                 "backend."
             )
-        from transformers import GenerationConfig
+        saved = self.generation_config
+        if isinstance(saved, PlainGenerationConfig):
+            defaults = PlainGenerationConfig({})
+        else:
+            from transformers import GenerationConfig
 
-        saved, defaults = self.generation_config, GenerationConfig()
+            defaults = GenerationConfig()
         end = saved.eos_token_id if isinstance(saved.eos_token_id, list) else [saved.eos_token_id]
         allowed = {name: [getattr(defaults, name, None)] for name in UNSUPPORTED_GENERATION}
         allowed["forced_eos_token_id"] += end  # what the output cap forces anyway
@@ -239,7 +257,7 @@ class CTranslate2Decoder(Decoder):
     def translate_batch(self, tokenizer, sources: list[list[int]], options: DecodingOptions) -> list[str]:
         """Decoded under `options.output_limits` of each source's length (see the module docstring), the fairseq
         length penalty `options.length_penalty`."""
-        limits = options.output_limits(torch.tensor([len(ids) for ids in sources])).tolist()
+        limits = options.output_limits(np.array([len(ids) for ids in sources], dtype=np.int64)).tolist()
         tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in sources]
         outputs = self._search(tokenizer, tokens, max(limits), options)
         if options.num_beams > 1:
@@ -254,9 +272,8 @@ class CTranslate2Decoder(Decoder):
 def load_ctranslate2_model(model: str | Path, int8: bool = False, threads: int | None = None):
     """(`CTranslate2Decoder`, tokenizer) of `ctranslate2_folder(model)`, on `threads` CTranslate2 threads (None:
     `threads.default_threads()`). The decoder takes the place of the model in `hf_deep_nmt.serving.translate`'s
-    `translate`, `write_translations` and `translate_file`."""
-    from transformers import AutoTokenizer
-
+    `translate`, `write_translations` and `translate_file`. The tokenizer is `plain_tokenizer.load_tokenizer`'s:
+    without transformers where the folder's tokenizer allows."""
     from hf_deep_nmt.model_folders import TOKENIZER_JSON_FILES, check_saved_json_files
 
     require_ctranslate2(PURPOSE)
@@ -265,5 +282,6 @@ def load_ctranslate2_model(model: str | Path, int8: bool = False, threads: int |
     # its tokenizer files, named here when damaged: transformers' message names neither the file nor the way out (its
     # config.json is CTranslate2's own)
     way_out = f"write it again with {export_command(model)}"
-    check_saved_json_files(folder, "CTranslate2 folder", way_out, names=TOKENIZER_JSON_FILES)
-    return CTranslate2Decoder(folder, int8=int8, threads=threads), AutoTokenizer.from_pretrained(folder)
+    names = (*TOKENIZER_JSON_FILES, "generation_config.json", IDENTITY_FILE)
+    check_saved_json_files(folder, "CTranslate2 folder", way_out, names=names)
+    return CTranslate2Decoder(folder, int8=int8, threads=threads), load_tokenizer(folder)

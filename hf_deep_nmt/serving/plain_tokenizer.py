@@ -1,11 +1,12 @@
 """The tokenizer of a folder of exported graphs without transformers: `PlainTokenizer`, over `tokenizers.Tokenizer`.
 
-The ONNX Runtime backend needs of its tokenizer only what the translate loop and the server call (text to ids with
-the special tokens, right padding into numpy arrays, ids to text without the special tokens, the padding and end
-ids); importing transformers for that costs seconds and hundreds of megabytes at every start. `load_tokenizer` reads
-a folder's `tokenizer.json` into a `PlainTokenizer` where the folder's `tokenizer_config.json` asks for nothing
-transformers would do beyond the `tokenizers` library's own encoding and decoding, and returns
-`AutoTokenizer.from_pretrained(folder)` otherwise: a setting it does not reproduce never gives other ids or text.
+The ONNX Runtime and CTranslate2 backends need of their tokenizer only what the translate loop, the server and
+their decoders call (text to ids with the special tokens, right padding into numpy arrays, ids to text without the
+special tokens, ids to token strings and back, the padding and end ids); importing transformers for that costs
+seconds and hundreds of megabytes at every start. `load_tokenizer` reads a folder's `tokenizer.json` into a
+`PlainTokenizer` where the folder's `tokenizer_config.json` asks for nothing transformers would do beyond the
+`tokenizers` library's own encoding and decoding, and returns `AutoTokenizer.from_pretrained(folder)` otherwise: a
+setting it does not reproduce never gives other ids or text.
 """
 
 from __future__ import annotations
@@ -74,10 +75,10 @@ def load_tokenizer(folder: str | Path):
 
 
 class PlainTokenizer:
-    """What the translate loop, `OnnxDecoder` and the server call of a transformers tokenizer, with the same ids and
-    text as `AutoTokenizer.from_pretrained(folder)` for a folder `plain_reason` accepts: calling it on a text (or a
-    list of texts; special tokens added), `pad` (right padding, numpy), `decode` and `batch_decode`, the special
-    tokens and their ids."""
+    """What the translate loop, `OnnxDecoder`, `CTranslate2Decoder` and the server call of a transformers tokenizer,
+    with the same ids and text as `AutoTokenizer.from_pretrained(folder)` for a folder `plain_reason` accepts: calling
+    it on a text (or a list of texts; special tokens added), `pad` (right padding, numpy), `decode` and `batch_decode`,
+    token strings to ids and back, the special tokens and their ids."""
 
     def __init__(self, folder: str | Path):
         from tokenizers import Tokenizer
@@ -132,6 +133,16 @@ class PlainTokenizer:
             ids[index, : len(row)] = row
             mask[index, : len(row)] = 1
         return {"input_ids": ids, "attention_mask": mask}
+
+    def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str | None]:
+        """The token string of each id (what CTranslate2 is given), as transformers' fast tokenizers give it."""
+        return [self.backend_tokenizer.id_to_token(int(index)) for index in ids]
+
+    def convert_tokens_to_ids(self, tokens: Sequence[str]) -> list[int | None]:
+        """The id of each token string (what CTranslate2 returns), the unknown token's where there is none, as
+        transformers' fast tokenizers give it."""
+        ids = (self.backend_tokenizer.token_to_id(token) for token in tokens)
+        return [self.unk_token_id if index is None else index for index in ids]
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
         return self.backend_tokenizer.decode(np.asarray(ids, dtype=np.int64).tolist(), skip_special_tokens)
