@@ -305,6 +305,49 @@ def test_a_full_piece_memo_still_gives_the_backends_ids(monkeypatch):
     assert ids.tolist() == [token for row in expected for token in row]
 
 
+def random_texts(seed: int, count: int, single_spaced: bool) -> list[str]:
+    """Texts of pieces the word-by-word encoding must split as the backend does: contractions, digits, punctuation
+    runs, Latin letters beyond ASCII, quotes at a word's start, spaces in runs and at either end (unless
+    `single_spaced`)."""
+    atoms = ["a", "bc", "É", "ñ", "'", "'s", "'re", "1", "22", ".", ",", "!?", " ", "  ", "ɏ", "-", "x'", "ll", "¿"]
+    generator = np.random.default_rng(seed)
+    texts = ["".join(generator.choice(atoms, size=generator.integers(1, 14))) for _ in range(count)]
+    return [" ".join(text.split()) or "z" for text in texts] if single_spaced else texts
+
+
+def test_the_word_by_word_encoding_gives_the_backends_ids_on_any_chunk(monkeypatch):
+    """A chunk of single-spaced plain texts is split at once (joined), any other chunk text by text (words, the
+    pieces of a text with other spaces, or the backend); the ids are the backend's either way, and a full memo keeps
+    its size, its table included, whatever comes after."""
+    pairs = read_parallel_file(sample_corpus_dir() / "train.tsv")
+    tokenizer = train_joint_tokenizer(zip(*(side[:200] for side in pairs.values())), vocab_size=300)
+    monkeypatch.setattr(streaming, "PIECE_MEMO_SIZE", 300)
+    joined, joinable = [], streaming._PieceEncoder._joinable
+
+    def spy(text: str, texts: int) -> bool:
+        joined.append(joinable(text, texts))
+        return joined[-1]
+
+    monkeypatch.setattr(streaming._PieceEncoder, "_joinable", staticmethod(spy))
+    encoder = streaming._piece_encoder(tokenizer)
+    chunks = [random_texts(seed, 40, single_spaced=seed % 2 == 0) for seed in range(12)]
+    chunks += [
+        list(pairs.values())[0][:50],
+        ["a\nb", "c"],
+        ["x y", "日本 z", "", "<s> w", " lead", "trail ", "a  b", "ǅ ½"],
+    ]
+    for chunk in chunks:
+        expected = [encoding.ids for encoding in tokenizer._tokenizer.encode_batch(chunk, add_special_tokens=True)]
+        assert streaming.encode_texts(tokenizer, chunk, target=False) == expected, chunk
+    # the single-spaced random chunks and the sample's sentences went the joined way, the others not
+    assert joined == [True, False] * 6 + [True, False, False]
+    full = (len(encoder.memo), encoder.slots, encoder.used, len(encoder.table), len(encoder.starts))
+    assert full[:2] == (301, 301) and encoder.used == encoder.lengths[: encoder.slots].sum()  # nothing else kept
+    for chunk in chunks + [random_texts(seed, 40, single_spaced=True) for seed in range(100, 106)]:
+        streaming.encode_arrays(tokenizer, chunk, target=False)
+    assert (len(encoder.memo), encoder.slots, encoder.used, len(encoder.table), len(encoder.starts)) == full
+
+
 def hub_style_dataset(folder: Path, splits: dict[str, list[tuple[str, str]]]) -> str:
     folder.mkdir()
     for split, rows in splits.items():
