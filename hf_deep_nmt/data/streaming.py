@@ -698,13 +698,14 @@ class _PieceEncoder:
         `" " + word`; a marked piece's, its own. The words are split at once (joined by "\\n ": "\\n" after each
         word's pieces), and the pieces' bytes mapped to byte-level characters at once (joined by a control character
         no piece holds)."""
-        if any(key[0] == _PIECE_MARK for key in keys):
+        joined = " " + "\n ".join(keys) + _SUFFIX_KEY
+        if _PIECE_MARK not in joined:
+            pieces = _PLAIN_SPLIT.findall(joined)
+        else:
             pieces = []
             for key in keys:
                 pieces += [key[1:]] if key[0] == _PIECE_MARK else _PLAIN_SPLIT.findall(" " + key)
                 pieces.append(_SUFFIX_KEY)
-        else:
-            pieces = _PLAIN_SPLIT.findall(" " + "\n ".join(keys) + _SUFFIX_KEY)
         mapped = "\x02".join(pieces).encode("utf-8").decode("latin-1").translate(self.bytes).split(self.bytes[2])
         newline, tokenize = self.bytes[ord(_SUFFIX_KEY)], self.model.tokenize
         rows = [[token.id for token in tokenize(piece)] if piece != newline else () for piece in mapped]
