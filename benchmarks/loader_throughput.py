@@ -7,7 +7,7 @@ tokenizer at one thread.
 Both go through what `hf-deep-nmt train` uses with `max_tokens`: `TokenBudgetBatchSampler` over `pair_lengths`, a
 `DataLoader` with `DataCollatorForSeq2Seq` (padding, the attention mask, `decoder_input_ids` from the labels); the
 streamed path goes through a streamed run's loader (`StreamLoader`, with 0, 1 and 2 loader workers: CPU seconds of
-this process and the workers together, their start and end included, each row from a cold piece memo) and collates
+this process and the workers together, their start and end included, each row from a cold word memo) and collates
 as a streamed run does (`StreamCollator`: the same tensors, padded from the worker's arrays at once instead of the
 collator's per-pair lists, handed over by value). Wall seconds are reported too (they need idle cores to mean
 anything; the load average at the end is printed). One more row says what the prepared path would reach with that
@@ -133,7 +133,7 @@ def loader_batches(loader: StreamLoader, workers: int):
 
 
 def cold_piece_memo() -> None:
-    """Forget the piece-by-piece encoder's memo (each process's, built at its first text), so that every streamed row
+    """Forget the word-by-word encoder's memo (each process's, built at its first text), so that every streamed row
     starts as a run does, from nothing: a loader worker forked after an earlier row would inherit a warm one."""
     getattr(streaming, "_PIECE_ENCODERS", {}).clear()
 

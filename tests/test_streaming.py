@@ -694,3 +694,23 @@ def test_the_readers_byte_ranges_hold_every_pair_once_read_by_its_reader_alone_a
         ValueError, match=r"reader 1 of 3 stopped in .*rows.jsonl with the lines dealt out by pair, but"
     ):
         source.check_position(dealt, "here", (1, 3))
+
+
+def test_each_process_and_each_of_its_loader_workers_reads_its_own_byte_range_alone(tmp_path, monkeypatch):
+    """Rank r of W with N loader workers: worker i is reader r x N + i of W x N, and a pass of it reads the lines that
+    start in that reader's quarter of the file's bytes and nothing else (the tail of the line before it, to find its
+    first line start), whatever the other processes read."""
+    path = write_tsv(tmp_path / "c.tsv", SIZES * 4)
+    size, offsets = path.stat().st_size, sorted(pair_numbers(path))
+    monkeypatch.setattr(streaming, "_open_corpus", lambda file: CountingFile(Path(file).open("rb")))
+    source = FileSource(path, "es", "en")
+    for rank in (0, 1):
+        process = stream(source, buffer_pairs=100, rank=rank, world_size=2, workers=2)
+        for worker in (0, 1):
+            share, reader = process.reader_share(worker), rank * 2 + worker
+            assert (share.rank, share.world_size, share.workers) == (reader, 4, 1)
+            mine = [offset for offset in offsets if reader * size // 4 <= offset < (reader + 1) * size // 4]
+            CountingFile.lines = 0
+            first_pass = pass_pairs(share.batches(), 1)[0]  # (the pass after it begins: its first buffer is read)
+            assert sorted(first_pass) == mine
+            assert CountingFile.lines == 2 * (len(mine) + (reader > 0))

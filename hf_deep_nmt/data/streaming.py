@@ -76,6 +76,7 @@ import copy
 import gc
 import hashlib
 import json
+import math
 import re
 import sys
 import unicodedata
@@ -591,7 +592,7 @@ def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
 
 def encode_arrays(tokenizer, texts: list[str], target: bool) -> tuple[np.ndarray, np.ndarray]:
     """`encode_texts`' ids as one int32 array (the texts' ids one after another) and each text's count; the
-    piece-by-piece encoder makes them without a Python list per text."""
+    word-by-word encoder (`_PieceEncoder`) makes them without a Python list per text."""
     pieces = _piece_encoder(tokenizer) if _backend_ids_are_the_tokenizers(tokenizer) else None
     if pieces is not None:
         return pieces.encode_arrays(texts)
@@ -1258,7 +1259,7 @@ class PackedBatch:
         """The batch again: each tensor a contiguous view of `ids`, equal to the one packed."""
         batch, start = {}, 0
         for key, shape in self.shapes:
-            size = int(np.prod(shape))
+            size = math.prod(shape)
             batch[key], start = self.ids[start : start + size].view(shape), start + size
         return BatchEncoding(batch)
 
