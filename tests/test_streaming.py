@@ -346,6 +346,14 @@ def test_the_word_by_word_encoding_gives_the_backends_ids_on_any_chunk(monkeypat
     for chunk in chunks + [random_texts(seed, 40, single_spaced=True) for seed in range(100, 106)]:
         streaming.encode_arrays(tokenizer, chunk, target=False)
     assert (len(encoder.memo), encoder.slots, encoder.used, len(encoder.table), len(encoder.starts)) == full
+    # long words fill the memo's ids before its keys: it then keeps the words whose ids fit
+    monkeypatch.setattr(streaming, "PIECE_MEMO_IDS", 60)
+    texts = [" ".join("ab" * (seed + 3) + "c" * index for index in range(4)) for seed in range(12)]
+    expected = [encoding.ids for encoding in tokenizer._tokenizer.encode_batch(texts, add_special_tokens=True)]
+    encoder = streaming._PieceEncoder(tokenizer._tokenizer, [tokenizer.eos_token_id])
+    for chunk in (texts[:6], texts, texts[6:]):
+        assert encoder.encode(chunk) == [expected[texts.index(text)] for text in chunk]
+        assert 30 < encoder.used <= 60 and encoder.used == encoder.lengths[: encoder.slots].sum() and encoder.slots > 1
 
 
 def hub_style_dataset(folder: Path, splits: dict[str, list[tuple[str, str]]]) -> str:

@@ -627,6 +627,8 @@ _PLAIN_SPLIT = _plain_split()
 # first ones met; those met after that are tokenized each time they come, so the memory stays bounded whatever the
 # corpus's size (about 13 MB).
 PIECE_MEMO_SIZE = 100_000
+# ... and at most this many ids in all (4 MB): a corpus of long words (URLs, strings of digits) does not grow it either
+PIECE_MEMO_IDS = 1_000_000
 # `_PieceEncoder`'s key of the suffix's slot: a plain text holds no line break, and texts joined by " \n " split on
 # spaces into their words with "\n" after each text, where its suffix goes
 _SUFFIX_KEY = "\n"
@@ -798,7 +800,11 @@ class _PieceEncoder:
         finally:
             memo.new = []
         ids, lengths = _gather(self.table, self.starts[slots], self.lengths[slots])
-        kept = max(0, min(len(new), PIECE_MEMO_SIZE + 1 - before))  # remembered; the rest served this call only
+        kept = 0  # the new keys remembered, while both the keys and their ids fit; the rest served this call only
+        if new:
+            room = PIECE_MEMO_IDS - int(self.starts[before])  # the ids held before this call
+            fitting = np.searchsorted(np.cumsum(self.lengths[before : before + len(new)]), room, side="right")
+            kept = max(0, min(len(new), PIECE_MEMO_SIZE + 1 - before, int(fitting)))
         if kept < len(new):
             for key in new[kept:]:
                 del memo[key]
