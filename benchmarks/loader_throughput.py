@@ -6,8 +6,11 @@ tokenizer at one thread.
 
 Both go through what `hf-deep-nmt train` uses with `max_tokens`: `TokenBudgetBatchSampler` over `pair_lengths`, a
 `DataLoader` with `DataCollatorForSeq2Seq` (padding, the attention mask, `decoder_input_ids` from the labels); the
-streamed path collates as a streamed run does (`StreamCollator`: the same tensors, padded from the worker's arrays at
-once instead of the collator's per-pair lists). One more row says what the prepared path would reach with that
+streamed path goes through a streamed run's loader (`StreamLoader`, with 0, 1 and 2 loader workers: CPU seconds of
+this process and the workers together, their start and end included, each row from a cold word memo) and collates
+as a streamed run does (`StreamCollator`: the same tensors, padded from the worker's arrays at once instead of the
+collator's per-pair lists, handed over by value). Wall seconds are reported too (they need idle cores to mean
+anything; the load average at the end is printed). One more row says what the prepared path would reach with that
 collation too (its features as lists turned into arrays, then `collate_rows`; `train` does not collate so). The
 same corpus and the same tokenizer for both; the time of building the sampler (lengths read from Arrow) is reported
 apart from the time of iterating the batches. Ratios, not absolute figures, are the result: `after / before`, and
@@ -41,13 +44,13 @@ from torch.utils.data import DataLoader  # noqa: E402
 from transformers import DataCollatorForSeq2Seq  # noqa: E402
 
 from hf_deep_nmt import DeepNMTConfig, DeepNMTForConditionalGeneration  # noqa: E402
+from hf_deep_nmt.data import streaming  # noqa: E402
 from hf_deep_nmt.data.batching import TokenBudgetBatchSampler, pair_lengths  # noqa: E402
 from hf_deep_nmt.data.corpus import read_parallel_file, tokenize_parallel  # noqa: E402
 from hf_deep_nmt.data.prepared import prepare_data  # noqa: E402
 from hf_deep_nmt.data.streaming import (  # noqa: E402
     BatchRows,
     FileSource,
-    StreamCollator,
     StreamedPairs,
     StreamLoader,
     _fast_settings,
@@ -96,13 +99,13 @@ def iterate(dataset, tokenizer, model, max_tokens: int, seed: int, arrays: bool 
     collate = array_collation(collator) if arrays else collator
     loader = DataLoader(dataset, batch_sampler=sampler, collate_fn=collate, num_workers=0)
     tokens = padded = batches = 0
-    started = time.process_time()
+    started, wall = time.process_time(), time.perf_counter()
     for batch in loader:
         labels = batch["labels"]
         tokens += int(labels.ne(-100).sum())
         padded += labels.numel()
         batches += 1
-    seconds = time.process_time() - started
+    seconds, wall = time.process_time() - started, time.perf_counter() - wall
     return {
         "batches": batches,
         "target_tokens": tokens,
@@ -110,6 +113,8 @@ def iterate(dataset, tokenizer, model, max_tokens: int, seed: int, arrays: bool 
         "sampler_cpu_s": round(sampler_seconds, 3),
         "iterate_cpu_s": round(seconds, 3),
         "tokens_per_cpu_s": round(tokens / seconds),
+        "wall_s": round(wall, 3),
+        "tokens_per_wall_s": round(tokens / wall),
     }
 
 
@@ -120,32 +125,35 @@ def _cpu_seconds() -> float:
 
 
 def loader_batches(loader: StreamLoader, workers: int):
-    """(batch, position of the reader that read it) of a loader of `workers` readers, which takes their batches in
-    turn from the first."""
+    """(batch, position of the reader that read it) of a loader of `workers` readers (0 or 1: one), which takes their
+    batches in turn from the first."""
     for batch in loader:
         position = loader.position
-        yield batch, position["readers"][(position["batches"] - 1) % workers]
+        yield batch, (position["readers"][(position["batches"] - 1) % workers] if workers > 1 else position)
+
+
+def cold_piece_memo() -> None:
+    """Forget the word-by-word encoder's memo (each process's, built at its first text), so that every streamed row
+    starts as a run does, from nothing: a loader worker forked after an earlier row would inherit a warm one."""
+    getattr(streaming, "_PIECE_ENCODERS", {}).clear()
 
 
 def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_tokens: int) -> dict:
-    """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated): in this process for
-    one worker (the same work a single loader worker does), else through a streamed run's loader (`StreamLoader`) of
-    `workers` loader workers, each reading its own pairs; CPU seconds of the whole (this process and the workers), up
-    to the batch that completes the pass's `expected_tokens` target tokens (a reader that ends its pass first reads at
-    most one buffer of the next)."""
+    """The streamed path's batches of one pass over `train` (read, tokenized, batched, collated) through a streamed
+    run's loader (`StreamLoader`) of `workers` loader workers (0: in this process), each reading its own pairs; CPU
+    seconds of the whole (this process and the workers: their start, each batch handed over, their end) and wall
+    seconds, up to the batch that completes the pass's `expected_tokens` target tokens (a reader that ends its pass
+    first reads at most a buffer or two of the next)."""
     max_tokens, seed, buffer_pairs = args.max_tokens, args.seed, args.buffer_pairs
     collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
     readers = {"workers": workers} if workers > 1 else {}  # (so that an older version measures its one reader)
     stream = StreamedPairs(
         FileSource(train, "en", "de"), tokenizer, buffer_pairs, 128, 128, max_tokens, seed=seed, **readers
     )
-    if workers == 1:
-        collate = StreamCollator(collator)
-        batches = ((collate((batch.rows, None))[0], batch.position) for batch in stream.batches())
-    else:
-        batches = loader_batches(StreamLoader(stream, collator, num_workers=workers), workers)
+    cold_piece_memo()
     tokens = padded = count = 0
-    started = _cpu_seconds()
+    started, wall = _cpu_seconds(), time.perf_counter()
+    batches = loader_batches(StreamLoader(stream, collator, num_workers=workers), workers)
     for batch, position in batches:
         if position["pass"] > 0:  # this reader's pass has ended; the others are still reading theirs
             continue
@@ -156,7 +164,7 @@ def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_toke
         if tokens >= expected_tokens:
             break
     del batches  # the loader's workers end here, and their CPU time is counted
-    seconds = _cpu_seconds() - started
+    seconds, wall = _cpu_seconds() - started, time.perf_counter() - wall
     return {
         "batches": count,
         "target_tokens": tokens,
@@ -164,6 +172,8 @@ def stream_pass(train: Path, tokenizer, model, args, workers: int, expected_toke
         "sampler_cpu_s": 0.0,
         "iterate_cpu_s": round(seconds, 3),
         "tokens_per_cpu_s": round(tokens / seconds),
+        "wall_s": round(wall, 3),
+        "tokens_per_wall_s": round(tokens / wall),
     }
 
 
@@ -190,15 +200,15 @@ def print_table(rows: dict[str, dict]) -> None:
     """The Markdown table of the rows, each given its cores per H100."""
     print(
         "| loader | batches | real target tokens | real / padded | sampler CPU s | iterate CPU s | tokens / CPU s "
-        "| cores per H100 |"
+        "| cores per H100 | wall s | tokens / wall s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in rows.items():
         row["cores_per_h100"] = round(H100_TARGET_TOKENS_PER_S / row["tokens_per_cpu_s"], 2)
         print(
             f"| {name} | {row['batches']} | {row['target_tokens']:,} | {row['real_fraction']:.1%} | "
             f"{row['sampler_cpu_s']} | {row['iterate_cpu_s']} | {row['tokens_per_cpu_s']:,} | "
-            f"{row['cores_per_h100']} |"
+            f"{row['cores_per_h100']} | {row['wall_s']} | {row['tokens_per_wall_s']:,} |"
         )
 
 
@@ -236,10 +246,10 @@ def main(argv: list[str] | None = None) -> int:
             after.train, tokenizer, model, args.max_tokens, args.seed, arrays=True
         )
         expected = rows["after (prepared, memory-mapped)"]["target_tokens"]
-        for workers in (1, 2):
-            name = f"streamed, {workers} loader worker{'s' if workers > 1 else ''}"
+        for workers in (0, 1, 2):
+            name = f"streamed, {workers} loader worker{'s' if workers != 1 else ''}"
             rows[name] = stream_pass(train, tokenizer, model, args, workers, expected)
-    first, second, arrays, streamed, streamed_two = rows.values()
+    first, second, arrays, streamed_zero, streamed, streamed_two = rows.values()
     for other in (first, arrays):
         if other["target_tokens"] != second["target_tokens"] or other["batches"] != second["batches"]:
             raise SystemExit(f"two loaders of the same data gave different batches: {other} vs {second}")
@@ -251,14 +261,18 @@ def main(argv: list[str] | None = None) -> int:
         "after_over_before": round(second["tokens_per_cpu_s"] / first["tokens_per_cpu_s"], 3),
         "streamed_over_prepared": round(streamed["tokens_per_cpu_s"] / second["tokens_per_cpu_s"], 3),
         "streamed_over_prepared_array_collation": round(streamed["tokens_per_cpu_s"] / arrays["tokens_per_cpu_s"], 3),
+        "streamed_two_workers_over_prepared": round(streamed_two["tokens_per_cpu_s"] / second["tokens_per_cpu_s"], 3),
+        "load_average": os.getloadavg(),
     }
-    for row in (streamed, streamed_two):
+    for row in (streamed_zero, streamed, streamed_two):
         if row["target_tokens"] != second["target_tokens"]:
             raise SystemExit(f"a pass of the stream gave other pairs than the prepared data: {row} vs {second}")
     print_table(rows)
     print(
-        f"after / before: {result['after_over_before']}; streamed / prepared: {result['streamed_over_prepared']} "
-        f"(/ prepared with array collation: {result['streamed_over_prepared_array_collation']})"
+        f"after / before: {result['after_over_before']}; streamed (1 loader worker) / prepared: "
+        f"{result['streamed_over_prepared']}, 2 workers: {result['streamed_two_workers_over_prepared']} (/ prepared "
+        f"with array collation: {result['streamed_over_prepared_array_collation']}); load average "
+        f"{result['load_average'][0]:.1f}"
     )
     if args.json and not args.smoke:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -5,7 +5,9 @@ pair longer on one side only, an empty target, padding on the left, `pad_to_mult
 model), and any collator or setting the arrays cannot reproduce gets the features as lists, as without streaming."""
 
 import copy
+import pickle
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 
 import numpy as np
 import pytest
@@ -84,6 +86,12 @@ def test_the_batches_of_a_pass_are_the_collators_tensor_for_tensor(sample):
         packed = StreamCollator(collator, pack=True)((rows, None))[0]
         assert isinstance(packed, PackedBatch) and packed.ids.dtype == torch.int64
         assert_same_batch(packed.unpacked(), slow)
+        # handed over by value (the ids' bytes in the pickle, no shared memory of its own), writable on arrival
+        handed = ForkingPickler.dumps(packed)
+        assert len(handed) > packed.ids.numel() * 8 and b"torch" not in handed
+        arrived = pickle.loads(handed)
+        assert arrived.ids.numpy().flags.writeable
+        assert_same_batch(arrived.unpacked(), slow)
     # through the loader too (the Trainer's road), in order
     loader = StreamLoader(stream, collator)
     for rows, batch in zip(batches, loader):

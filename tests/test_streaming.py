@@ -305,6 +305,57 @@ def test_a_full_piece_memo_still_gives_the_backends_ids(monkeypatch):
     assert ids.tolist() == [token for row in expected for token in row]
 
 
+def random_texts(seed: int, count: int, single_spaced: bool) -> list[str]:
+    """Texts of pieces the word-by-word encoding must split as the backend does: contractions, digits, punctuation
+    runs, Latin letters beyond ASCII, quotes at a word's start, spaces in runs and at either end (unless
+    `single_spaced`)."""
+    atoms = ["a", "bc", "É", "ñ", "'", "'s", "'re", "1", "22", ".", ",", "!?", " ", "  ", "ɏ", "-", "x'", "ll", "¿"]
+    generator = np.random.default_rng(seed)
+    texts = ["".join(generator.choice(atoms, size=generator.integers(1, 14))) for _ in range(count)]
+    return [" ".join(text.split()) or "z" for text in texts] if single_spaced else texts
+
+
+def test_the_word_by_word_encoding_gives_the_backends_ids_on_any_chunk(monkeypatch):
+    """A chunk of single-spaced plain texts is split at once (joined), any other chunk text by text (words, the
+    pieces of a text with other spaces, or the backend); the ids are the backend's either way, and a full memo keeps
+    its size, its table included, whatever comes after."""
+    pairs = read_parallel_file(sample_corpus_dir() / "train.tsv")
+    tokenizer = train_joint_tokenizer(zip(*(side[:200] for side in pairs.values())), vocab_size=300)
+    monkeypatch.setattr(streaming, "PIECE_MEMO_SIZE", 300)
+    joined, joinable = [], streaming._PieceEncoder._joinable
+
+    def spy(text: str, texts: int) -> bool:
+        joined.append(joinable(text, texts))
+        return joined[-1]
+
+    monkeypatch.setattr(streaming._PieceEncoder, "_joinable", staticmethod(spy))
+    encoder = streaming._piece_encoder(tokenizer)
+    chunks = [random_texts(seed, 40, single_spaced=seed % 2 == 0) for seed in range(12)]
+    chunks += [
+        list(pairs.values())[0][:50],
+        ["a\nb", "c"],
+        ["x y", "日本 z", "", "<s> w", " lead", "trail ", "a  b", "ǅ ½"],
+    ]
+    for chunk in chunks:
+        expected = [encoding.ids for encoding in tokenizer._tokenizer.encode_batch(chunk, add_special_tokens=True)]
+        assert streaming.encode_texts(tokenizer, chunk, target=False) == expected, chunk
+    # the single-spaced random chunks and the sample's sentences went the joined way, the others not
+    assert joined == [True, False] * 6 + [True, False, False]
+    full = (len(encoder.memo), encoder.slots, encoder.used, len(encoder.table), len(encoder.starts))
+    assert full[:2] == (301, 301) and encoder.used == encoder.lengths[: encoder.slots].sum()  # nothing else kept
+    for chunk in chunks + [random_texts(seed, 40, single_spaced=True) for seed in range(100, 106)]:
+        streaming.encode_arrays(tokenizer, chunk, target=False)
+    assert (len(encoder.memo), encoder.slots, encoder.used, len(encoder.table), len(encoder.starts)) == full
+    # long words fill the memo's ids before its keys: it then keeps the words whose ids fit
+    monkeypatch.setattr(streaming, "PIECE_MEMO_IDS", 60)
+    texts = [" ".join("ab" * (seed + 3) + "c" * index for index in range(4)) for seed in range(12)]
+    expected = [encoding.ids for encoding in tokenizer._tokenizer.encode_batch(texts, add_special_tokens=True)]
+    encoder = streaming._PieceEncoder(tokenizer._tokenizer, [tokenizer.eos_token_id])
+    for chunk in (texts[:6], texts, texts[6:]):
+        assert encoder.encode(chunk) == [expected[texts.index(text)] for text in chunk]
+        assert 30 < encoder.used <= 60 and encoder.used == encoder.lengths[: encoder.slots].sum() and encoder.slots > 1
+
+
 def hub_style_dataset(folder: Path, splits: dict[str, list[tuple[str, str]]]) -> str:
     folder.mkdir()
     for split, rows in splits.items():
@@ -651,3 +702,23 @@ def test_the_readers_byte_ranges_hold_every_pair_once_read_by_its_reader_alone_a
         ValueError, match=r"reader 1 of 3 stopped in .*rows.jsonl with the lines dealt out by pair, but"
     ):
         source.check_position(dealt, "here", (1, 3))
+
+
+def test_each_process_and_each_of_its_loader_workers_reads_its_own_byte_range_alone(tmp_path, monkeypatch):
+    """Rank r of W with N loader workers: worker i is reader r x N + i of W x N, and a pass of it reads the lines that
+    start in that reader's quarter of the file's bytes and nothing else (the tail of the line before it, to find its
+    first line start), whatever the other processes read."""
+    path = write_tsv(tmp_path / "c.tsv", SIZES * 4)
+    size, offsets = path.stat().st_size, sorted(pair_numbers(path))
+    monkeypatch.setattr(streaming, "_open_corpus", lambda file: CountingFile(Path(file).open("rb")))
+    source = FileSource(path, "es", "en")
+    for rank in (0, 1):
+        process = stream(source, buffer_pairs=100, rank=rank, world_size=2, workers=2)
+        for worker in (0, 1):
+            share, reader = process.reader_share(worker), rank * 2 + worker
+            assert (share.rank, share.world_size, share.workers) == (reader, 4, 1)
+            mine = [offset for offset in offsets if reader * size // 4 <= offset < (reader + 1) * size // 4]
+            CountingFile.lines = 0
+            first_pass = pass_pairs(share.batches(), 1)[0]  # (the pass after it begins: its first buffer is read)
+            assert sorted(first_pass) == mine
+            assert CountingFile.lines == 2 * (len(mine) + (reader > 0))

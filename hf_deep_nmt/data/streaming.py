@@ -76,13 +76,14 @@ import copy
 import gc
 import hashlib
 import json
+import math
 import re
 import sys
 import unicodedata
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain, islice
+from itertools import chain, islice, repeat
 from pathlib import Path
 from typing import Any
 
@@ -591,7 +592,7 @@ def encode_texts(tokenizer, texts: list[str], target: bool) -> list[list[int]]:
 
 def encode_arrays(tokenizer, texts: list[str], target: bool) -> tuple[np.ndarray, np.ndarray]:
     """`encode_texts`' ids as one int32 array (the texts' ids one after another) and each text's count; the
-    piece-by-piece encoder makes them without a Python list per text."""
+    word-by-word encoder (`_PieceEncoder`) makes them without a Python list per text."""
     pieces = _piece_encoder(tokenizer) if _backend_ids_are_the_tokenizers(tokenizer) else None
     if pieces is not None:
         return pieces.encode_arrays(texts)
@@ -622,12 +623,20 @@ def _plain_split() -> re.Pattern:
 
 
 _PLAIN_SPLIT = _plain_split()
-# Distinct pieces remembered per process (each a dictionary entry and its ids in one int32 table); pieces seen after
-# that are tokenized each time.
+# Distinct words (and lone pieces) remembered per process, each a dictionary entry and its ids in one int32 table: the
+# first ones met; those met after that are tokenized each time they come, so the memory stays bounded whatever the
+# corpus's size (18 MB at 95,000 words).
 PIECE_MEMO_SIZE = 100_000
-# `_PieceEncoder`'s key of the suffix's slot (and, followed by a number, of a text the backend encoded): no piece of a
-# text it splits holds a control character
-_SUFFIX_KEY = "\x00"
+# ... and at most this many ids in all (4 MB): a corpus of long words (URLs, strings of digits) does not grow it either
+PIECE_MEMO_IDS = 1_000_000
+# `_PieceEncoder`'s key of the suffix's slot: a plain text holds no line break, and texts joined by " \n " split on
+# spaces into their words with "\n" after each text, where its suffix goes
+_SUFFIX_KEY = "\n"
+# the mark of a key that is one piece of the byte-level split (a text with other spaces than single ones between
+# words), not a word: a plain text holds no control character
+_PIECE_MARK = "\x01"
+# a chunk of plain texts joined by " \n " (`_PieceEncoder._joinable`)
+_PLAIN_JOINED = re.compile(r"[\n\x20-\x3b\x3d-\x7e\u00a1-\u024f]+")
 _BYTE_LEVEL_CONFIG = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
 
 
@@ -645,16 +654,22 @@ def _byte_characters() -> dict[int, str]:
 
 class _PieceEncoder:
     """The ids the `tokenizers` backend gives a text, for the tokenizer `train_joint_tokenizer` makes (NFKC, ByteLevel
-    with a prefix space, BPE, `</s>` appended), computed piece by piece with each distinct piece's ids remembered: a
-    corpus repeats its words, so most pieces cost a dictionary look-up instead of a pass through the backend's
+    with a prefix space, BPE, `</s>` appended), computed word by word with each distinct word's ids remembered: a
+    corpus repeats its words, so most words cost a dictionary look-up instead of a pass through the backend's
     normalizer, pre-tokenizer and BPE (whose costs are mostly allocations). Texts it is not sure of (`_PLAIN_TEXT`,
-    NFKC) go to the backend, so the ids are the backend's for every text."""
+    NFKC) go to the backend, so the ids are the backend's for every text.
+
+    Why words: the byte-level split of `" " + text` for a text of words separated by single spaces is the split of
+    `" " + word` for each word, one after another (no piece holds a space but at its start, nor runs on past a word),
+    so a text is split by `str.split` and a word's ids are those of its pieces. A text with other spaces is split by
+    the pattern, each piece `" " + word` keyed as that word, any other piece (a space run, a text's first piece
+    without a space) as itself behind `_PIECE_MARK`."""
 
     def __init__(self, backend, suffix: list[int]):
         self.backend, self.model, self.suffix = backend, backend.model, suffix
         self.bytes = _byte_characters()
-        # each remembered piece's ids: `table[starts[k]:starts[k] + lengths[k]]` for the piece of slot `k` (`memo`);
-        # slot 0 holds the suffix, under a key no piece can be (a plain text holds no control character)
+        # each remembered key's ids: `table[starts[k]:starts[k] + lengths[k]]` for the key of slot `k` (`memo`);
+        # slot 0 holds the suffix, under a key no word can be (a plain text holds no line break)
         self.memo: dict[str, int] = {}
         self.table, self.starts, self.lengths = (
             np.zeros(1 << 16, np.int32),
@@ -662,58 +677,121 @@ class _PieceEncoder:
             np.zeros(1 << 12, np.int64),
         )
         self.used, self.slots = 0, 0
-        self._store([suffix])
+        self._store(np.array(suffix, np.int32), np.array([len(suffix)]))
         self.memo[_SUFFIX_KEY] = 0
 
-    def _piece_ids(self, piece: str) -> list[int]:
-        mapped = piece.encode("utf-8").decode("latin-1").translate(self.bytes)
-        return [token.id for token in self.model.tokenize(mapped)]
+    def _keys_ids(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Each key's ids, one key after another (int32), and each key's count: a word's, the BPE of each piece of
+        `" " + word`; a marked piece's, its own. The words are split at once (joined by "\\n ": "\\n" after each
+        word's pieces), and the pieces' bytes mapped to byte-level characters at once (joined by a control character
+        no piece holds)."""
+        joined = " " + "\n ".join(keys) + _SUFFIX_KEY
+        if _PIECE_MARK not in joined:
+            pieces = _PLAIN_SPLIT.findall(joined)
+        else:
+            pieces = []
+            for key in keys:
+                pieces += [key[1:]] if key[0] == _PIECE_MARK else _PLAIN_SPLIT.findall(" " + key)
+                pieces.append(_SUFFIX_KEY)
+        mapped = "\x02".join(pieces).encode("utf-8").decode("latin-1").translate(self.bytes).split(self.bytes[2])
+        newline, tokenize = self.bytes[ord(_SUFFIX_KEY)], self.model.tokenize
+        rows = [[token.id for token in tokenize(piece)] if piece != newline else () for piece in mapped]
+        ends = np.flatnonzero(np.fromiter(map(newline.__eq__, mapped), dtype=bool, count=len(mapped)))
+        lengths = np.cumsum(np.fromiter(map(len, rows), dtype=np.int64, count=len(rows)))[ends]
+        return np.fromiter(chain.from_iterable(rows), dtype=np.int32), np.diff(lengths, prepend=0)
 
-    def _store(self, rows: list[list[int]]) -> int:
-        """Append `rows` (the ids of new slots) to the table; the first new slot's number."""
-        ids = np.fromiter(chain.from_iterable(rows), dtype=np.int32)
-        lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+    def _store(self, ids: np.ndarray, lengths: np.ndarray) -> int:
+        """Append new slots, whose ids `ids` holds one after another (`lengths` each), to the table; the first new
+        slot's number."""
         while self.used + len(ids) > len(self.table):
             self.table = np.concatenate([self.table, np.zeros_like(self.table)])
-        while self.slots + len(rows) > len(self.starts):
+        while self.slots + len(lengths) > len(self.starts):
             self.starts = np.concatenate([self.starts, np.zeros_like(self.starts)])
             self.lengths = np.concatenate([self.lengths, np.zeros_like(self.lengths)])
         first = self.slots
         self.table[self.used : self.used + len(ids)] = ids
-        self.starts[first : first + len(rows)] = self.used + np.cumsum(lengths) - lengths
-        self.lengths[first : first + len(rows)] = lengths
-        self.used, self.slots = self.used + len(ids), first + len(rows)
+        self.starts[first : first + len(lengths)] = self.used + np.cumsum(lengths) - lengths
+        self.lengths[first : first + len(lengths)] = lengths
+        self.used, self.slots = self.used + len(ids), first + len(lengths)
         return first
 
+    @staticmethod
+    def _joinable(joined: str, texts: int) -> bool:
+        """Whether `joined` (`texts` texts joined as `encode_arrays` joins them) splits on spaces into each text's
+        words with "\\n" after each: every text plain and NFKC (so is the whole: "\\n" and " " never combine with a
+        neighbour), without a line break, none empty, none with a space at either end or two in a row."""
+        return bool(
+            _PLAIN_JOINED.fullmatch(joined)
+            and joined.count("\n") == texts
+            and "  " not in joined
+            and joined[0] != " "
+            and unicodedata.is_normalized("NFKC", joined)
+        )
+
     def encode_arrays(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """The ids of `texts` one after another (int32) and each text's count: every text is a sequence of slots
-        (its pieces', then the suffix's; a text the backend encodes, one slot of its own for this call), whose ids
-        are gathered from the table at once."""
-        plain, split, normalized = _PLAIN_TEXT.fullmatch, _PLAIN_SPLIT.findall, unicodedata.is_normalized
-        sequences, others = [], []
-        for text in texts:
-            if plain(text) and normalized("NFKC", text):
-                sequences.append([*split(text if text[0] == " " else " " + text), _SUFFIX_KEY])
-            else:
-                others.append(text)
-                sequences.append([f"{_SUFFIX_KEY}{len(others)}"])  # this call's own key, no piece's
-        new = set(chain.from_iterable(sequences)).difference(self.memo)
-        pieces = [piece for piece in new if piece[0] != _SUFFIX_KEY]  # not the keys of the backend's texts
-        rows = [self._piece_ids(piece) for piece in pieces]
-        kept = max(0, min(len(pieces), PIECE_MEMO_SIZE + 1 - len(self.memo)))  # remembered; the rest for this call
-        if others:
-            pieces += [f"{_SUFFIX_KEY}{number}" for number in range(1, len(others) + 1)]
-            rows += [encoding.ids for encoding in self.backend.encode_batch_fast(others, add_special_tokens=True)]
-        first = self._store(rows) if rows else self.slots
-        self.memo.update(zip(pieces, range(first, first + len(pieces))))
-        keys = np.fromiter(map(self.memo.__getitem__, chain.from_iterable(sequences)), dtype=np.int64)
-        counts = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences))
-        ids, lengths = _gather(self.table, self.starts[keys], self.lengths[keys])
-        if kept < len(pieces):  # the slots after the remembered ones served this call only
-            for piece in pieces[kept:]:
-                del self.memo[piece]
-            self.slots, self.used = first + kept, int(self.starts[first + kept])
-        ends = np.concatenate([[0], np.cumsum(lengths)])[np.cumsum(counts)]
+        """The ids of `texts` one after another (int32) and each text's count. Usually the texts are plain words
+        between single spaces and are split at once (joined by " \\n ": their words, with the suffix's key after
+        each text); otherwise each plain text is split alone and the others go to the backend."""
+        joined = " \n ".join(texts) + " " + _SUFFIX_KEY
+        if texts and self._joinable(joined, len(texts)):
+            return self._encoded(joined.split(" "))
+        mine = [index for index, text in enumerate(texts) if _PLAIN_TEXT.fullmatch(text)]
+        mine = [index for index in mine if unicodedata.is_normalized("NFKC", texts[index])]
+        keys = []
+        for index in mine:
+            keys += self._text_keys(texts[index])
+        ids, lengths = self._encoded(keys)
+        if len(mine) == len(texts):
+            return ids, lengths
+        others = np.setdiff1d(np.arange(len(texts)), mine)
+        encodings = self.backend.encode_batch_fast([texts[index] for index in others], add_special_tokens=True)
+        rows = [encoding.ids for encoding in encodings]
+        other_lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
+        table = np.concatenate([ids, np.fromiter(chain.from_iterable(rows), dtype=np.int32)])
+        all_lengths, starts = np.zeros(len(texts), np.int64), np.zeros(len(texts), np.int64)
+        all_lengths[mine], all_lengths[others] = lengths, other_lengths
+        starts[mine] = np.cumsum(lengths) - lengths
+        starts[others] = len(ids) + np.cumsum(other_lengths) - other_lengths
+        return _gather(table, starts, all_lengths)
+
+    @staticmethod
+    def _text_keys(text: str) -> list[str]:
+        """The keys of one plain text, then the suffix's: its words, or, with other spaces than single ones between
+        words, its pieces (`" " + word` as the word, any other behind `_PIECE_MARK`)."""
+        if "  " not in text and text[0] != " " != text[-1]:
+            return [*text.split(" "), _SUFFIX_KEY]
+        pieces = _PLAIN_SPLIT.findall(text if text[0] == " " else " " + text)
+        keys = [
+            piece[1:] if piece[0] == " " and piece[1:2] not in ("", " ") else _PIECE_MARK + piece for piece in pieces
+        ]
+        return [*keys, _SUFFIX_KEY]
+
+    def _encoded(self, keys: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of the texts whose keys `keys` lists (each text's followed by the suffix's), one text after
+        another, and each text's count: every key is a slot (looked up in C, -1 for a key the memo lacks), new keys
+        get theirs (kept while the memo has room, else for this call only), and the slots' ids are gathered from the
+        table at once."""
+        memo, before = self.memo, len(self.memo)
+        slots = np.fromiter(map(memo.get, keys, repeat(-1)), dtype=np.int64, count=len(keys))
+        missing = np.flatnonzero(slots < 0).tolist()
+        new: list[str] = []
+        if missing:
+            found = [keys[index] for index in missing]
+            new = list(dict.fromkeys(found))
+            self._store(*self._keys_ids(new))
+            given = dict(zip(new, range(before, before + len(new))))
+            slots[missing] = np.fromiter(map(given.__getitem__, found), dtype=np.int64, count=len(found))
+        ids, lengths = _gather(self.table, self.starts[slots], self.lengths[slots])
+        kept = 0  # the new keys remembered, while both the keys and their ids fit; the rest served this call only
+        if new:
+            room = PIECE_MEMO_IDS - int(self.starts[before])  # the ids held before this call
+            fitting = np.searchsorted(np.cumsum(self.lengths[before : before + len(new)]), room, side="right")
+            kept = max(0, min(len(new), PIECE_MEMO_SIZE + 1 - before, int(fitting)))
+            memo.update(zip(new[:kept], range(before, before + kept)))
+        if kept < len(new):
+            self.slots = before + kept
+            self.used = int(self.starts[self.slots])
+        ends = np.cumsum(lengths)[slots == 0]  # where each text's suffix ends
         return ids, np.diff(ends, prepend=0)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
@@ -1144,12 +1222,17 @@ def collate_rows(rows: BatchRows, settings: dict[str, Any]) -> BatchEncoding:
 
 @dataclass
 class PackedBatch:
-    """A collated batch's int64 tensors as one (`ids`), with each one's key and shape: a loader worker hands every
-    tensor to the main process through shared memory of its own (a file, a mapping, a descriptor sent), so one tensor
-    a batch instead of four halves the main process's share of a streamed run's CPU."""
+    """A collated batch's int64 tensors as one (`ids`), with each one's key and shape, as a loader worker hands it to
+    the main process. Pickled by value (`__reduce__`: the ids' bytes go through the loader's pipe): a tensor would go
+    through shared memory of its own (a file made and mapped, its descriptor sent over a socket the main process
+    connects to), which cost the main process 1.5-3 ms a batch, more than the worker's whole batch; the bytes of a
+    batch (tens of kilobytes) are read in tens of microseconds."""
 
     ids: torch.Tensor
     shapes: list[tuple[str, tuple[int, ...]]]
+
+    def __reduce__(self):
+        return _unpickled_batch, (self.ids.numpy(), self.shapes)
 
     @classmethod
     def of(cls, batch: BatchEncoding) -> PackedBatch | BatchEncoding:
@@ -1163,9 +1246,14 @@ class PackedBatch:
         """The batch again: each tensor a contiguous view of `ids`, equal to the one packed."""
         batch, start = {}, 0
         for key, shape in self.shapes:
-            size = int(np.prod(shape))
+            size = math.prod(shape)
             batch[key], start = self.ids[start : start + size].view(shape), start + size
         return BatchEncoding(batch)
+
+
+def _unpickled_batch(ids: np.ndarray, shapes: list[tuple[str, tuple[int, ...]]]) -> PackedBatch:
+    """A `PackedBatch` from its pickled ids (a writable array: pickle gives a writable buffer back as a bytearray)."""
+    return PackedBatch(torch.from_numpy(ids if ids.flags.writeable else ids.copy()), shapes)
 
 
 class StreamCollator:
