@@ -7,6 +7,7 @@ The exporter's names stay importable from here.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import math
@@ -61,17 +62,45 @@ def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 # LogSoftmax, then TopK over the last axis, of a (rows, vocabulary) float input `logits`, k from the int64 input `k`
 # (opset 13): the vocabulary-wide part of a beam step, run by ONNX Runtime (its TopK puts the lower index first among
-# equal scores). tests/test_onnx_beam_search.py builds it again with onnx.helper; it is kept serialized so that
-# decoding needs onnxruntime alone and imports no onnx.
+# equal scores). A TopK over a whole row reads it one score at a time, which cost twice the log-softmax; so the row is
+# cut into parts of `part` scores (int64 input, a divisor of the vocabulary: `_part_size`), each part's maximum taken
+# (a vectorized reduction), and the TopK runs over the maxima and then over the k parts with the best maxima only,
+# taken in the row's order. The k best scores of a row lie in those parts: a part left out has k chosen parts whose
+# maxima rank before any of its scores (greater, or equal in a part earlier in the row), so the values, tokens and
+# their order are those of one TopK over the row. tests/test_onnx_beam_search.py builds the graph again with
+# onnx.helper; it is kept serialized so that decoding needs onnxruntime alone and imports no onnx.
 _TOP_GRAPH = (
-    b'\x08\x07\x12\x00:\xe4\x01\n5\n\x06logits\x12\tlog_probs"\nLogSoftmax*\x14\n\x04axis\x18\xff\xff\xff'
-    b'\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\n7\n\tlog_probs\n\x01k\x12\x06values\x12\x03ids"\x04TopK*'
-    b"\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\x12\x03topZ!\n\x06logits\x12"
-    b"\x17\n\x15\x08\x01\x12\x11\n\x06\x12\x04rows\n\x07\x12\x05vocabZ\x0f\n\x01k\x12\n\n\x08\x08\x07\x12"
-    b"\x04\n\x02\x08\x01b\x1d\n\x06values\x12\x13\n\x11\x08\x01\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kb"
-    b"\x1a\n\x03ids\x12\x13\n\x11\x08\x07\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kB\x04\n\x00\x10\r"
+    b'\x08\x07\x12\x00:\xbb\x07\n5\n\x06logits\x12\tlog_probs"\nLogSoftmax*\x14\n\x04axis\x18\xff\xff\xff\xff'
+    b'\xff\xff\xff\xff\xff\x01\xa0\x01\x02\n4\n\nrows_parts\n\x04part\x12\x0bparts_shape"\x06Concat*\x0b\n\x04'
+    b'axis\x18\x00\xa0\x01\x02\n(\n\tlog_probs\n\x0bparts_shape\x12\x05parts"\x07Reshape\n8\n\x05parts\x12\x06'
+    b'maxima"\tReduceMax*\x0b\n\x04axes@\x02\xa0\x01\x07*\x0f\n\x08keepdims\x18\x00\xa0\x01\x02\n@\n\x06maxima'
+    b'\n\x01k\x12\x0bbest_maxima\x12\nbest_parts"\x04TopK*\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff\xff'
+    b'\xff\x01\xa0\x01\x02\nJ\n\nbest_parts\n\x01k\x12\x06chosen\x12\x05order"\x04TopK*\x14\n\x04axis\x18\xff'
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02*\x0e\n\x07largest\x18\x00\xa0\x01\x02\n'\n\x06chosen\n"
+    b'\x04last\x12\x0cchosen_index"\tUnsqueeze\n<\n\x05parts\n\x0cchosen_index\x12\x08gathered"\x08GatherND*'
+    b'\x11\n\nbatch_dims\x18\x01\xa0\x01\x02\n*\n\x08gathered\n\trows_flat\x12\ncandidates"\x07Reshape\n>\n\nc'
+    b'andidates\n\x01k\x12\x06values\x12\tpositions"\x04TopK*\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff'
+    b'\xff\xff\x01\xa0\x01\x02\n\x1c\n\tpositions\n\x04part\x12\x04slot"\x03Div\n\x1e\n\tpositions\n\x04part'
+    b'\x12\x06offset"\x03Mod\n4\n\x06chosen\n\x04slot\x12\x07part_id"\x0eGatherElements*\x0b\n\x04axis\x18\x01'
+    b'\xa0\x01\x02\n\x1b\n\x07part_id\n\x04part\x12\x05first"\x03Mul\n\x19\n\x05first\n\x06offset\x12\x03ids"'
+    b"\x03Add\x12\x03top*\x1d\x08\x02\x10\x07:\x0b\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01B\nrows_parts*"
+    b"\x16\x08\x01\x10\x07:\n\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01B\x04last*\x1c\x08\x02\x10\x07:\x0b\x00"
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01B\trows_flatZ!\n\x06logits\x12\x17\n\x15\x08\x01\x12\x11\n\x06"
+    b"\x12\x04rows\n\x07\x12\x05vocabZ\x0f\n\x01k\x12\n\n\x08\x08\x07\x12\x04\n\x02\x08\x01Z\x12\n\x04part\x12"
+    b"\n\n\x08\x08\x07\x12\x04\n\x02\x08\x01b\x1d\n\x06values\x12\x13\n\x11\x08\x01\x12\r\n\x06\x12\x04rows\n"
+    b"\x03\x12\x01kb\x1a\n\x03ids\x12\x13\n\x11\x08\x07\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kB\x04\n\x00\x10"
+    b"\r"
 )
 _TOP_SESSIONS: dict = {}  # by thread count: one small session per process
+
+
+@functools.lru_cache(maxsize=64)
+def _part_size(vocab: int, k: int) -> int:
+    """The length of the parts `_TOP_GRAPH` cuts a row of `vocab` scores into for its top `k`: the divisor of `vocab`
+    nearest sqrt(vocab / k) (about as many scores in the k parts kept as there are parts) that leaves at least `k`
+    parts; 1 (each score a part of its own: one plain TopK) where `vocab` has no other."""
+    sizes = [size for size in range(1, math.isqrt(vocab) + 1) if vocab % size == 0 and vocab // size >= k]
+    return min(sizes, key=lambda size: abs(math.log(size * size * k / vocab)))
 
 
 def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None = None):
@@ -86,7 +115,8 @@ def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None 
         options.intra_op_num_threads = options.inter_op_num_threads = threads
         _TOP_SESSIONS[threads] = onnxruntime.InferenceSession(_TOP_GRAPH, options, providers=["CPUExecutionProvider"])
     wanted = k if barred is None else min(k + 1, logits.shape[-1])
-    values, ids = _TOP_SESSIONS[threads].run(None, {"logits": logits, "k": np.array([wanted], dtype=np.int64)})
+    sizes = np.array([wanted, _part_size(logits.shape[-1], wanted)], dtype=np.int64)
+    values, ids = _TOP_SESSIONS[threads].run(None, {"logits": logits, "k": sizes[:1], "part": sizes[1:]})
     if barred is not None:
         values[ids == barred] = -np.inf
         values, order = _top(values, k)
