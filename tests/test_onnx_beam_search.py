@@ -146,6 +146,7 @@ SETTINGS = [  # batch, beams, vocab, max_length, penalty, early, min_new_tokens,
     (5, 1, 20, 8, 1.0, False, 0, [7] * 5),
     (1, 4, 16, 7, 1.0, True, 0, [6]),
     (2, 3, 30, 10, -1.0, "never", 0, [9, 5]),
+    (2, 4, 5, 8, 1.0, False, 0, [7, 3]),  # fewer tokens than 2 x beams: stand-in beams' hypotheses finish too
 ]
 
 

@@ -58,7 +58,7 @@ def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The `k` largest of each row of `scores` (rows, n), best first and the lower index first among equal scores
     (ONNX TopK's rule; torch.topk leaves that order unspecified): (values, indices)."""
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(scores, order, 1), order
+    return scores[np.arange(len(scores))[:, None], order], order
 
 
 # LogSoftmax, then TopK over the last axis, of a (rows, vocabulary) float input `logits`, k from the int64 input `k`
@@ -161,37 +161,42 @@ class _BeamSearch:
         best 2 * beams (a row adds one score to all its tokens). `gone` (batch, 1): sentences that could no longer
         improve and left the batch (their scores are stand-ins); their candidates count as ended for the stopping
         rule, which they can no longer change."""
-        batch, beams, keep = self.running.shape[0], self.beams, 2 * self.beams
+        batch, beams, keep, sentences = self.running.shape[0], self.beams, 2 * self.beams, self.sentences
         candidates = (best.reshape(batch, beams, -1) + self.running_scores[:, :, None]).reshape(batch, -1)
-        top_scores, top_index = _top(candidates, keep)
-        source_beam = top_index // best.shape[-1]
-        ids = np.take_along_axis(best_ids.reshape(batch, -1), top_index, 1)
-        top_sequences = self.running[self.sentences, source_beam]
+        top_index = np.argsort(-candidates, axis=1, kind="stable")[:, :keep]  # `_top`, its row index made once
+        top_scores, source_beam = candidates[sentences, top_index], top_index // best.shape[-1]
+        ids = best_ids.reshape(batch, -1)[sentences, top_index]
+        top_sequences = self.running[sentences, source_beam]
         top_sequences[:, :, self.length] = ids
         hits = (ids == self.eos) | (self.length + 1 >= self.max_length)
         still = top_scores + hits * np.float32(-1e9)
-        chosen = _top(still, beams)[1]
-        self.running = top_sequences[self.sentences, chosen]
-        self.running_scores = np.take_along_axis(still, chosen, 1)
-        self._finish(top_sequences, top_scores, hits & (np.arange(keep) < beams)[None, :])
+        chosen = np.argsort(-still, axis=1, kind="stable")[:, :beams]
+        self.running, self.running_scores = top_sequences[sentences, chosen], still[sentences, chosen]
+        ended = hits.copy()
+        ended[:, beams:] = False  # a hypothesis finishes only from the top `beams`
+        # nothing ended and no finished score below a stand-in's (-1e9; a score that did not end is below it): the
+        # finished hypotheses stay as they are, which `_finish` would find at the cost of a dozen numpy calls
+        if ended.any() or self.scores[:, -1].min() < np.float32(-1e9):
+            self._finish(top_sequences, top_scores, ended)
         self.length += 1
         self._update_unfinished(hits if gone is None else hits | gone)
-        return (np.take_along_axis(source_beam, chosen, 1) + self.sentences * beams).reshape(-1)
+        return (source_beam[sentences, chosen] + sentences * beams).reshape(-1)
 
     def _finish(self, sequences: np.ndarray, scores: np.ndarray, ended: np.ndarray) -> None:
         """Keep the `beams` best of the finished hypotheses and those that just `ended`, scored with the length
-        penalty; none is added to a sentence that has its `beams` under `early=True`, or that cannot improve."""
-        minus = np.float32(-1e9)
+        penalty; none is added to a sentence that has its `beams` under `early=True`, or that cannot improve. The
+        finished ones stay sorted, best first."""
+        minus, sentences = np.float32(-1e9), self.sentences
         ended_scores = scores / float(self.length**self.penalty)
         full = self.finished.all(-1, keepdims=True) & (self.early is True)
         ended_scores = ended_scores + full * minus + ~self.unsatisfied * minus + ~ended * minus
         merged = np.concatenate((self.scores, ended_scores), 1)
-        best = _top(merged, self.beams)[1]
-        self.sequences = np.concatenate((self.sequences, sequences), 1)[self.sentences, best]
+        best = np.argsort(-merged, axis=1, kind="stable")[:, : self.beams]
+        self.sequences = np.concatenate((self.sequences, sequences), 1)[sentences, best]
         lengths = np.full(ended_scores.shape, self.length, dtype=np.int64)
-        self.lengths = np.take_along_axis(np.concatenate((self.lengths, lengths), 1), best, 1)
-        self.finished = np.take_along_axis(np.concatenate((self.finished, ended), 1), best, 1)
-        self.scores = np.take_along_axis(merged, best, 1)
+        self.lengths = np.concatenate((self.lengths, lengths), 1)[sentences, best]
+        self.finished = np.concatenate((self.finished, ended), 1)[sentences, best]
+        self.scores = merged[sentences, best]
 
     def _update_unfinished(self, hits: np.ndarray) -> None:
         """`generate()`'s stopping rule: a sentence is done when its best running hypothesis, at the length the
