@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_deep_nmt.serving.onnx import _TOP_GRAPH, _BeamSearch, _top, _top_log_probs
+from hf_deep_nmt.serving.onnx import _TOP_GRAPH, _BeamSearch, _part_size, _top, _top_log_probs
 
 PAD, START, EOS = 1, 2, 3
 REAL = -1e6  # scores below this belong to rows that only fill the batch (hypotheses ended or started as copies)
@@ -247,6 +247,17 @@ def test_the_top_k_by_parts_is_one_top_k_over_the_row():
                 found = by_parts.run(None, {"logits": logits, "k": sizes[:1], "part": sizes[1:]})
                 for one, other in zip(found, expected):
                     np.testing.assert_array_equal(one, other)
+
+
+def test_the_part_size_divides_the_vocabulary_into_at_least_k_parts():
+    """A divisor near sqrt(vocabulary / k) leaving k parts or more; 1 (a plain TopK) where no other does."""
+    expected = {(8000, 8): 32, (8000, 9): 32, (4000, 8): 20, (40, 4): 4, (8, 8): 1, (9, 8): 1, (7, 3): 1}
+    for (vocab, k), size in expected.items():
+        assert _part_size(vocab, k) == size
+    for vocab in range(1, 300, 7):
+        for k in range(1, vocab + 1, 5):
+            size = _part_size(vocab, k)
+            assert vocab % size == 0 and vocab // size >= k
 
 
 def test_the_top_log_probs_are_torchs_the_lower_token_first_among_equal_ones():
