@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_deep_nmt.serving.onnx import _TOP_GRAPH, _BeamSearch, _top, _top_log_probs
+from hf_deep_nmt.serving.onnx import _TOP_GRAPH, _BeamSearch, _part_size, _top, _top_log_probs
 
 PAD, START, EOS = 1, 2, 3
 REAL = -1e6  # scores below this belong to rows that only fill the batch (hypotheses ended or started as copies)
@@ -146,6 +146,7 @@ SETTINGS = [  # batch, beams, vocab, max_length, penalty, early, min_new_tokens,
     (5, 1, 20, 8, 1.0, False, 0, [7] * 5),
     (1, 4, 16, 7, 1.0, True, 0, [6]),
     (2, 3, 30, 10, -1.0, "never", 0, [9, 5]),
+    (2, 4, 5, 8, 1.0, False, 0, [7, 3]),  # fewer tokens than 2 x beams: stand-in beams' hypotheses finish too
 ]
 
 
@@ -177,26 +178,86 @@ def test_tied_scores_leave_the_numpy_search_where_torch_leaves_its_own(settings)
             check_same_state(search, reference, left)
 
 
-def test_the_top_graph_is_log_softmax_then_top_k():
-    """The serialized graph is the one onnx.helper builds (written out so that decoding imports no onnx)."""
+def _top_graph(parts: bool = True) -> bytes:
+    """`_TOP_GRAPH` as onnx.helper builds it (`parts=False`: one TopK over the whole row instead, to compare with)."""
     helper = pytest.importorskip("onnx.helper")
     from onnx import TensorProto
 
-    nodes = [
-        helper.make_node("LogSoftmax", ["logits"], ["log_probs"], axis=-1),
-        helper.make_node("TopK", ["log_probs", "k"], ["values", "ids"], axis=-1),
+    nodes = [helper.make_node("LogSoftmax", ["logits"], ["log_probs"], axis=-1)]
+    if not parts:
+        nodes.append(helper.make_node("TopK", ["log_probs", "k"], ["values", "ids"], axis=-1))
+    else:
+        nodes += [
+            helper.make_node("Concat", ["rows_parts", "part"], ["parts_shape"], axis=0),
+            helper.make_node("Reshape", ["log_probs", "parts_shape"], ["parts"]),
+            helper.make_node("ReduceMax", ["parts"], ["maxima"], axes=[2], keepdims=0),
+            helper.make_node("TopK", ["maxima", "k"], ["best_maxima", "best_parts"], axis=-1),
+            helper.make_node("TopK", ["best_parts", "k"], ["chosen", "order"], axis=-1, largest=0),
+            helper.make_node("Unsqueeze", ["chosen", "last"], ["chosen_index"]),
+            helper.make_node("GatherND", ["parts", "chosen_index"], ["gathered"], batch_dims=1),
+            helper.make_node("Reshape", ["gathered", "rows_flat"], ["candidates"]),
+            helper.make_node("TopK", ["candidates", "k"], ["values", "positions"], axis=-1),
+            helper.make_node("Div", ["positions", "part"], ["slot"]),
+            helper.make_node("Mod", ["positions", "part"], ["offset"]),
+            helper.make_node("GatherElements", ["chosen", "slot"], ["part_id"], axis=1),
+            helper.make_node("Mul", ["part_id", "part"], ["first"]),
+            helper.make_node("Add", ["first", "offset"], ["ids"]),
+        ]
+    constants = [
+        helper.make_tensor("rows_parts", TensorProto.INT64, [2], [0, -1]),
+        helper.make_tensor("last", TensorProto.INT64, [1], [-1]),
+        helper.make_tensor("rows_flat", TensorProto.INT64, [2], [0, -1]),
     ]
     inputs = [
         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["rows", "vocab"]),
         helper.make_tensor_value_info("k", TensorProto.INT64, [1]),
+        helper.make_tensor_value_info("part", TensorProto.INT64, [1]),
     ]
     outputs = [
         helper.make_tensor_value_info("values", TensorProto.FLOAT, ["rows", "k"]),
         helper.make_tensor_value_info("ids", TensorProto.INT64, ["rows", "k"]),
     ]
-    graph = helper.make_graph(nodes, "top", inputs, outputs)
+    graph = helper.make_graph(nodes, "top", inputs[: 3 if parts else 2], outputs, constants if parts else [])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=7, producer_name="")
-    assert model.SerializeToString() == _TOP_GRAPH
+    return model.SerializeToString()
+
+
+def test_the_top_graph_is_log_softmax_then_top_k_by_parts():
+    """The serialized graph is the one onnx.helper builds (written out so that decoding imports no onnx)."""
+    assert _top_graph() == _TOP_GRAPH
+
+
+def test_the_top_k_by_parts_is_one_top_k_over_the_row():
+    """Cut into parts, the top k of a row are those of one TopK over the whole row, values, tokens and their order,
+    -inf included: heavy ties within and across parts (equal maxima in several parts), a row of -inf but one token,
+    a row all equal, every part size that divides the vocabulary, k up to the number of parts."""
+    onnxruntime = pytest.importorskip("onnxruntime")
+    whole = onnxruntime.InferenceSession(_top_graph(parts=False), providers=["CPUExecutionProvider"])
+    by_parts = onnxruntime.InferenceSession(_TOP_GRAPH, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(1)
+    for vocab in (24, 60, 120):
+        logits = 0.5 * rng.integers(0, 6, (6, vocab)).astype(np.float32)
+        logits[1], logits[1, EOS] = -np.inf, 0.0
+        logits[2] = 1.0
+        logits[3, -1] = 9.0  # the best score in the last part
+        for part in (size for size in range(1, vocab + 1) if vocab % size == 0):
+            for k in range(1, vocab // part + 1, 3):
+                sizes = np.array([k, part], dtype=np.int64)
+                expected = whole.run(None, {"logits": logits, "k": sizes[:1]})
+                found = by_parts.run(None, {"logits": logits, "k": sizes[:1], "part": sizes[1:]})
+                for one, other in zip(found, expected):
+                    np.testing.assert_array_equal(one, other)
+
+
+def test_the_part_size_divides_the_vocabulary_into_at_least_k_parts():
+    """A divisor near sqrt(vocabulary / k) leaving k parts or more; 1 (a plain TopK) where no other does."""
+    expected = {(8000, 8): 32, (8000, 9): 32, (4000, 8): 20, (40, 4): 4, (8, 8): 1, (9, 8): 1, (7, 3): 1}
+    for (vocab, k), size in expected.items():
+        assert _part_size(vocab, k) == size
+    for vocab in range(1, 300, 7):
+        for k in range(1, vocab + 1, 5):
+            size = _part_size(vocab, k)
+            assert vocab % size == 0 and vocab // size >= k
 
 
 def test_the_top_log_probs_are_torchs_the_lower_token_first_among_equal_ones():

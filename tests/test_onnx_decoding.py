@@ -136,7 +136,7 @@ def test_export_onnx_refuses_an_existing_folder_before_loading_the_model(tmp_pat
 
 
 def test_batches_take_over_the_buffers_of_the_batch_before(small_onnx_export):
-    """A batch's cache slots and re-gathered encoder states live in buffers that the decoder hands to its next batch
+    """A batch's cache slots and repeated encoder states live in buffers that the decoder hands to its next batch
     (`_Buffers`): a batch no larger than one before it maps no new memory (a fresh ~100 MB per batch of 32 x 4 beams
     was most of `translate`'s system time, in page faults), and what the buffers held before changes no token."""
     from hf_deep_nmt.serving.onnx import OnnxDecoder
@@ -149,6 +149,23 @@ def test_batches_take_over_the_buffers_of_the_batch_before(small_onnx_export):
     np.testing.assert_array_equal(decoder.beam(ids[1:], mask[1:], 2, 10), fresh.beam(ids[1:], mask[1:], 2, 10))
     np.testing.assert_array_equal(decoder.greedy(ids[1:], mask[1:], 10)[0], fresh.greedy(ids[1:], mask[1:], 10)[0])
     assert [buffer.ctypes.data for buffer in decoder.buffers.sets[0]] == held
+
+
+def test_states_move_to_the_front_in_place_as_sentences_leave():
+    """`_repeated` writes each sentence's row once per beam; `_compact` then moves the rows of the sentences that stay
+    to the front of the same buffer, in order (runs of sentences, overlapping moves), as a gather would."""
+    from hf_deep_nmt.serving.onnx import _compact, _repeated
+
+    rng = np.random.default_rng(0)
+    states = rng.standard_normal((9, 3, 5)).astype(np.float32)
+    for beams in (1, 4):
+        for kept in ([0, 1, 2], [3, 4, 5, 6, 7, 8], [1, 2, 5, 6, 8], [0, 2, 3, 7], [8], list(range(9))):
+            flat = np.empty(states.nbytes * beams, np.uint8)
+            repeated = _repeated(flat, states, beams)
+            np.testing.assert_array_equal(repeated, np.repeat(states, beams, axis=0))
+            _compact(flat, states[0].nbytes * beams, np.array(kept))
+            moved = flat[: len(kept) * beams * states[0].nbytes].view(np.float32).reshape(-1, 3, 5)
+            np.testing.assert_array_equal(moved, np.repeat(states[kept], beams, axis=0))
 
 
 def test_sessions_hold_one_copy_of_weights_they_share(small_onnx_export):

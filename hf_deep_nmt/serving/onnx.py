@@ -7,6 +7,8 @@ The exporter's names stay importable from here.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import importlib
 import json
 import math
@@ -56,22 +58,50 @@ def _top(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The `k` largest of each row of `scores` (rows, n), best first and the lower index first among equal scores
     (ONNX TopK's rule; torch.topk leaves that order unspecified): (values, indices)."""
     order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(scores, order, 1), order
+    return scores[np.arange(len(scores))[:, None], order], order
 
 
 # LogSoftmax, then TopK over the last axis, of a (rows, vocabulary) float input `logits`, k from the int64 input `k`
 # (opset 13): the vocabulary-wide part of a beam step, run by ONNX Runtime (its TopK puts the lower index first among
-# equal scores). tests/test_onnx_beam_search.py builds it again with onnx.helper; it is kept serialized so that
-# decoding needs onnxruntime alone and imports no onnx.
+# equal scores). A TopK over a whole row reads it one score at a time, which cost twice the log-softmax; so the row is
+# cut into parts of `part` scores (int64 input, a divisor of the vocabulary: `_part_size`), each part's maximum taken
+# (a vectorized reduction), and the TopK runs over the maxima and then over the k parts with the best maxima only,
+# taken in the row's order. The k best scores of a row lie in those parts: a part left out has k chosen parts whose
+# maxima rank before any of its scores (greater, or equal in a part earlier in the row), so the values, tokens and
+# their order are those of one TopK over the row. tests/test_onnx_beam_search.py builds the graph again with
+# onnx.helper; it is kept serialized so that decoding needs onnxruntime alone and imports no onnx.
 _TOP_GRAPH = (
-    b'\x08\x07\x12\x00:\xe4\x01\n5\n\x06logits\x12\tlog_probs"\nLogSoftmax*\x14\n\x04axis\x18\xff\xff\xff'
-    b'\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\n7\n\tlog_probs\n\x01k\x12\x06values\x12\x03ids"\x04TopK*'
-    b"\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02\x12\x03topZ!\n\x06logits\x12"
-    b"\x17\n\x15\x08\x01\x12\x11\n\x06\x12\x04rows\n\x07\x12\x05vocabZ\x0f\n\x01k\x12\n\n\x08\x08\x07\x12"
-    b"\x04\n\x02\x08\x01b\x1d\n\x06values\x12\x13\n\x11\x08\x01\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kb"
-    b"\x1a\n\x03ids\x12\x13\n\x11\x08\x07\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kB\x04\n\x00\x10\r"
+    b'\x08\x07\x12\x00:\xbb\x07\n5\n\x06logits\x12\tlog_probs"\nLogSoftmax*\x14\n\x04axis\x18\xff\xff\xff\xff'
+    b'\xff\xff\xff\xff\xff\x01\xa0\x01\x02\n4\n\nrows_parts\n\x04part\x12\x0bparts_shape"\x06Concat*\x0b\n\x04'
+    b'axis\x18\x00\xa0\x01\x02\n(\n\tlog_probs\n\x0bparts_shape\x12\x05parts"\x07Reshape\n8\n\x05parts\x12\x06'
+    b'maxima"\tReduceMax*\x0b\n\x04axes@\x02\xa0\x01\x07*\x0f\n\x08keepdims\x18\x00\xa0\x01\x02\n@\n\x06maxima'
+    b'\n\x01k\x12\x0bbest_maxima\x12\nbest_parts"\x04TopK*\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff\xff'
+    b'\xff\x01\xa0\x01\x02\nJ\n\nbest_parts\n\x01k\x12\x06chosen\x12\x05order"\x04TopK*\x14\n\x04axis\x18\xff'
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\x01\xa0\x01\x02*\x0e\n\x07largest\x18\x00\xa0\x01\x02\n'\n\x06chosen\n"
+    b'\x04last\x12\x0cchosen_index"\tUnsqueeze\n<\n\x05parts\n\x0cchosen_index\x12\x08gathered"\x08GatherND*'
+    b'\x11\n\nbatch_dims\x18\x01\xa0\x01\x02\n*\n\x08gathered\n\trows_flat\x12\ncandidates"\x07Reshape\n>\n\nc'
+    b'andidates\n\x01k\x12\x06values\x12\tpositions"\x04TopK*\x14\n\x04axis\x18\xff\xff\xff\xff\xff\xff\xff'
+    b'\xff\xff\x01\xa0\x01\x02\n\x1c\n\tpositions\n\x04part\x12\x04slot"\x03Div\n\x1e\n\tpositions\n\x04part'
+    b'\x12\x06offset"\x03Mod\n4\n\x06chosen\n\x04slot\x12\x07part_id"\x0eGatherElements*\x0b\n\x04axis\x18\x01'
+    b'\xa0\x01\x02\n\x1b\n\x07part_id\n\x04part\x12\x05first"\x03Mul\n\x19\n\x05first\n\x06offset\x12\x03ids"'
+    b"\x03Add\x12\x03top*\x1d\x08\x02\x10\x07:\x0b\x00\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01B\nrows_parts*"
+    b"\x16\x08\x01\x10\x07:\n\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01B\x04last*\x1c\x08\x02\x10\x07:\x0b\x00"
+    b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01B\trows_flatZ!\n\x06logits\x12\x17\n\x15\x08\x01\x12\x11\n\x06"
+    b"\x12\x04rows\n\x07\x12\x05vocabZ\x0f\n\x01k\x12\n\n\x08\x08\x07\x12\x04\n\x02\x08\x01Z\x12\n\x04part\x12"
+    b"\n\n\x08\x08\x07\x12\x04\n\x02\x08\x01b\x1d\n\x06values\x12\x13\n\x11\x08\x01\x12\r\n\x06\x12\x04rows\n"
+    b"\x03\x12\x01kb\x1a\n\x03ids\x12\x13\n\x11\x08\x07\x12\r\n\x06\x12\x04rows\n\x03\x12\x01kB\x04\n\x00\x10"
+    b"\r"
 )
 _TOP_SESSIONS: dict = {}  # by thread count: one small session per process
+
+
+@functools.lru_cache(maxsize=64)
+def _part_size(vocab: int, k: int) -> int:
+    """The length of the parts `_TOP_GRAPH` cuts a row of `vocab` scores into for its top `k`: the divisor of `vocab`
+    nearest sqrt(vocab / k) (about as many scores in the k parts kept as there are parts) that leaves at least `k`
+    parts; 1 (each score a part of its own: one plain TopK) where `vocab` has no other."""
+    sizes = [size for size in range(1, math.isqrt(vocab) + 1) if vocab % size == 0 and vocab // size >= k]
+    return min(sizes, key=lambda size: abs(math.log(size * size * k / vocab)))
 
 
 def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None = None):
@@ -86,7 +116,8 @@ def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None 
         options.intra_op_num_threads = options.inter_op_num_threads = threads
         _TOP_SESSIONS[threads] = onnxruntime.InferenceSession(_TOP_GRAPH, options, providers=["CPUExecutionProvider"])
     wanted = k if barred is None else min(k + 1, logits.shape[-1])
-    values, ids = _TOP_SESSIONS[threads].run(None, {"logits": logits, "k": np.array([wanted], dtype=np.int64)})
+    sizes = np.array([wanted, _part_size(logits.shape[-1], wanted)], dtype=np.int64)
+    values, ids = _TOP_SESSIONS[threads].run(None, {"logits": logits, "k": sizes[:1], "part": sizes[1:]})
     if barred is not None:
         values[ids == barred] = -np.inf
         values, order = _top(values, k)
@@ -130,37 +161,42 @@ class _BeamSearch:
         best 2 * beams (a row adds one score to all its tokens). `gone` (batch, 1): sentences that could no longer
         improve and left the batch (their scores are stand-ins); their candidates count as ended for the stopping
         rule, which they can no longer change."""
-        batch, beams, keep = self.running.shape[0], self.beams, 2 * self.beams
+        batch, beams, keep, sentences = self.running.shape[0], self.beams, 2 * self.beams, self.sentences
         candidates = (best.reshape(batch, beams, -1) + self.running_scores[:, :, None]).reshape(batch, -1)
-        top_scores, top_index = _top(candidates, keep)
-        source_beam = top_index // best.shape[-1]
-        ids = np.take_along_axis(best_ids.reshape(batch, -1), top_index, 1)
-        top_sequences = self.running[self.sentences, source_beam]
+        top_index = np.argsort(-candidates, axis=1, kind="stable")[:, :keep]  # `_top`, its row index made once
+        top_scores, source_beam = candidates[sentences, top_index], top_index // best.shape[-1]
+        ids = best_ids.reshape(batch, -1)[sentences, top_index]
+        top_sequences = self.running[sentences, source_beam]
         top_sequences[:, :, self.length] = ids
         hits = (ids == self.eos) | (self.length + 1 >= self.max_length)
         still = top_scores + hits * np.float32(-1e9)
-        chosen = _top(still, beams)[1]
-        self.running = top_sequences[self.sentences, chosen]
-        self.running_scores = np.take_along_axis(still, chosen, 1)
-        self._finish(top_sequences, top_scores, hits & (np.arange(keep) < beams)[None, :])
+        chosen = np.argsort(-still, axis=1, kind="stable")[:, :beams]
+        self.running, self.running_scores = top_sequences[sentences, chosen], still[sentences, chosen]
+        ended = hits.copy()
+        ended[:, beams:] = False  # a hypothesis finishes only from the top `beams`
+        # nothing ended and no finished score below a stand-in's (-1e9; a score that did not end is below it): the
+        # finished hypotheses stay as they are, which `_finish` would find at the cost of a dozen numpy calls
+        if ended.any() or self.scores[:, -1].min() < np.float32(-1e9):
+            self._finish(top_sequences, top_scores, ended)
         self.length += 1
         self._update_unfinished(hits if gone is None else hits | gone)
-        return (np.take_along_axis(source_beam, chosen, 1) + self.sentences * beams).reshape(-1)
+        return (source_beam[sentences, chosen] + sentences * beams).reshape(-1)
 
     def _finish(self, sequences: np.ndarray, scores: np.ndarray, ended: np.ndarray) -> None:
         """Keep the `beams` best of the finished hypotheses and those that just `ended`, scored with the length
-        penalty; none is added to a sentence that has its `beams` under `early=True`, or that cannot improve."""
-        minus = np.float32(-1e9)
+        penalty; none is added to a sentence that has its `beams` under `early=True`, or that cannot improve. The
+        finished ones stay sorted, best first."""
+        minus, sentences = np.float32(-1e9), self.sentences
         ended_scores = scores / float(self.length**self.penalty)
         full = self.finished.all(-1, keepdims=True) & (self.early is True)
         ended_scores = ended_scores + full * minus + ~self.unsatisfied * minus + ~ended * minus
         merged = np.concatenate((self.scores, ended_scores), 1)
-        best = _top(merged, self.beams)[1]
-        self.sequences = np.concatenate((self.sequences, sequences), 1)[self.sentences, best]
+        best = np.argsort(-merged, axis=1, kind="stable")[:, : self.beams]
+        self.sequences = np.concatenate((self.sequences, sequences), 1)[sentences, best]
         lengths = np.full(ended_scores.shape, self.length, dtype=np.int64)
-        self.lengths = np.take_along_axis(np.concatenate((self.lengths, lengths), 1), best, 1)
-        self.finished = np.take_along_axis(np.concatenate((self.finished, ended), 1), best, 1)
-        self.scores = np.take_along_axis(merged, best, 1)
+        self.lengths = np.concatenate((self.lengths, lengths), 1)[sentences, best]
+        self.finished = np.concatenate((self.finished, ended), 1)[sentences, best]
+        self.scores = merged[sentences, best]
 
     def _update_unfinished(self, hits: np.ndarray) -> None:
         """`generate()`'s stopping rule: a sentence is done when its best running hypothesis, at the length the
@@ -214,36 +250,68 @@ class _Buffers:
             self.sets[:] = [buffers]
 
 
+def _repeated(flat: np.ndarray, tensor: np.ndarray, group: int) -> np.ndarray:
+    """`tensor` with each row repeated `group` times in a row (the beams of a sentence), written into the front of the
+    byte buffer `flat`."""
+    out = _view(flat, (tensor.shape[0] * group, *tensor.shape[1:]), tensor.dtype)
+    out.reshape(tensor.shape[0], group, *tensor.shape[1:])[...] = tensor[:, None]
+    return out
+
+
+def _compact(flat: np.ndarray, block: int, kept: np.ndarray) -> None:
+    """Move the blocks `kept` (ascending indices, `block` bytes each) of the byte buffer `flat` to its front, in
+    order, in place: each run of blocks that moves by the same distance is one memmove (which, unlike numpy's
+    assignment between overlapping parts, copies once); a block only ever moves towards the front, after every block
+    before it has moved, so none is overwritten before it is read."""
+    shifts = kept - np.arange(len(kept))
+    starts = np.flatnonzero(np.diff(shifts, prepend=-1)).tolist()
+    base = flat.ctypes.data
+    for start, end in zip(starts, [*starts[1:], len(kept)]):
+        shift = int(shifts[start])
+        if shift:
+            ctypes.memmove(base + start * block, base + (start + shift) * block, (end - start) * block)
+
+
 class _SelfCache:
     """The self-attention slots of one batch (keys and values gaining a position a step, MAtt/AAN's running sum of
     one size) in two flat buffers each, sized at the positions the caps allow (`capacity`): a step reads one and the
     graph writes its grown slots straight into the other (`outputs`); then the two swap, or the rows that go on are
     gathered back into the first (`keep`, before every step: beams reordered, finished sentences dropped; the start
-    graph's slots count as written). Nothing is allocated per step and no copy is made outside the graph but that
-    gather; the buffers are `flats` (byte buffers of `_Buffers.take`, or new ones), whose untouched pages are never
-    mapped."""
+    graph's slots, each row repeated `group` times, count as written). Nothing is allocated per step and no copy is
+    made outside the graph but that gather; the buffers are `flats` (byte buffers of `_Buffers.take`, or new ones),
+    whose untouched pages are never mapped. A step binds them by address (`inputs`, `outputs`: shape, type, address),
+    without a numpy view."""
 
-    def __init__(self, slots: list[np.ndarray], grows: list[bool], capacity: int, flats: list[np.ndarray] = None):
-        self.grows, self.shapes, self.dtypes = grows, [slot.shape for slot in slots], [slot.dtype for slot in slots]
-        flats = flats or [np.empty(size, np.uint8) for size in _SelfCache.sizes(slots, grows, capacity)]
+    def __init__(self, slots, grows: list[bool], capacity: int, flats: list[np.ndarray] = None, group: int = 1):
+        self.grows, self.dtypes = grows, [slot.dtype.type for slot in slots]
+        self.shapes = [(slot.shape[0] * group, *slot.shape[1:]) for slot in slots]
+        flats = flats or [np.empty(size, np.uint8) for size in _SelfCache.sizes(slots, grows, capacity, group)]
         self.read, self.write = flats[: len(slots)], flats[len(slots) : 2 * len(slots)]
+        self.address = {id(flat): flat.ctypes.data for flat in flats[: 2 * len(slots)]}
         for slot, second in zip(slots, self.write):
-            _view(second, slot.shape, slot.dtype)[...] = slot  # as if a step had written them: `keep` comes first
+            _repeated(second, slot, group)  # as if a step had written them: `keep` comes first
         self.grown = self.shapes
 
     @staticmethod
-    def sizes(slots: list[np.ndarray], grows: list[bool], capacity: int) -> list[int]:
+    def sizes(slots, grows: list[bool], capacity: int, group: int = 1) -> list[int]:
         """The bytes of each buffer, read ones then written ones."""
-        sizes = [slot.nbytes // slot.shape[2] * capacity if g else slot.nbytes for slot, g in zip(slots, grows)]
+        sizes = [
+            slot.nbytes * group // slot.shape[2] * capacity if g else slot.nbytes * group
+            for slot, g in zip(slots, grows)
+        ]
         return sizes + sizes
 
-    def inputs(self) -> list[np.ndarray]:
-        return [_view(flat, shape, dtype) for flat, shape, dtype in zip(self.read, self.shapes, self.dtypes)]
+    def inputs(self) -> list[tuple]:
+        return [
+            (dtype, shape, self.address[id(flat)]) for flat, shape, dtype in zip(self.read, self.shapes, self.dtypes)
+        ]
 
-    def outputs(self) -> list[np.ndarray]:
-        """The arrays the next step writes its slots into, one position longer where a slot grows."""
+    def outputs(self) -> list[tuple]:
+        """Where the next step writes its slots, one position longer where a slot grows."""
         self.grown = [(*s[:2], s[2] + 1, *s[3:]) if g else s for s, g in zip(self.shapes, self.grows)]
-        return [_view(flat, shape, dtype) for flat, shape, dtype in zip(self.write, self.grown, self.dtypes)]
+        return [
+            (dtype, shape, self.address[id(flat)]) for flat, shape, dtype in zip(self.write, self.grown, self.dtypes)
+        ]
 
     def keep(self, rows: np.ndarray | None) -> None:
         """After a step: the written slots become the read ones, only `rows` of them (in that order) when given."""
@@ -264,68 +332,75 @@ def _bind(binding, name: str, array: np.ndarray, output: bool = False) -> None:
 
 class _Batch:
     """One batch's decoding state for the step graph, bound once (ONNX Runtime's I/O binding over numpy memory):
-    the encoder states, cross-attention slots and mask (re-gathered and bound again only when rows leave), the
-    self-attention slots in a `_SelfCache`, the logits written into one buffer; `max_lengths`: each row's cap, as in
-    `greedy`. The slots and the re-gathered states live in the decoder's `_Buffers` (`decoder.buffers`), given back
-    when the batch is gone: the next batch finds them mapped."""
+    the encoder states, cross-attention slots and mask (moved together in place and bound again only when sentences
+    leave), the self-attention slots in a `_SelfCache`, the logits written into one buffer; `started`: the start
+    graph's outputs (`OnnxDecoder._start`), one row per sentence, each repeated for `group` rows (the beams of a
+    sentence); `max_lengths`: each row's cap, as in `greedy`. The slots and the repeated states live in the decoder's
+    `_Buffers` (`decoder.buffers`), given back when the batch is gone: the next batch finds them mapped."""
 
-    def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None):
+    def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None, group: int = 1):
         logits, encoder, slots, mask = started
-        self.decoder, self.session, self.vocab = decoder, decoder.step, logits.shape[-1]
+        self.decoder, self.session, self.group = decoder, decoder.step, group
         own = set(decoder.self_index)
         cross = {name: slot for index, (name, slot) in enumerate(zip(decoder.names, slots)) if index not in own}
-        self.fixed = {"attention_mask": mask, **encoder, **cross}
+        fixed = {"attention_mask": mask, **encoder, **cross}
         self.self_names = [decoder.names[index] for index in decoder.self_index]
+        self.output_names = ["new." + name for name in self.self_names]
         grows = [decoder.layout[index][2] in ("keys", "values") for index in decoder.self_index]
         own_slots = [slots[index] for index in decoder.self_index]
-        sizes = _SelfCache.sizes(own_slots, grows, capacity)
+        sizes = _SelfCache.sizes(own_slots, grows, capacity, group)
         self.pool = getattr(decoder, "buffers", None)
-        fixed_sizes = [np.asarray(tensor).nbytes for tensor in self.fixed.values()]
+        fixed_sizes = [tensor.nbytes * group for tensor in fixed.values()]
         self.flats = self.pool.take(sizes + fixed_sizes) if self.pool is not None else None
         flats = self.flats or [np.empty(size, np.uint8) for size in sizes + fixed_sizes]
-        self.cache = _SelfCache(own_slots, grows, capacity, flats[: len(sizes)])
-        # the rows that go on are gathered from the start graph's states (which the search holds to the end anyway)
-        # into one set of buffers: `origin`, each row's row there
-        self.gathered, self.origin = flats[len(sizes) : len(sizes) + len(fixed_sizes)], None
+        self.cache = _SelfCache(own_slots, grows, capacity, flats[: len(sizes)], group)
+        # the states every step reads, repeated into the buffers after the slots (moved to the front as sentences go)
+        places = flats[len(sizes) : len(sizes) + len(fixed)]
+        self.fixed = {name: _repeated(flat, tensor, group) for flat, (name, tensor) in zip(places, fixed.items())}
+        self.places = dict(zip(self.fixed, places))
         self.max_lengths = None if max_lengths is None else np.asarray(max_lengths)
         self.steps = np.zeros(capacity, dtype=np.float32)  # only its length is read: the tokens decoded so far
+        self.tokens = np.empty((self.fixed["attention_mask"].shape[0], 1), dtype=np.int64)
+        self.logits = np.empty((len(self.tokens), logits.shape[-1]), dtype=np.float32)
         self.binding = self.session.io_binding()
         self._bind_fixed()
-        self.started = dict(self.fixed)
 
     def __del__(self):
         if getattr(self, "flats", None) is not None:
             self.pool.give(self.flats)
 
     def _bind_fixed(self) -> None:
-        self.fixed = {name: np.ascontiguousarray(tensor) for name, tensor in self.fixed.items()}
         for name, tensor in self.fixed.items():
             _bind(self.binding, name, tensor)
 
     def keep(self, rows: np.ndarray | None, changed: bool = True) -> None:
-        """Go on with `rows` of the last step's (None: all, in order); `changed`: some row left the batch."""
+        """Go on with `rows` of the last step's (None: all, in order); `changed`: some sentence left the batch (the
+        rows of each sentence that stays are among its own, and the sentences keep their order)."""
         self.cache.keep(rows)
         if rows is not None and changed:
-            self.origin = rows if self.origin is None else self.origin[rows]
-            for flat, (name, tensor) in zip(self.gathered, self.started.items()):
-                out = _view(flat, (len(rows), *tensor.shape[1:]), tensor.dtype)
-                self.fixed[name] = np.take(tensor, self.origin, axis=0, out=out, mode="clip")
+            kept = rows[:: self.group] // self.group  # the sentences that stay, by their place before
+            for name, tensor in self.fixed.items():
+                block = tensor[: self.group].nbytes
+                _compact(self.places[name], block, kept)
+                self.fixed[name] = _view(self.places[name], (len(rows), *tensor.shape[1:]), tensor.dtype)
             self._bind_fixed()
             if self.max_lengths is not None:
                 self.max_lengths = self.max_lengths[rows]
 
-    def step(self, tokens: np.ndarray, done: int) -> np.ndarray:
+    def step(self, tokens: np.ndarray, done: int, new_logits: bool = False) -> np.ndarray:
         """The next logits after `done` tokens for the rows kept; rows whose `max_lengths` are reached get `</s>`
-        only (log-probability 0, every other token -inf)."""
-        binding, tokens = self.binding, np.ascontiguousarray(tokens[:, None], dtype=np.int64)
-        _bind(binding, "tokens", tokens)
+        only (log-probability 0, every other token -inf). The logits are this batch's one buffer, which the next step
+        overwrites, or a new array where `new_logits`."""
+        binding, rows = self.binding, len(tokens)
+        self.tokens[:rows, 0] = tokens
+        _bind(binding, "tokens", self.tokens[:rows])
         _bind(binding, "steps", self.steps[:done])
-        for name, array in zip(self.self_names, self.cache.inputs()):
-            _bind(binding, name, array)
-        logits = np.empty((len(tokens), self.vocab), dtype=np.float32)
+        for name, (dtype, shape, address) in zip(self.self_names, self.cache.inputs()):
+            binding.bind_input(name, "cpu", 0, dtype, shape, address)
+        logits = np.empty_like(self.logits[:rows]) if new_logits else self.logits[:rows]
         _bind(binding, "logits", logits, output=True)
-        for name, array in zip(self.self_names, self.cache.outputs()):
-            _bind(binding, "new." + name, array, output=True)
+        for name, (dtype, shape, address) in zip(self.output_names, self.cache.outputs()):
+            binding.bind_output(name, "cpu", 0, dtype, shape, address)
         self.session.run_with_iobinding(binding)
         if self.max_lengths is not None:
             capped = self.max_lengths <= done
@@ -369,15 +444,12 @@ class OnnxDecoder(Decoder):
         self.buffers = _Buffers()  # the batches' buffers, reused from one batch to the next
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
 
-    def _start(self, input_ids, attention_mask, rows_per_sentence: int = 1):
-        """The start graph on a batch: (logits, encoder states by name, cache slots, mask), each repeated for
-        `rows_per_sentence` consecutive rows (the beams of a sentence)."""
+    def _start(self, input_ids, attention_mask):
+        """The start graph on a batch: (logits, encoder states by name, cache slots, mask), a row per sentence."""
         mask = np.asarray(attention_mask, dtype=np.int64)
-        outputs = self.start.run(None, {"input_ids": np.asarray(input_ids, dtype=np.int64), "attention_mask": mask})
-        if rows_per_sentence > 1:
-            outputs = [np.repeat(tensor, rows_per_sentence, axis=0) for tensor in outputs]
-            mask = np.repeat(mask, rows_per_sentence, axis=0)
-        logits, *rest = outputs
+        logits, *rest = self.start.run(
+            None, {"input_ids": np.asarray(input_ids, dtype=np.int64), "attention_mask": mask}
+        )
         return logits, dict(zip(self.fields, rest)), rest[len(self.fields) :], mask
 
     def greedy(
@@ -410,7 +482,7 @@ class OnnxDecoder(Decoder):
             changed = len(going) < len(active)
             batch.keep(np.searchsorted(active, going) if changed else None, changed)
             active = going
-            logits = batch.step(token[active], step + 1)
+            logits = batch.step(token[active], step + 1, new_logits=True)  # each step's logits are kept
         return np.stack(out, axis=1), np.stack(scores, axis=1)
 
     def beam(
@@ -427,8 +499,9 @@ class OnnxDecoder(Decoder):
         the tokens are `generate()`'s; decoder start token excluded. `max_lengths` (batch,): each sentence's own cap,
         as in `greedy`; `length_penalty`: instead of the export's. A sentence whose best running hypothesis can no
         longer beat its finished ones leaves the batch (its result is settled)."""
-        started = self._start(input_ids, attention_mask, num_beams)
-        logits, rows = started[0], started[0].shape[0]
+        started = self._start(input_ids, attention_mask)
+        logits = np.repeat(started[0], num_beams, axis=0)  # the beams of a sentence: rows grouped by sentence
+        rows = logits.shape[0]
         penalty = self.length_penalty if length_penalty is None else length_penalty
         search = _BeamSearch(
             rows // num_beams, num_beams, 1 + max_new_tokens, self.start_token, self.pad, self.eos, penalty,
@@ -436,7 +509,7 @@ class OnnxDecoder(Decoder):
         )  # fmt: skip
         if max_lengths is not None:
             max_lengths = np.repeat(np.asarray(max_lengths), num_beams)  # rows grouped by sentence
-        batch = _Batch(self, started, max_new_tokens + 2, max_lengths)
+        batch = _Batch(self, started, max_new_tokens + 2, max_lengths, num_beams)
         active, gone, width = np.arange(rows), None, min(2 * num_beams, logits.shape[-1])
         threads = self.step.get_session_options().intra_op_num_threads
         while True:
