@@ -984,7 +984,7 @@ def print_translate_profile(figures: dict) -> None:
     print(f"| the rest | {rest:.2f} | {rest / total:.0%} |")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--quick", action="store_true", help="the same as --size quick: tiny, one repeat (CI)")
@@ -1026,7 +1026,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--ct2-int8", type=Path, default=None, help="--end-to-end: the int8 one, loaded as int8 (default: --ct2's)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = arguments().parse_args(argv)
     if args.end_to_end or args.profile_translate:
         return whole_process_main(args)
     size = "quick" if args.quick else args.size
