@@ -2,7 +2,10 @@
 
 Families (random weights, the same sizes): ``plain`` (pre-norm), ``dlcl`` (dense DLCL, both stacks), ``matt``
 (DS-Init + merged attention), ``sdt_relative`` (sparse blocks, relative position keys), ``msc`` (one encoder layer per
-decoder layer, GRU context, gated fusion), ``deepnorm``.
+decoder layer, GRU context, gated fusion), ``deepnorm``, ``denseformer`` (DLCL's history with the identity start and
+no history norms), ``mixln`` (the first quarter of each stack post-norm, at least one layer), ``attnres`` (full
+Attention Residuals), ``hyper_connections`` (dynamic, 2 streams) and ``mhc`` (the same with 20 Sinkhorn-Knopp
+iterations: mHC's weight maps add their own operations to the graph).
 
 Backends, each where it applies:
 
@@ -72,13 +75,25 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from hf_deep_nmt import MODEL_CLASSES, DeepNMTConfig, DeepNormConfig, DlclConfig, DsInitConfig, MscConfig, SdtConfig
+from hf_deep_nmt import (
+    MODEL_CLASSES,
+    AttnResConfig,
+    DeepNMTConfig,
+    DeepNormConfig,
+    DenseFormerConfig,
+    DlclConfig,
+    DsInitConfig,
+    HyperConnectionsConfig,
+    MixLnConfig,
+    MscConfig,
+    SdtConfig,
+)
 from hf_deep_nmt.serving.ctranslate2 import ctranslate2_blockers
 
 SIZES = {
     "quick": dict(
         d_model=32, ffn=64, heads=4, layers=2, vocab=300, batch=4, source_length=8, new_tokens=4,
-        single_sentences=2, lines=12, repeats=1, warm_up=False, tokenizer_pairs=400, whole_process=False,
+        single_sentences=1, lines=12, repeats=1, warm_up=False, tokenizer_pairs=400, whole_process=False,
     ),
     "reduced": dict(
         d_model=256, ffn=1024, heads=4, layers=3, vocab=8000, batch=32, source_length=24, new_tokens=24,
@@ -89,7 +104,10 @@ SIZES = {
         single_sentences=4, lines=1000, repeats=3, warm_up=True, tokenizer_pairs=None, whole_process=True,
     ),
 }  # fmt: skip
-FAMILIES = ("plain", "dlcl", "matt", "sdt_relative", "msc", "deepnorm")
+FAMILIES = (
+    "plain", "dlcl", "matt", "sdt_relative", "msc", "deepnorm", "denseformer", "mixln", "attnres", "hyper_connections",
+    "mhc",
+)  # fmt: skip
 BACKENDS = ("torch", "torch_int8", "ct2", "ort")  # ct2: fp32 and int8 rows; ort: fp32 and int8 rows
 SEARCHES = {"greedy": 1, "beam4": 4}
 
@@ -121,6 +139,23 @@ def family_config(family: str, size: dict, vocab_size: int):
         return MscConfig(**{**sizes, "encoder_layers": None}, msc_block_layers=[1] * layers)
     if family == "deepnorm":
         return DeepNormConfig(**sizes)
+    return later_family_config(family, sizes, layers)
+
+
+def later_family_config(family: str, sizes: dict, layers: int):
+    """The families added to the package after the table's first six, at the table's sizes (their presets' depths
+    replaced by the size's)."""
+    if family == "denseformer":
+        return DenseFormerConfig(**sizes)
+    if family == "mixln":
+        post_norm = max(1, layers // 4)  # Mix-LN's ratio 0.25, at least one post-norm layer
+        return MixLnConfig(**sizes, encoder_post_norm_layers=post_norm, decoder_post_norm_layers=post_norm)
+    if family == "attnres":
+        return AttnResConfig(**sizes)
+    if family == "hyper_connections":
+        return HyperConnectionsConfig(**sizes)
+    if family == "mhc":
+        return HyperConnectionsConfig(**sizes, hyper_connections_sinkhorn_iterations=20)
     raise ValueError(f"unknown family {family!r}; choose one of {FAMILIES}.")
 
 
@@ -359,8 +394,80 @@ def end_to_end(folder: Path, ct2_folder: Path, size: dict, workdir: Path, onnx: 
     return figures
 
 
-def run(size_name: str, families: list[str], workdir: Path, backends: tuple[str, ...] = BACKENDS) -> dict:
-    size = SIZES[size_name]
+def family_rows(family: str, size: dict, vocab_size: int, tokenizer, batches, workdir: Path, have: dict, skipped):
+    """Row name -> its runs (`torch_runs` and the like) of one family on every backend `have` allows, at the
+    precisions `have["precisions"]` names (torch's own rows are fp32 and always there); a family the CTranslate2
+    exporter refuses goes to `skipped` with its reasons. Built here, timed by the caller."""
+    model = family_model(family, size, vocab_size)
+    rows, precisions = {}, have["precisions"]
+    if have["torch"]:
+        rows[f"{family} torch"] = torch_runs(model, size, batches)
+    if have["ct2"] and not ctranslate2_blockers(model.config):
+        import ctranslate2
+
+        from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
+
+        folder = export_ctranslate2(model, tokenizer, workdir / f"{family}-ct2", overwrite=True)
+        for precision in precisions:
+            compute_type = {"fp32": "float32", "int8": "int8"}[precision]
+            translator = ctranslate2.Translator(
+                str(folder), device="cpu", compute_type=compute_type, intra_threads=1, inter_threads=1
+            )
+            rows[f"{family} ct2_{precision}"] = ct2_runs(translator, tokenizer, size, batches)
+    elif have["ct2"]:
+        skipped.append(f"{family} ct2: {'; '.join(ctranslate2_blockers(model.config))}")
+    if have["ort"]:
+        from hf_deep_nmt.serving.onnx import OnnxDecoder, export_onnx
+
+        folder = export_onnx(model, workdir / f"{family}-onnx", quantize=True)
+        for precision in precisions:
+            decoder = OnnxDecoder(folder, int8=precision == "int8", threads=1)
+            rows[f"{family} ort_{precision}"] = ort_runs(decoder, size, batches)
+    if have["torch_int8"] and "int8" in precisions:
+        rows[f"{family} torch_int8"] = torch_runs(torchao_int8(model), size, batches)
+    return rows
+
+
+def measure_in_turn(contenders: dict[str, dict], size: dict, rounds: int) -> dict[str, dict[str, dict]]:
+    """`measure`'s figures, the contenders taking turns: one warm-up each (as the size says), then `rounds` rounds
+    in which every contender runs each of its searches once, so that a change in the machine's load falls on all of
+    them alike; the median of the rounds, and every round's CPU seconds (`cpu_seconds_each`)."""
+    tokens = produced_tokens(size)
+    if size["warm_up"]:
+        for runs in contenders.values():
+            for run in runs.values():
+                run()
+    timings = {row: {column: [] for column in runs} for row, runs in contenders.items()}
+    for _ in range(rounds):
+        for row, runs in contenders.items():
+            for column, run in runs.items():
+                cpu_start, wall_start = time.process_time(), time.perf_counter()
+                run()
+                timings[row][column].append((time.process_time() - cpu_start, time.perf_counter() - wall_start))
+    figures = {}
+    for row, columns in timings.items():
+        figures[row] = {}
+        for column, pairs in columns.items():
+            cpu = statistics.median(first for first, _ in pairs)
+            wall = statistics.median(second for _, second in pairs)
+            figures[row][column] = dict(
+                cpu_seconds=cpu, wall_seconds=wall, tokens_per_cpu_second=tokens[column] / cpu,
+                cpu_seconds_each=[first for first, _ in pairs],
+            )  # fmt: skip
+    return figures
+
+
+def run(
+    size_name: str,
+    families: list[str],
+    workdir: Path,
+    backends: tuple[str, ...] = BACKENDS,
+    choice: dict | None = None,
+) -> dict:
+    """Every row of `families` x `backends`; `choice` (`--precisions`, `--columns`, `--rounds`, all optional): only
+    these precisions and searches, and with `rounds` every contender built first, then timed in turn, `rounds`
+    times (`measure_in_turn`) instead of one after the other."""
+    size, choice = SIZES[size_name], choice or {}
     torch.set_num_threads(1)
     tokenizer = tokenizer_for(size)
     vocab_size = len(tokenizer)
@@ -391,34 +498,19 @@ def run(size_name: str, families: list[str], workdir: Path, backends: tuple[str,
     elif size_name == "quick":
         have_ort = False
         results["skipped"].append("ort: not run at the quick size (each ONNX export costs several CPU seconds)")
+    have = {"torch": "torch" in backends, "torch_int8": have_torchao, "ct2": have_ct2, "ort": have_ort}
+    have["precisions"] = choice.get("precisions", ("fp32", "int8"))
+    contenders = {}
     for family in families:
-        model = family_model(family, size, vocab_size)
-        if "torch" in backends:
-            results["rows"][f"{family} torch"] = measure(torch_runs(model, size, batches), size)
-        if have_ct2 and not ctranslate2_blockers(model.config):
-            import ctranslate2
-
-            from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
-
-            folder = export_ctranslate2(model, tokenizer, workdir / f"{family}-ct2", overwrite=True)
-            for compute_type in ("float32", "int8"):
-                translator = ctranslate2.Translator(
-                    str(folder), device="cpu", compute_type=compute_type, intra_threads=1, inter_threads=1
-                )
-                label = "ct2_fp32" if compute_type == "float32" else "ct2_int8"
-                results["rows"][f"{family} {label}"] = measure(ct2_runs(translator, tokenizer, size, batches), size)
-        elif have_ct2:
-            results["skipped"].append(f"{family} ct2: {'; '.join(ctranslate2_blockers(model.config))}")
-        if have_ort:
-            from hf_deep_nmt.serving.onnx import OnnxDecoder, export_onnx
-
-            folder = export_onnx(model, workdir / f"{family}-onnx", quantize=True)
-            for int8 in (False, True):
-                decoder = OnnxDecoder(folder, int8=int8, threads=1)
-                label = "ort_int8" if int8 else "ort_fp32"
-                results["rows"][f"{family} {label}"] = measure(ort_runs(decoder, size, batches), size)
-        if have_torchao:
-            results["rows"][f"{family} torch_int8"] = measure(torch_runs(torchao_int8(model), size, batches), size)
+        rows = family_rows(family, size, vocab_size, tokenizer, batches, workdir, have, results["skipped"])
+        for row, runs in rows.items():
+            runs = {column: run for column, run in runs.items() if column in choice.get("columns", runs)}
+            if choice.get("rounds"):
+                contenders[row] = runs  # timed once every contender is built
+            else:
+                results["rows"][row] = measure(runs, size)
+    if contenders:
+        results["rows"] = measure_in_turn(contenders, size, choice["rounds"])
     if have_ct2 and "torch" in backends and "plain" in families:
         from hf_deep_nmt.serving.ctranslate2 import export_ctranslate2
 
@@ -579,6 +671,31 @@ def print_table(results: dict) -> None:
                 )
     for skipped in results["skipped"]:
         print(f"skipped: {skipped}")
+
+
+def print_ratios(results: dict) -> None:
+    """Each ONNX Runtime row's tokens per CPU second over the plain model's at the same precision and over
+    CTranslate2's at that precision (the family's own export where it has one, else the plain model's)."""
+    rows = results["rows"]
+    for precision in ("fp32", "int8"):
+        plain_ort, plain_ct2 = rows.get(f"plain ort_{precision}"), rows.get(f"plain ct2_{precision}")
+        if plain_ort is None or plain_ct2 is None:
+            continue
+        print(f"ONNX Runtime {precision}: / plain ORT {precision}, / CTranslate2 {precision} (own export in brackets)")
+        for row, figures in rows.items():
+            if not row.endswith(f" ort_{precision}"):
+                continue
+            family = row.split()[0]
+            own = rows.get(f"{family} ct2_{precision}")
+            cells = []
+            for column, figure in figures.items():
+                speed = figure["tokens_per_cpu_second"]
+                cell = f"{column} {speed / plain_ort[column]['tokens_per_cpu_second']:.2f}"
+                cell += f" / {speed / plain_ct2[column]['tokens_per_cpu_second']:.2f}"
+                if own is not None and family != "plain":
+                    cell += f" ({speed / own[column]['tokens_per_cpu_second']:.2f})"
+                cells.append(cell)
+            print(f"  {family:18} " + "; ".join(cells))
 
 
 def print_profile(figures: dict) -> None:
@@ -867,7 +984,7 @@ def print_translate_profile(figures: dict) -> None:
     print(f"| the rest | {rest:.2f} | {rest / total:.0%} |")
 
 
-def main(argv: list[str] | None = None) -> dict:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", choices=sorted(SIZES), default="base")
     parser.add_argument("--quick", action="store_true", help="the same as --size quick: tiny, one repeat (CI)")
@@ -876,6 +993,15 @@ def main(argv: list[str] | None = None) -> dict:
         "--backends", nargs="+", choices=BACKENDS, default=list(BACKENDS), help="measure only these (default: all)"
     )
     parser.add_argument("--profile", choices=FAMILIES, default=None, help="profile one family's beam search instead")
+    parser.add_argument(
+        "--precisions", nargs="+", choices=("fp32", "int8"), default=None, help="only these rows (default: both)"
+    )
+    parser.add_argument(
+        "--columns", nargs="+", default=None, help="only these searches (greedy_b32, beam4_b32, greedy_b1, beam4_b1)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="build every contender, then time them in turn this many rounds"
+    )
     parser.add_argument("--json", type=Path, default=None, help="write the results here too")
     parser.add_argument("--workdir", type=Path, default=None, help="where the exports are written (default: a temp)")
     parser.add_argument("--end-to-end", type=Path, default=None, metavar="MODEL", help="whole translate processes")
@@ -900,7 +1026,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--ct2-int8", type=Path, default=None, help="--end-to-end: the int8 one, loaded as int8 (default: --ct2's)"
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = arguments().parse_args(argv)
     if args.end_to_end or args.profile_translate:
         return whole_process_main(args)
     size = "quick" if args.quick else args.size
@@ -912,8 +1042,11 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             with contextlib.ExitStack() as stack:
                 workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory()))
-                results = run(size, args.families, workdir, tuple(args.backends))
+                choice = {"rounds": args.rounds}
+                choice.update({key: value for key in ("precisions", "columns") if (value := getattr(args, key))})
+                results = run(size, args.families, workdir, tuple(args.backends), choice)
             print_table(results)
+            print_ratios(results)
     finally:
         torch.set_num_threads(threads)
     if args.json:

@@ -51,9 +51,20 @@ def test_the_export_decodes_as_torch(family, tmp_path):
     exported = model, export_onnx(model, tmp_path / family)
     # without `quantize`, the fp32 graphs alone, and the layout records them
     assert set(json.loads((exported[1] / "onnx_layout.json").read_text())["graphs"]) == {"start.onnx", "step.onnx"}
+    check_logits_come_from_the_output_product(exported[1])
     check_each_cached_step_gives_the_uncached_logits(exported)
     for beams in (1, 4):
         check_greedy_and_beam_tokens_equal_generate(exported, beams)
+
+
+def check_logits_come_from_the_output_product(folder):
+    """The step graph's output product writes the logits itself (the decoder binds them to its own buffer): no
+    reshape after it, which ONNX Runtime would run as a copy of the whole beams x vocabulary matrix each step."""
+    import onnx
+
+    graph = onnx.load(folder / "step.onnx", load_external_data=False).graph
+    (producer,) = [node for node in graph.node if "logits" in node.output]
+    assert producer.op_type in ("Gemm", "MatMul", "Add"), producer.op_type
 
 
 def check_each_cached_step_gives_the_uncached_logits(exported):

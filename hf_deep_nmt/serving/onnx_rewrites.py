@@ -12,8 +12,9 @@ returns a rewritten deep copy, and `export_onnx` traces that.
   one product with their concatenation, scaled and offset by concatenated constants; the copies are mixed by a
   broadcast product summed over the copies instead of a batched product of (n+1) x n by n x d matrices (one tiny
   matrix product per position, which ONNX Runtime runs one by one).
-* Attention Residuals: the key gain and the pseudo-query of a layer are one vector, so a layer's scores are one
-  product of the stacked values with it, times each value's inverse RMS, instead of the normalised keys written out.
+* Attention Residuals: the key gain and the pseudo-query of a layer are one vector, so a value's scores are one
+  product of it with the layers' vectors, times its inverse RMS, instead of the normalised keys written out; each
+  stored value is scored once, for every layer above it, not again at each layer that reads it.
 
 Every rewrite is exact in real arithmetic; in float32 the graphs' logits agree with the model's to rounding
 (`tests/test_onnx_decoding.py` compares them for every family).
@@ -39,7 +40,7 @@ def for_export(model):
             elif kind == "DeepNMTHyperConnection":
                 fuse_hyper_connection(module)
             elif kind in ("DeepNMTAttentionResidualHistory", "DeepNMTBlockAttentionResidualHistory"):
-                module.attend = types.MethodType(_attend_folded, module)
+                score_once(module)
     return rewritten
 
 
@@ -108,11 +109,43 @@ def _hyper_around(self, streams, norm, sublayer, dropout_p: float, training: boo
     return mixed[..., 1:, :] + beta.unsqueeze(-1) * outputs.unsqueeze(-2)
 
 
-def _attend_folded(self, values: list[torch.Tensor], row: int) -> torch.Tensor:
-    """`DeepNMTBlockAttentionResidualHistory.attend` with the key gain folded into the query:
-    q . (g * v * r) = (v . (g * q)) * r, r the inverse RMS of v."""
-    stacked = torch.stack(values)  # (n, batch, length, d_model)
-    inverse_rms = torch.rsqrt(stacked.pow(2).mean(dim=-1) + self.eps)
-    scores = (stacked @ (self.key_gains[row] * self.queries[row])) * inverse_rms
-    weights = torch.softmax(scores.float(), dim=0).to(stacked.dtype)
-    return (weights.unsqueeze(-1) * stacked).sum(dim=0)
+def score_once(module) -> None:
+    """`module` (an Attention Residuals history) scoring each stored value once, for every row at a time: the key
+    gain folded into the query, q . (g * v * r) = (v . (g * q)) * r with r the inverse RMS of v, so one product of a
+    value with the rows' folded queries (d x (layers + 1)) gives its score in every later layer's softmax. A value
+    is stored once and read by every layer above it: scored at each read, its RMS and scores were computed again in
+    each of them (28 times for 7 values in a 6-layer decoder step)."""
+    module.folded_queries = (module.key_gains * module.queries).t().detach().clone()  # (d_model, rows)
+    module.layer_input = types.MethodType(_scored_layer_input, module)
+    module.stack_output = types.MethodType(_scored_stack_output, module)
+
+
+def _scores(self, value: torch.Tensor) -> torch.Tensor:
+    """The scores of `value` (..., d_model) in every row's softmax, (..., rows)."""
+    inverse_rms = torch.rsqrt(value.pow(2).mean(dim=-1, keepdim=True) + self.eps)
+    return (value @ self.folded_queries) * inverse_rms
+
+
+def _attend_scored(self, state, row: int, partial: torch.Tensor | None) -> torch.Tensor:
+    """`attend` over the stored values of `state` (scored once, kept on the state) and `partial` (the running block
+    sum of Block Attention Residuals, which changes with each layer: scored at each read)."""
+    scored = state.__dict__.setdefault("scores", [])
+    scored.extend(_scores(self, value) for value in state.values[len(scored) :])
+    values, scores = list(state.values), list(scored)
+    if partial is not None:
+        values.append(partial)
+        scores.append(_scores(self, partial))
+    chosen = torch.stack([score[..., row] for score in scores])  # (n, batch, length)
+    weights = torch.softmax(chosen.float(), dim=0).to(values[0].dtype)
+    return (weights.unsqueeze(-1) * torch.stack(values)).sum(dim=0)
+
+
+def _scored_layer_input(self, state, index: int) -> torch.Tensor:
+    """`DeepNMTBlockAttentionResidualHistory.layer_input` with the values scored once (`score_once`)."""
+    state.layer_in = _attend_scored(self, state, index, state.partial)
+    return state.layer_in
+
+
+def _scored_stack_output(self, state) -> torch.Tensor:
+    """`DeepNMTBlockAttentionResidualHistory.stack_output` with the values scored once (`score_once`)."""
+    return _attend_scored(self, state, len(self.queries) - 1, None)
