@@ -369,18 +369,19 @@ with open("results.json", "w") as handle:
 
 
 @pytest.fixture(scope="module")
-def remote_results(saved, tmp_path_factory):
-    """Every case above, run once in a subprocess that cannot import this package, under `LIMIT` of address space."""
+def remote_results(saved, tmp_path_factory, clean_python):
+    """Every case above, run once in a process that cannot import this package, under `LIMIT` of address space:
+    forked from the session's clean server (torch and transformers imported once, never this package), whose imports
+    are the ones the script makes before it loads a folder, so the limit leaves the cases the same room."""
     workdir = tmp_path_factory.mktemp("remote")
-    (workdir / "run.py").write_text(REMOTE_SCRIPT)
     generate = {case: arguments for case, (arguments, _) in GENERATE_CASES.items()}
     beyond_memory = {case: settings for case, (settings, _) in BEYOND_MEMORY.items()}
     cases = {"folders": list(FOLDER_CASES), "generate": generate, "source": LONG_SOURCE.tolist()}
     cases["beyond_memory"] = beyond_memory
     (workdir / "cases.json").write_text(json.dumps(cases))
     environment = package_free_environment(str(workdir / "hf_home"), str(workdir / "modules"), OMP_NUM_THREADS="1")
-    completed = subprocess.run(
-        [sys.executable, "run.py", str(saved), str(LIMIT)],
+    completed = clean_python.run(
+        [sys.executable, "-c", REMOTE_SCRIPT, str(saved), str(LIMIT)],
         cwd=workdir,
         env=environment,
         stdin=subprocess.DEVNULL,

@@ -4,13 +4,13 @@ the same logits (fp32, within 1e-5) and the same greedy and 4-beam outputs, cach
 saving (package and remote code); what cannot be converted is refused by name before anything is written."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import package_free_environment
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import (
     AutoModelForSeq2SeqLM,
@@ -231,23 +231,26 @@ torch.save({"logits": logits, "beams": beams, "module": type(model).__module__},
 """
 
 
-def test_the_converted_folder_loads_as_remote_code(tmp_path_factory):
+def test_the_converted_folder_loads_as_remote_code(tmp_path_factory, clean_python):
     marian = noisy_marian(marian_config(False, False, "swish"), seed=3)
     folder = tmp_path_factory.mktemp("remote")
     marian.save_pretrained(folder / "marian")
     out = convert_marian(folder / "marian", folder / "converted")
     inputs = batch(share=False)
     torch.save(inputs, folder / "inputs.pt")
-    script = folder / "load.py"
-    script.write_text(REMOTE_SCRIPT)
-    environment = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"}
-    subprocess.run(
-        [sys.executable, str(script), str(out), str(folder / "inputs.pt"), str(folder / "result.pt"), str(NEW_TOKENS)],
-        check=True,
+    environment = package_free_environment(str(folder / "hf_home"), str(folder / "modules"))
+    # forked from the session's clean server (torch and transformers imported, never this package): a process of
+    # its own, as a fresh interpreter without the package, without paying the imports again
+    completed = clean_python.run(
+        [sys.executable, "-c", REMOTE_SCRIPT, str(out), str(folder / "inputs.pt"), str(folder / "result.pt"),
+         str(NEW_TOKENS)],
         cwd=folder,
         env=environment,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
-    )
+        text=True,
+    )  # fmt: skip
+    assert completed.returncode == 0, completed.stderr[-3000:]
     result = torch.load(folder / "result.pt", weights_only=False)
     assert not result["module"].startswith("hf_deep_nmt")
     with torch.no_grad():

@@ -3,6 +3,7 @@ and from a Hub cache by repo id, and give the same logits as the package."""
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -97,18 +98,17 @@ def saved_model(saved_models, family):
     return saved_models[family]
 
 
-def load_in_clean_process(tmp_path: Path, jobs: list[tuple[str, str, list[str]]], hf_home: Path, inputs: dict) -> dict:
-    """Run `jobs` (key, folder or repo id, load modes) in ONE subprocess that cannot import hf_deep_nmt (cwd: an empty
-    folder, Hub offline): one interpreter start for every family, the way a user's process loads several models."""
+def load_in_clean_process(tmp_path: Path, jobs: list[tuple[str, str, list[str]]], clean_python, inputs: dict) -> dict:
+    """Run `jobs` (key, folder or repo id, load modes) in ONE process that cannot import hf_deep_nmt (cwd: an empty
+    folder, Hub offline), the way a user's process loads several models: forked from the session's clean server
+    (torch and transformers imported once, never this package), whose Hub cache is the session's."""
     workdir = tmp_path / "workdir"
     workdir.mkdir()
-    (workdir / "load.py").write_text(LOAD_SCRIPT)
     (workdir / "jobs.json").write_text(json.dumps(jobs))
     torch.save(inputs, workdir / "inputs.pt")
-    env = package_free_environment(str(hf_home), str(tmp_path / "modules"))
-    completed = subprocess.run(
-        [sys.executable, "load.py"],
-        check=False,
+    env = package_free_environment(os.environ["HF_HOME"], str(tmp_path / "modules"))
+    completed = clean_python.run(
+        [sys.executable, "-c", LOAD_SCRIPT],
         cwd=workdir,
         env=env,
         stdin=subprocess.DEVNULL,
@@ -137,17 +137,19 @@ def assert_remote_class_with_identical_outputs(result: dict, saved_model) -> Non
 
 
 @pytest.fixture(scope="module")
-def clean_process_results(saved_models, tmp_path_factory, hub_cache):
+def clean_process_results(saved_models, tmp_path_factory, hub_cache, clean_python):
     """Every family loaded in a process without the package: from its saved folder (no flag, `trust_remote_code=False`
-    and `True`) and by repo id from a Hub cache laid out on disk (no flag and `True`)."""
+    and `True`) and by repo id from a Hub cache laid out on disk (the session's, under names of this module's own; no
+    flag and `True`)."""
+    from huggingface_hub import constants
+
     tmp_path = tmp_path_factory.mktemp("clean-process")
-    hf_home = tmp_path / "hf_home"
     jobs = []
     for family, (folder, *_) in saved_models.items():
         jobs.append((f"folder-{family}", str(folder), ["default", "false", "true"]))
-        hub_cache(folder, hf_home / "hub", f"org/{family}")
-        jobs.append((f"hub-{family}", f"org/{family}", ["default", "true"]))
-    return load_in_clean_process(tmp_path, jobs, hf_home, INPUTS)
+        hub_cache(folder, constants.HF_HUB_CACHE, f"org/remote-code-{family}")
+        jobs.append((f"hub-{family}", f"org/remote-code-{family}", ["default", "true"]))
+    return load_in_clean_process(tmp_path, jobs, clean_python, INPUTS)
 
 
 def test_saved_folder_loads_as_remote_code_with_identical_logits(saved_model, family, clean_process_results):

@@ -188,13 +188,14 @@ def families(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def clean_process(families, tmp_path_factory):
-    """One subprocess that cannot import hf_deep_nmt (cwd an empty folder, Hub offline): round 0 loads the folders
-    in ORDER, round 1 the copies in reverse; after each load, every model of the round loaded so far generates."""
+def clean_process(families, tmp_path_factory, clean_python):
+    """One process that cannot import hf_deep_nmt (cwd an empty folder, Hub offline), forked from the session's clean
+    server (torch and transformers imported once, never this package; the folders are loaded by path, so the
+    server's Hugging Face home is never read): round 0 loads the folders in ORDER, round 1 the copies in reverse;
+    after each load, every model of the round loaded so far generates."""
     tmp_path = tmp_path_factory.mktemp("pairs-process")
     workdir = tmp_path / "workdir"
     workdir.mkdir()
-    (workdir / "run.py").write_text(SCRIPT)
     plan = {
         "rounds": [
             [(family, str(families["folders"][family][0])) for family in ORDER],
@@ -209,9 +210,8 @@ def clean_process(families, tmp_path_factory):
     }
     torch.save(plan, workdir / "plan.pt")
     env = package_free_environment(str(tmp_path / "hf_home"), str(tmp_path / "modules"), OMP_NUM_THREADS="1")
-    completed = subprocess.run(
-        [sys.executable, "run.py"],
-        check=False,
+    completed = clean_python.run(
+        [sys.executable, "-c", SCRIPT],
         cwd=workdir,
         env=env,
         stdin=subprocess.DEVNULL,

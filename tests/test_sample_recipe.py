@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import package_free_environment
 from huggingface_hub import ModelCard
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -119,23 +120,25 @@ def test_export_carries_the_recipe_decoding_and_a_parsable_card(sample_run):
     assert "trust_remote_code=True" in card.text
 
 
-def test_export_loads_by_repo_id_offline_without_the_package(sample_run, tmp_path, hub_cache):
+def test_export_loads_by_repo_id_offline_without_the_package(sample_run, tmp_path, hub_cache, clean_python):
+    """Loaded in a process without the package, forked from the session's clean server (torch and transformers
+    imported once, never this package): the repository is laid out in the session's Hub cache, where the server's
+    huggingface_hub looks, under a name of this test's own."""
+    from huggingface_hub import constants
+
     root, config, summary = sample_run
     folder = root / "export"
-    hub_cache(folder, tmp_path / "hub", "org/sample-dlcl")
-    (tmp_path / "load.py").write_text(LOAD_SCRIPT)
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("HF_", "HUGGINGFACE_"))}
-    env.pop("PYTHONPATH", None)
-    env.update(HF_HUB_OFFLINE="1", HF_HUB_CACHE=str(tmp_path / "hub"), HF_MODULES_CACHE=str(tmp_path / "modules"))
+    hub_cache(folder, constants.HF_HUB_CACHE, "org/sample-recipe-dlcl")
+    env = package_free_environment(os.environ["HF_HOME"], str(tmp_path / "modules"))
     text = summary["examples"][0]["source"]
-    completed = subprocess.run(
-        [sys.executable, "load.py", "org/sample-dlcl", text],
+    completed = clean_python.run(
+        [sys.executable, "-c", LOAD_SCRIPT, "org/sample-recipe-dlcl", text],
         cwd=tmp_path,
         env=env,
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=180,
-        check=False,
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
