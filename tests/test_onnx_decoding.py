@@ -217,3 +217,32 @@ def test_graphs_not_rewritten_to_share_weights_decode_with_their_own(small_onnx_
         decoder = OnnxDecoder(folder)
     assert decoder.weights == {} and "No space left on device" in caplog.text and "TMPDIR" in caplog.text
     np.testing.assert_array_equal(decoder.beam(source, mask, 2, 6), expected)
+
+
+def test_a_step_graph_exported_with_unread_inputs_still_decodes(small_onnx_export, tmp_path):
+    """The export leaves out of the step graph the encoder states no node reads (here the encoder's last states,
+    which the step reads only through the start graph's cross-attention slots); a folder exported before, whose
+    step graph still has them, is bound as it was and decodes the same tokens."""
+    import shutil
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    from hf_deep_nmt.folders import written_file_record
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    shutil.copytree(small_onnx_export[0], tmp_path / "repo")
+    folder = tmp_path / "repo" / "onnx"
+    model = onnx.load(folder / "step.onnx")
+    assert "last_hidden_state" not in [value.name for value in model.graph.input]
+    width = small_onnx_export[1].config.d_model
+    unread = helper.make_tensor_value_info("last_hidden_state", TensorProto.FLOAT, ["batch", "source", width])
+    model.graph.input.insert(3, unread)
+    onnx.save(model, folder / "step.onnx")
+    layout = json.loads((folder / "onnx_layout.json").read_text())
+    layout["graphs"].update(written_file_record(folder, ["step.onnx"]))
+    (folder / "onnx_layout.json").write_text(json.dumps(layout))
+    older, new = OnnxDecoder(folder), OnnxDecoder(small_onnx_export[0] / "onnx")
+    assert "last_hidden_state" in older.step_inputs and "last_hidden_state" not in new.step_inputs
+    source, mask = SOURCE.numpy(), MASK.long().numpy()
+    np.testing.assert_array_equal(older.beam(source, mask, 3, 8), new.beam(source, mask, 3, 8))

@@ -39,3 +39,60 @@ def test_the_rewritten_copy_computes_the_models_logits(case):
         scales = [m.residual_scale for m in rewritten.modules() if hasattr(m, "residual_scale")]
         kept = model.config.decoder_layers if "aan" in case else 0
         assert len(scales) - scales.count(1.0) == kept
+
+
+def _saved_graph(path, nodes, inputs, outputs, constants):
+    """A one-graph ONNX model of float tensors at `path` (`inputs`/`outputs`: name -> shape)."""
+    from onnx import TensorProto, helper, numpy_helper, save
+
+    values = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in inputs.items()]
+    results = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape) for name, shape in outputs.items()]
+    weights = [numpy_helper.from_array(array, name) for name, array in constants.items()]
+    graph = helper.make_graph(nodes, "g", values, results, weights)
+    save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+
+
+def test_the_sinkhorn_normalisations_become_one_node_each_with_the_models_values(tmp_path):
+    """mHC's iteration in the exported graphs: each row or column division by its sum of an Exp's output becomes one
+    LpNormalization (p=1), with the torch model's values; a division of a tensor that may be negative is kept."""
+    np = pytest.importorskip("numpy")
+    ort = pytest.importorskip("onnxruntime")
+    from onnx import helper, load
+
+    from hf_deep_nmt.modeling.modeling_deep_nmt import sinkhorn_knopp
+    from hf_deep_nmt.serving.onnx_export import _fuse_normalisations
+
+    nodes, last = [helper.make_node("Exp", ["x"], ["m0"])], "m0"
+    for index in range(6):  # three iterations: rows, then columns
+        axis = "rows" if index % 2 == 0 else "columns"
+        nodes += [
+            helper.make_node("ReduceSum", [last, axis], [f"s{index}"], keepdims=1),
+            helper.make_node("Div", [last, f"s{index}"], [f"m{index + 1}"]),
+        ]
+        last = f"m{index + 1}"
+    nodes += [helper.make_node("ReduceSum", ["x", "rows"], ["t"]), helper.make_node("Div", ["x", "t"], ["y"])]
+    constants = {"rows": np.array([-1]), "columns": np.array([-2])}
+    path = tmp_path / "g.onnx"
+    _saved_graph(path, nodes, {"x": [5, 3, 3]}, {last: [5, 3, 3], "y": [5, 3, 3]}, constants)
+    _fuse_normalisations(path)
+    ops = [node.op_type for node in load(path).graph.node]
+    assert ops == ["Exp", *["LpNormalization"] * 6, "ReduceSum", "Div"]
+    logits = torch.randn(5, 3, 3) * 3
+    matrix, plain = ort.InferenceSession(str(path)).run(None, {"x": logits.numpy()})
+    torch.testing.assert_close(torch.from_numpy(matrix), sinkhorn_knopp(logits, 3), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(torch.from_numpy(plain), logits / logits.sum(-1, keepdim=True))
+
+
+def test_the_step_graph_keeps_only_the_inputs_it_reads(tmp_path):
+    """An encoder state no node of the step graph reads (MSC's block outputs) is no input of it, so the decoder
+    neither repeats it for the beams nor binds it; the inputs the decoder always binds stay."""
+    pytest.importorskip("onnx")
+    from onnx import helper, load
+
+    from hf_deep_nmt.serving.onnx_export import _read_inputs_only
+
+    path = tmp_path / "g.onnx"
+    shapes = {name: [2] for name in ("tokens", "steps", "last_hidden_state", "block_outputs", "context_states")}
+    _saved_graph(path, [helper.make_node("Identity", ["context_states"], ["logits"])], shapes, {"logits": [2]}, {})
+    _read_inputs_only(path)
+    assert [value.name for value in load(path).graph.input] == ["tokens", "steps", "context_states"]

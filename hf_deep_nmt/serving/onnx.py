@@ -343,7 +343,9 @@ class _Batch:
         self.decoder, self.session, self.group = decoder, decoder.step, group
         own = set(decoder.self_index)
         cross = {name: slot for index, (name, slot) in enumerate(zip(decoder.names, slots)) if index not in own}
-        fixed = {"attention_mask": mask, **encoder, **cross}
+        # only the states the step graph reads are repeated for the beams (an export drops the inputs it never reads)
+        fixed = {k: v for k, v in {**encoder, **cross}.items() if k in decoder.step_inputs}
+        fixed = {"attention_mask": mask, **fixed}
         self.self_names = [decoder.names[index] for index in decoder.self_index]
         self.output_names = ["new." + name for name in self.self_names]
         grows = [decoder.layout[index][2] in ("keys", "values") for index in decoder.self_index]
@@ -443,6 +445,7 @@ class OnnxDecoder(Decoder):
         self.folder, self.names = folder, [_slot_name(entry) for entry in self.layout]
         self.buffers = _Buffers()  # the batches' buffers, reused from one batch to the next
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
+        self.step_inputs = {value.name for value in self.step.get_inputs()}
 
     def _start(self, input_ids, attention_mask):
         """The start graph on a batch: (logits, encoder states by name, cache slots, mask), a row per sentence."""
