@@ -280,3 +280,18 @@ def test_the_top_log_probs_are_torchs_the_lower_token_first_among_equal_ones():
             finite = np.isfinite(np.take_along_axis(expected, order, 1))  # among -inf, any order is torch's
             np.testing.assert_array_equal(ids[finite], order[finite])
             np.testing.assert_allclose(values, np.take_along_axis(expected, order, 1), rtol=0, atol=2e-6)
+
+
+def test_sessions_on_several_threads_let_their_workers_sleep_between_runs():
+    """At 2 threads, spinning ONNX Runtime workers (three sessions, a pool each) took the cores the numpy loop between
+    the graphs needed: a whole translate cost twice its 1-thread CPU time. One thread has no workers to spin."""
+    import onnxruntime
+
+    from hf_deep_nmt.serving.onnx import _session_options
+
+    entry = "session.intra_op.allow_spinning"
+    several, one = _session_options(onnxruntime, 2), _session_options(onnxruntime, 1)
+    assert (several.intra_op_num_threads, one.intra_op_num_threads) == (2, 1)
+    assert several.get_session_config_entry(entry) == "0"
+    with pytest.raises(RuntimeError, match=entry):  # not set: ONNX Runtime's default
+        one.get_session_config_entry(entry)

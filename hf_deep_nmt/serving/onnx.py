@@ -104,6 +104,18 @@ def _part_size(vocab: int, k: int) -> int:
     return min(sizes, key=lambda size: abs(math.log(size * size * k / vocab)))
 
 
+def _session_options(onnxruntime, threads: int):
+    """Options of a session on `threads` threads. Its worker threads sleep when a run ends instead of spinning: the
+    decoding loop runs numpy between the graphs, and three sessions each keep their own pool, so spinning workers
+    took the cores that loop and the next graph needed (at 2 threads, a whole `translate` cost twice the CPU time of
+    1 thread and took longer)."""
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = threads
+    if threads > 1:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
 def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None = None):
     """The `k` best log-probabilities of each row of `logits` (log-softmax over the row, as torch.log_softmax) and
     their tokens, best first and the lower token first among equal ones, on `threads` threads. `barred`: a token given
@@ -112,8 +124,7 @@ def _top_log_probs(logits: np.ndarray, k: int, threads: int, barred: int | None 
     if threads not in _TOP_SESSIONS:
         import onnxruntime
 
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        options = _session_options(onnxruntime, threads)
         _TOP_SESSIONS[threads] = onnxruntime.InferenceSession(_TOP_GRAPH, options, providers=["CPUExecutionProvider"])
     wanted = k if barred is None else min(k + 1, logits.shape[-1])
     sizes = np.array([wanted, _part_size(logits.shape[-1], wanted)], dtype=np.int64)
@@ -434,9 +445,7 @@ class OnnxDecoder(Decoder):
         self.early_stopping = False if info.get("early_stopping") is None else info["early_stopping"]
 
         def options():
-            options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = options.inter_op_num_threads = threads
-            return options
+            return _session_options(onnxruntime, threads)
 
         # one copy of the weights for both graphs (`weights`: the arrays the sessions use in place); the step graph's
         # fp32 products on pre-packed weights (int8 decoding measured the same without them)
