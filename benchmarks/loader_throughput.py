@@ -212,7 +212,7 @@ def print_table(rows: dict[str, dict]) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> int:
+def arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=100_000)
     parser.add_argument("--vocab", type=int, default=8000)
@@ -221,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buffer-pairs", type=int, default=1_000, help="the streamed path's `stream_buffer_pairs`")
     parser.add_argument("--smoke", action="store_true", help="a tiny run: checks the script, measures nothing")
     parser.add_argument("--json", default=None, help="write the result here")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = arguments(argv)
     torch.set_num_threads(1)
     datasets.disable_progress_bars()
     generator = corpus_generator()
