@@ -21,7 +21,7 @@ from hf_deep_nmt.serving.ctranslate2_layout import (
     GENERIC_CONFIG_KEYS,
     IDENTITY_FILE,
     UNSUPPORTED_GENERATION,
-    PlainGenerationConfig,
+    SavedGenerationConfig,
     read_generation_config,
     read_identity,
     servable_by_plain_reading,
@@ -97,13 +97,13 @@ def test_the_generation_config_reads_as_transformers_reads_it(tmp_path, saved):
     if saved is not None:
         (tmp_path / "generation_config.json").write_text(json.dumps(saved), encoding="utf-8")
     plain = read_generation_config(tmp_path)
-    assert isinstance(plain, PlainGenerationConfig)
+    assert isinstance(plain, SavedGenerationConfig)
     expected = GenerationConfig.from_pretrained(tmp_path) if saved is not None else GenerationConfig()
     for name in (*GENERATION_FIELDS, *UNSUPPORTED_GENERATION):
         assert getattr(plain, name) == getattr(expected, name), name
     decoder = CTranslate2Decoder.__new__(CTranslate2Decoder)
     decoder.folder = tmp_path
-    assert isinstance(decoder.generation_config, PlainGenerationConfig)
+    assert isinstance(decoder.generation_config, SavedGenerationConfig)
 
 
 @pytest.mark.parametrize(
@@ -185,3 +185,12 @@ def test_the_plain_tokenizer_converts_tokens_as_transformers_does(sample_slice):
     assert plain.convert_ids_to_tokens(ids) == tokens
     unknown = [*tokens, "<hf-deep-nmt-unused-9999>", "no-such-token"]
     assert plain.convert_tokens_to_ids(unknown) == auto.convert_tokens_to_ids(unknown)
+
+
+def test_a_ctranslate2_model_written_as_a_missing_path_is_named_before_any_hub_lookup(tmp_path):
+    """As `onnx_folder` names it: not the Hub's complaint that a path is no repository id."""
+    from hf_deep_nmt.serving.ctranslate2_decoder import ctranslate2_folder
+
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(FileNotFoundError, match=r"^Model '.*no-such-model' does not exist \(a local folder was given"):
+        ctranslate2_folder(str(missing))

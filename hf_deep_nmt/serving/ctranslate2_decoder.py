@@ -32,7 +32,7 @@ from hf_deep_nmt.serving.ctranslate2_layout import (
     CTRANSLATE2_SUBFOLDER,
     IDENTITY_FILE,
     UNSUPPORTED_GENERATION,
-    PlainGenerationConfig,
+    SavedGenerationConfig,
     ctranslate2_blockers,
     read_generation_config,
     read_identity,
@@ -78,9 +78,13 @@ def export_command(model) -> str:
 def ctranslate2_folder(model: str | Path) -> Path:
     """The CTranslate2 model that `model` names: an `export-ctranslate2` folder itself, or a model folder's
     `ctranslate2/` subfolder; a name that is no local path is taken as a Hub repository id, and its `ctranslate2/`
-    folder downloaded. `FileNotFoundError` naming the command that writes it when there is none."""
-    path = Path(str(model)).expanduser()
-    if not path.exists():
+    folder downloaded. `FileNotFoundError` naming the model when it is written as a path that does not exist or is no
+    Hub id either (before any Hub lookup, as `onnx_folder` does), and naming the command that writes it when there is
+    none."""
+    from hf_deep_nmt.model_folders import check_model_name
+
+    path = check_model_name(model, "Model", check_hub_id=False)
+    if path is None:
         from huggingface_hub import snapshot_download
 
         path = Path(snapshot_download(str(model), allow_patterns=[f"{CTRANSLATE2_SUBFOLDER}/*"]))
@@ -199,8 +203,8 @@ class CTranslate2Decoder(Decoder):
                 "backend."
             )
         saved = self.generation_config
-        if isinstance(saved, PlainGenerationConfig):
-            defaults = PlainGenerationConfig({})
+        if isinstance(saved, SavedGenerationConfig):
+            defaults = SavedGenerationConfig({})
         else:
             from transformers import GenerationConfig
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from hf_deep_nmt.serving.options import SavedGenerationConfig
 from hf_deep_nmt.settings import SettingCheck, refusals
 
 # Activations of this package's configs that CTranslate2 computes the same way (`common_spec.Activation` names).
@@ -290,19 +291,6 @@ GENERATION_UNREAD = (
 )
 
 
-class PlainGenerationConfig:
-    """The values of a generation_config.json as attributes, a setting the file leaves out None, as transformers'
-    `GenerationConfig` leaves every setting this decoding reads (its defaults apply when `generate()` runs)."""
-
-    def __init__(self, values: dict):
-        self.__dict__.update(values)
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return None
-
-
 def _checked_fields(path: Path, values, fields: dict, way_out: str) -> dict:
     """`values` (parsed from `path`), every field of `fields` it holds checked: `ValueError` naming the file, the
     field and what it must be."""
@@ -328,14 +316,14 @@ def read_identity(folder: str | Path) -> dict:
     return _checked_fields(path, values, IDENTITY_FIELDS, way_out)
 
 
-def read_generation_config(folder: str | Path) -> PlainGenerationConfig | None:
-    """The generation_config.json in `folder` read without transformers (`PlainGenerationConfig`; of no file, the
+def read_generation_config(folder: str | Path) -> SavedGenerationConfig | None:
+    """The generation_config.json in `folder` read without transformers (`SavedGenerationConfig`; of no file, the
     defaults), what decoding reads of it checked (`GENERATION_FIELDS`: `ValueError` naming the file and the field).
     None where transformers must read it: a file that is not a JSON object (transformers names the fault), or one
     holding a setting not listed here (so that no setting is honoured, or passed over, otherwise than before)."""
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
-        return PlainGenerationConfig({})
+        return SavedGenerationConfig({})
     try:
         values = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
@@ -344,4 +332,4 @@ def read_generation_config(folder: str | Path) -> PlainGenerationConfig | None:
     if not isinstance(values, dict) or any(key not in known for key in values):
         return None
     way_out = "correct it, or write the export again with `hf-deep-nmt export-ctranslate2`"
-    return PlainGenerationConfig(_checked_fields(path, values, GENERATION_FIELDS, way_out))
+    return SavedGenerationConfig(_checked_fields(path, values, GENERATION_FIELDS, way_out))

@@ -22,7 +22,7 @@ from hf_deep_nmt.serving import onnx_checks
 from hf_deep_nmt.serving.decoder import Decoder
 from hf_deep_nmt.serving.onnx_layout import ENCODER_FIELDS, LAYOUT_FILE, ONNX_SUBFOLDER, SLOTS  # noqa: F401
 from hf_deep_nmt.serving.onnx_layout import slot_name as _slot_name
-from hf_deep_nmt.serving.options import DecodingOptions
+from hf_deep_nmt.serving.options import DecodingOptions, SavedGenerationConfig
 from hf_deep_nmt.serving.plain_tokenizer import load_tokenizer
 from hf_deep_nmt.serving.threads import check_threads
 
@@ -719,17 +719,3 @@ def load_onnx_model(model: str | Path, int8: bool = False, threads: int | None =
     folder = onnx_folder(model, int8)
     decoder = OnnxDecoder(folder, int8=int8, threads=threads)
     return decoder, load_tokenizer(folder)
-
-
-class SavedGenerationConfig:
-    """The values of a generation_config.json as attributes, what the translate command reads of them
-    (`DecodingOptions.from_arguments`: beams, length penalty) without transformers; a name the file does not set is
-    None, as transformers' `GenerationConfig` leaves it (its defaults apply when it generates)."""
-
-    def __init__(self, values: dict):
-        self.__dict__.update(values)
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return None

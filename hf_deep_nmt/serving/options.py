@@ -215,3 +215,18 @@ class DecodingOptions:
             return_dict_in_generate=True,
             output_scores=self.gnmt,
         )
+
+
+class SavedGenerationConfig:
+    """The values of a generation_config.json as attributes, read without transformers by the decoders that import
+    none (ONNX Runtime's, CTranslate2's); a setting the file leaves out is None, as transformers' `GenerationConfig`
+    leaves every setting these decoders and `DecodingOptions.from_arguments` read (its defaults apply when it
+    generates)."""
+
+    def __init__(self, values: dict):
+        self.__dict__.update(values)
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return None
