@@ -191,10 +191,10 @@ GENERIC_CONFIG_KEYS = frozenset(
         "transformers_version",
     }
 )
+PACKAGE_MODEL_TYPES = "deep_nmt"  # this package's model types, each family's (`deep_nmt_deepnorm`, ...) too
 # Settings whose null (or, for the Hyper-Connections ones, missing) value the config class fills in when it loads:
 # the layer aggregation of each stack from `layer_aggregation`, each side's Hyper-Connections from
 # `hyper_connections` (`to_dict` writes none of the three where all are off).
-PACKAGE_MODEL_TYPES = "deep_nmt"  # this package's model types, each family's (`deep_nmt_deepnorm`, ...) too
 DERIVED_WHEN_NULL = ("encoder_layer_aggregation", "decoder_layer_aggregation")
 HYPER_CONNECTION_SETTINGS = ("hyper_connections", "encoder_hyper_connections", "decoder_hyper_connections")
 
