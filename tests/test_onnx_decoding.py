@@ -55,6 +55,37 @@ def test_the_export_decodes_as_torch(family, tmp_path):
     check_each_cached_step_gives_the_uncached_logits(exported)
     for beams in (1, 4):
         check_greedy_and_beam_tokens_equal_generate(exported, beams)
+    if family == "msc":  # encoder states, cross-attention and context slots: every input read once per sentence
+        check_older_graphs_decode_the_same(exported, tmp_path / "older")
+
+
+def check_older_graphs_decode_the_same(exported, older_folder):
+    """The step graph's cross-attention (MSC's context attention too) takes the encoder states, the source mask and
+    its slots one row per sentence, for all the beams of the sentence, and the decoder binds them so; graphs written
+    before (a row per beam, no `cross_rows` in the layout) are bound as they were and decode the same tokens."""
+    import onnx
+
+    from hf_deep_nmt.serving import onnx_export
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    model, grouped = exported
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(onnx_export, "GROUP_CROSS_ATTENTION", False)
+        older = onnx_export.export_onnx(model, older_folder)
+    rows = {}
+    for folder in (grouped, older):
+        inputs = onnx.load(folder / "step.onnx", load_external_data=False).graph.input
+        rows[folder] = {value.name: value.type.tensor_type.shape.dim[0].dim_param for value in inputs}
+    once = {name for name, dim in rows[grouped].items() if dim == "sentences"}
+    assert {"attention_mask", "cross.0.keys", "cross.0.context_keys"} <= once
+    assert not {name for name in once if name.startswith("self.") or name == "tokens"}
+    assert set(rows[older].values()) == {"batch", "past"}  # `steps`: past
+    assert "cross_rows" not in json.loads((older / "onnx_layout.json").read_text())
+    decoders = OnnxDecoder(grouped), OnnxDecoder(older)
+    assert [decoder.grouped for decoder in decoders] == [True, False]
+    source, mask = SOURCE.numpy(), MASK.numpy()
+    np.testing.assert_array_equal(*(decoder.beam(source, mask, 3, 9) for decoder in decoders))
+    np.testing.assert_array_equal(*(decoder.greedy(source, mask, 9)[0] for decoder in decoders))
 
 
 def check_logits_come_from_the_output_product(folder):

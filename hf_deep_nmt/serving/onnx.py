@@ -346,12 +346,16 @@ class _Batch:
     the encoder states, cross-attention slots and mask (moved together in place and bound again only when sentences
     leave), the self-attention slots in a `_SelfCache`, the logits written into one buffer; `started`: the start
     graph's outputs (`OnnxDecoder._start`), one row per sentence, each repeated for `group` rows (the beams of a
-    sentence); `max_lengths`: each row's cap, as in `greedy`. The slots and the repeated states live in the decoder's
+    sentence), but for the states a grouped step graph reads once per sentence (`OnnxDecoder.grouped`: the encoder
+    states, mask and cross-attention slots stay one row per sentence); `max_lengths`: each row's cap, as in
+    `greedy`. The slots and the repeated states live in the decoder's
     `_Buffers` (`decoder.buffers`), given back when the batch is gone: the next batch finds them mapped."""
 
     def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None, group: int = 1):
         logits, encoder, slots, mask = started
         self.decoder, self.session, self.group = decoder, decoder.step, group
+        self.shared = group if decoder.grouped else 1  # the rows of a sentence that read one copy of its states
+        rows = len(mask) * group
         own = set(decoder.self_index)
         cross = {name: slot for index, (name, slot) in enumerate(zip(decoder.names, slots)) if index not in own}
         # only the states the step graph reads are repeated for the beams (an export drops the inputs it never reads)
@@ -363,18 +367,20 @@ class _Batch:
         own_slots = [slots[index] for index in decoder.self_index]
         sizes = _SelfCache.sizes(own_slots, grows, capacity, group)
         self.pool = getattr(decoder, "buffers", None)
-        fixed_sizes = [tensor.nbytes * group for tensor in fixed.values()]
+        fixed_sizes = [tensor.nbytes * group // self.shared for tensor in fixed.values()]
         self.flats = self.pool.take(sizes + fixed_sizes) if self.pool is not None else None
         flats = self.flats or [np.empty(size, np.uint8) for size in sizes + fixed_sizes]
         self.cache = _SelfCache(own_slots, grows, capacity, flats[: len(sizes)], group)
         # the states every step reads, repeated into the buffers after the slots (moved to the front as sentences go)
         places = flats[len(sizes) : len(sizes) + len(fixed)]
-        self.fixed = {name: _repeated(flat, tensor, group) for flat, (name, tensor) in zip(places, fixed.items())}
+        self.fixed = {
+            name: _repeated(flat, tensor, group // self.shared) for flat, (name, tensor) in zip(places, fixed.items())
+        }
         self.places = dict(zip(self.fixed, places))
         self.max_lengths = None if max_lengths is None else np.asarray(max_lengths)
         self.steps = np.zeros(capacity, dtype=np.float32)  # only its length is read: the tokens decoded so far
-        self.tokens = np.empty((self.fixed["attention_mask"].shape[0], 1), dtype=np.int64)
-        self.logits = np.empty((len(self.tokens), logits.shape[-1]), dtype=np.float32)
+        self.tokens = np.empty((rows, 1), dtype=np.int64)
+        self.logits = np.empty((rows, logits.shape[-1]), dtype=np.float32)
         self.binding = self.session.io_binding()
         self._bind_fixed()
 
@@ -392,10 +398,11 @@ class _Batch:
         self.cache.keep(rows)
         if rows is not None and changed:
             kept = rows[:: self.group] // self.group  # the sentences that stay, by their place before
+            each = self.group // self.shared  # the rows of a sentence's states
             for name, tensor in self.fixed.items():
-                block = tensor[: self.group].nbytes
+                block = tensor[:each].nbytes
                 _compact(self.places[name], block, kept)
-                self.fixed[name] = _view(self.places[name], (len(rows), *tensor.shape[1:]), tensor.dtype)
+                self.fixed[name] = _view(self.places[name], (len(kept) * each, *tensor.shape[1:]), tensor.dtype)
             self._bind_fixed()
             if self.max_lengths is not None:
                 self.max_lengths = self.max_lengths[rows]
@@ -455,6 +462,8 @@ class OnnxDecoder(Decoder):
         self.buffers = _Buffers()  # the batches' buffers, reused from one batch to the next
         self.self_index = [i for i, entry in enumerate(self.layout) if entry[0] == "self"]
         self.step_inputs = {value.name for value in self.step.get_inputs()}
+        # the step graph reads the encoder states, mask and cross-attention slots once per sentence, not per beam
+        self.grouped = info.get("cross_rows") == "sentence"
 
     def _start(self, input_ids, attention_mask):
         """The start graph on a batch: (logits, encoder states by name, cache slots, mask), a row per sentence."""

@@ -3,11 +3,12 @@
 `export_onnx(model, folder)` writes `start.onnx` (the encoder and the first decoder step: logits, the encoder states
 and every filled cache slot) and `step.onnx` (one decoder step: the previous token, the encoder states and mask,
 every cache slot in; logits and the self-attention half's slots out). The cross-attention half (encoder memory
-keys/values, MSC context keys/values) is projected once by `start.onnx` and fed back unchanged. The slots are whatever
-the family's cache layers fill (`keys`/`values`, MAtt/AAN `running_sum`, MSC `context_*`), read from an eager run, so
-every family exports through the same code. What is traced is a copy of the model with some families' extra work a
-step folded or fused (`hf_deep_nmt.serving.onnx_rewrites`). `quantize=True` adds the int8 graphs of `quantize_dynamic`
-(the matrix products, but for narrow ones).
+keys/values, MSC context keys/values) is projected once by `start.onnx` and fed back unchanged, one row per sentence
+with the encoder states and mask, whatever the beams (the rows of the tokens and the self-attention slots). The slots
+are whatever the family's cache layers fill (`keys`/`values`, MAtt/AAN `running_sum`, MSC `context_*`), read from an
+eager run, so every family exports through the same code. What is traced is a copy of the model with some families'
+extra work a step folded or fused (`hf_deep_nmt.serving.onnx_rewrites`). `quantize=True` adds the int8 graphs of
+`quantize_dynamic` (the matrix products, but for narrow ones).
 `export_for_serving` and `export_into_model` put the graphs where `hf-deep-nmt translate --backend onnxruntime` looks.
 The decoder that runs them is `hf_deep_nmt.serving.onnx.OnnxDecoder`.
 
@@ -49,6 +50,10 @@ PREPROCESSING_HINT = "Please consider to run pre-processing before quantization"
 # a weight matrix with fewer rows or columns than this stays float32 in the int8 graphs (`_narrow_products`)
 NARROW = 16
 LAYOUT_FORMAT = 2  # 2: the layout records the graphs' and the source's digests (1: the slots and special ids only)
+# The step graph's cross-attention reads each sentence's states once for all its beams (`onnx_rewrites`): the layout
+# says so (`cross_rows: "sentence"`), and `OnnxDecoder` then binds those states one row per sentence. Graphs written
+# before, without the key, read a row of them per beam, and are bound so. A test writes such graphs with False.
+GROUP_CROSS_ATTENTION = True
 
 
 def _empty_cache(config) -> EncoderDecoderCache:
@@ -313,7 +318,8 @@ def export_onnx(
     folder = Path(folder)
     if folder.exists():
         raise FileExistsError(f"{folder} exists; give a new folder for the ONNX export (nothing is overwritten).")
-    model = for_export(model)  # a copy with fewer operations a step (`onnx_rewrites`); the model is left as it is
+    grouped = GROUP_CROSS_ATTENTION
+    model = for_export(model, grouped)  # a copy with fewer operations a step (`onnx_rewrites`); the model is as it was
     origin = source_digests(source, tokenizer)  # what the graphs are made from, read as the export starts
     layout, fields, encoder_output = _layout(model)
     folder.mkdir(parents=True)
@@ -323,7 +329,7 @@ def export_onnx(
         outputs = _export_start(_Start(model, layout).eval(), sample, mask, fields, folder / "start.onnx")
         encoder, slots = list(outputs[1 : 1 + len(fields)]), list(outputs[1 + len(fields) :])
         step = _Step(model, layout, fields, type(encoder_output)).eval()
-        _export_step(step, mask, encoder, slots, folder / "step.onnx")
+        _export_step(step, mask, encoder, slots, folder / "step.onnx", beams=2 if grouped else 1)
     info = {
         "format": LAYOUT_FORMAT,
         "layout": [list(entry) for entry in layout],
@@ -335,6 +341,8 @@ def export_onnx(
         "early_stopping": model.generation_config.early_stopping,
         "model_config": model.config.to_dict(),
     }
+    if grouped:
+        info["cross_rows"] = "sentence"
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
     if quantize:
@@ -384,19 +392,26 @@ def _export_start(start: _Start, source, mask, fields: list[str], path: Path) ->
     return start(source, mask)
 
 
-def _export_step(step: _Step, mask, encoder: list, slots: list, path: Path) -> None:
+def _export_step(step: _Step, mask, encoder: list, slots: list, path: Path, beams: int = 1) -> None:
     """Export the one-step graph to `path`, traced a few steps in so that no length is specialised to 0 or 1:
-    dynamic batch, source length and decoded length (`past`: the self-attention slots' length, the `steps` input's)."""
+    dynamic rows (`batch`), source length and decoded length (`past`: the self-attention slots' length, the `steps`
+    input's). `beams` > 1: the traced rows are that many per sentence, and what the step reads once per sentence
+    (the source mask, encoder states and cross-attention slots: `_grouped_context`) has its own dynamic dimension,
+    `sentences`."""
     layout, fields = step.layout, step.encoder_fields
-    tokens = torch.tensor([[4], [5]])
+    slots = [slot.repeat_interleave(beams, 0) if entry[0] == "self" else slot for entry, slot in zip(layout, slots)]
+    tokens = torch.arange(4, 4 + len(mask) * beams)[:, None]
     for done in range(1, 3):
         result = step(tokens, mask, torch.zeros(done), tuple(encoder), tuple(slots))
         new = iter(result[1:])
         slots = [next(new) if entry[0] == "self" else tensor for entry, tensor in zip(layout, slots)]
     batch, length, past = torch.export.Dim("batch"), torch.export.Dim("source"), torch.export.Dim("past")
-    slot_shapes = tuple(_slot_shape(half, slot, batch, length, past) for half, _, slot in layout)
+    sentences = torch.export.Dim("sentences") if beams > 1 else batch
+    slot_shapes = tuple(
+        _slot_shape(half, slot, batch if half == "self" else sentences, length, past) for half, _, slot in layout
+    )
     encoder_shapes = tuple(
-        {0: batch, 1: length} if f == "last_hidden_state" else {0: batch, 2: length} for f in fields
+        {0: sentences, 1: length} if f == "last_hidden_state" else {0: sentences, 2: length} for f in fields
     )
     names = [_slot_name(entry) for entry in layout]
     program = torch.onnx.export(
@@ -405,7 +420,7 @@ def _export_step(step: _Step, mask, encoder: list, slots: list, path: Path) -> N
         dynamo=True,
         input_names=["tokens", "attention_mask", "steps", *fields, *names],
         output_names=["logits", *["new." + name for name, entry in zip(names, layout) if entry[0] == "self"]],
-        dynamic_shapes=({0: batch}, {0: batch, 1: length}, {0: past}, encoder_shapes, slot_shapes),
+        dynamic_shapes=({0: batch}, {0: sentences, 1: length}, {0: past}, encoder_shapes, slot_shapes),
         verbose=False,
     )
     program.save(path)

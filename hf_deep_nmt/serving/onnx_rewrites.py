@@ -15,6 +15,12 @@ returns a rewritten deep copy, and `export_onnx` traces that.
 * Attention Residuals: the key gain and the pseudo-query of a layer are one vector, so a value's scores are one
   product of it with the layers' vectors, times its inverse RMS, instead of the normalised keys written out; each
   stored value is scored once, for every layer above it, not again at each layer that reads it.
+* The decoder's cross-attention (and MSC's context attention, MAtt's merged one) reads each sentence's keys and values
+  once for all its beams: its queries come as rows of `beams` in a row per sentence (the decoder's layout), and the
+  states it attends as one row per sentence, so the beams' queries are one block of queries over the sentence's
+  states. The step graph then takes the encoder states, the source mask and the cross-attention slots one row per
+  sentence: ONNX Runtime ran one 1-query product per row and head over a copy of the states for every beam, a quarter
+  of an int8 beam-4 step. Exact: each query's scores and weights are those of its own row.
 
 Every rewrite is exact in real arithmetic; in float32 the graphs' logits agree with the model's to rounding
 (`tests/test_onnx_decoding.py` compares them for every family).
@@ -29,8 +35,10 @@ import types
 import torch
 
 
-def for_export(model):
-    """A deep copy of `model` (in eval mode) with the rewrites above applied; `model` itself is untouched."""
+def for_export(model, group_cross_attention: bool = True):
+    """A deep copy of `model` (in eval mode) with the rewrites above applied; `model` itself is untouched.
+    `group_cross_attention=False`: the decoder's cross-attention reads one row of states per query row (the graphs
+    written before the grouping)."""
     rewritten = copy.deepcopy(model).eval()
     with torch.no_grad():
         for module in rewritten.modules():
@@ -41,6 +49,10 @@ def for_export(model):
                 fuse_hyper_connection(module)
             elif kind in ("DeepNMTAttentionResidualHistory", "DeepNMTBlockAttentionResidualHistory"):
                 score_once(module)
+        if group_cross_attention:
+            for module in rewritten.get_decoder().modules():
+                if getattr(module, "is_cross_attention", False) and hasattr(module, "_context"):
+                    module._context = types.MethodType(_grouped_context, module)
     return rewritten
 
 
@@ -149,3 +161,28 @@ def _scored_layer_input(self, state, index: int) -> torch.Tensor:
 def _scored_stack_output(self, state) -> torch.Tensor:
     """`DeepNMTBlockAttentionResidualHistory.stack_output` with the values scored once (`score_once`)."""
     return _attend_scored(self, state, len(self.queries) - 1, None)
+
+
+def _grouped_context(self, hidden_states, key_value_states, attention_mask, cache_layer) -> torch.Tensor:
+    """`DeepNMTAttention._context` of a cross-attention whose `hidden_states` rows are the beams of each sentence in a
+    row (rows grouped by sentence) and whose memory (`key_value_states`, the cache layer's slots, `attention_mask`)
+    has one row per sentence: every query of a sentence in one product with its keys, (sentences, heads, beams x
+    length, head) against (sentences, heads, source, head)."""
+    rows, length, _ = hidden_states.shape
+    query = self._split_heads(self.q_proj(hidden_states))  # (rows, heads, length, head)
+
+    def project() -> tuple[torch.Tensor, torch.Tensor]:
+        return self._split_heads(self.k_proj(key_value_states)), self._split_heads(self.v_proj(key_value_states))
+
+    if cache_layer is None:
+        key, value = project()
+    elif self.context_memory:
+        key, value = cache_layer.remember_context(project)
+    else:
+        key, value = cache_layer.remember(project)
+    sentences, heads, width = key.shape[0], self.num_heads, self.head_dim
+    grouped = query.reshape(sentences, -1, heads, length, width).transpose(1, 2).reshape(sentences, heads, -1, width)
+    sdpa = sys.modules[type(self).__module__].sdpa_avoiding_cudnn  # the model file's own (a Hub copy's)
+    output = sdpa(grouped, key, value, attention_mask, 0.0, self.avoid_cudnn)  # the mask: (sentences, 1, 1, source)
+    output = output.reshape(sentences, heads, -1, length, width).permute(0, 2, 3, 1, 4)
+    return output.reshape(rows, length, self.embed_dim)
