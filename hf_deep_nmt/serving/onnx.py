@@ -347,9 +347,9 @@ class _Batch:
     leave), the self-attention slots in a `_SelfCache`, the logits written into one buffer; `started`: the start
     graph's outputs (`OnnxDecoder._start`), one row per sentence, each repeated for `group` rows (the beams of a
     sentence), but for the states a grouped step graph reads once per sentence (`OnnxDecoder.grouped`: the encoder
-    states, mask and cross-attention slots stay one row per sentence); `max_lengths`: each row's cap, as in
-    `greedy`. The slots and the repeated states live in the decoder's
-    `_Buffers` (`decoder.buffers`), given back when the batch is gone: the next batch finds them mapped."""
+    states, mask and cross-attention slots stay one row per sentence); `max_lengths`: each row's cap, as in `greedy`.
+    The slots and the repeated states live in the decoder's `_Buffers` (`decoder.buffers`), given back when the batch
+    is gone: the next batch finds them mapped."""
 
     def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None, group: int = 1):
         logits, encoder, slots, mask = started

@@ -16,11 +16,11 @@ returns a rewritten deep copy, and `export_onnx` traces that.
   product of it with the layers' vectors, times its inverse RMS, instead of the normalised keys written out; each
   stored value is scored once, for every layer above it, not again at each layer that reads it.
 * The decoder's cross-attention (and MSC's context attention, MAtt's merged one) reads each sentence's keys and values
-  once for all its beams: its queries come as rows of `beams` in a row per sentence (the decoder's layout), and the
-  states it attends as one row per sentence, so the beams' queries are one block of queries over the sentence's
-  states. The step graph then takes the encoder states, the source mask and the cross-attention slots one row per
-  sentence: ONNX Runtime ran one 1-query product per row and head over a copy of the states for every beam, a quarter
-  of an int8 beam-4 step. Exact: each query's scores and weights are those of its own row.
+  once for all its beams: a sentence's beams come in consecutive rows (the decoder's layout) and the states they
+  attend in one row per sentence, so the beams' queries are one block of queries over the sentence's states. The
+  step graph then takes the encoder states, the source mask and the cross-attention slots one row per sentence: ONNX
+  Runtime ran one 1-query product per row and head over a copy of the states for every beam, a quarter of an int8
+  beam-4 step. Exact: each query's scores and weights are those of its own row.
 
 Every rewrite is exact in real arithmetic; in float32 the graphs' logits agree with the model's to rounding
 (`tests/test_onnx_decoding.py` compares them for every family).
