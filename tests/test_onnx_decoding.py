@@ -56,36 +56,23 @@ def test_the_export_decodes_as_torch(family, tmp_path):
     for beams in (1, 4):
         check_greedy_and_beam_tokens_equal_generate(exported, beams)
     if family == "msc":  # encoder states, cross-attention and context slots: every input read once per sentence
-        check_older_graphs_decode_the_same(exported, tmp_path / "older")
+        check_states_are_read_once_per_sentence(exported[1])
 
 
-def check_older_graphs_decode_the_same(exported, older_folder):
+def check_states_are_read_once_per_sentence(folder):
     """The step graph's cross-attention (MSC's context attention too) takes the encoder states, the source mask and
-    its slots one row per sentence, for all the beams of the sentence, and the decoder binds them so; graphs written
-    before (a row per beam, no `cross_rows` in the layout) are bound as they were and decode the same tokens."""
+    its slots one row per sentence, for all the beams of the sentence (`sentences`); the tokens and the
+    self-attention slots one per beam (`batch`)."""
     import onnx
 
-    from hf_deep_nmt.serving import onnx_export
-    from hf_deep_nmt.serving.onnx import OnnxDecoder
-
-    model, grouped = exported
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(onnx_export, "GROUP_CROSS_ATTENTION", False)
-        older = onnx_export.export_onnx(model, older_folder)
-    rows = {}
-    for folder in (grouped, older):
-        inputs = onnx.load(folder / "step.onnx", load_external_data=False).graph.input
-        rows[folder] = {value.name: value.type.tensor_type.shape.dim[0].dim_param for value in inputs}
-    once = {name for name, dim in rows[grouped].items() if dim == "sentences"}
-    assert {"attention_mask", "cross.0.keys", "cross.0.context_keys"} <= once
-    assert not {name for name in once if name.startswith("self.") or name == "tokens"}
-    assert set(rows[older].values()) == {"batch", "past"}  # `steps`: past
-    assert "cross_rows" not in json.loads((older / "onnx_layout.json").read_text())
-    decoders = OnnxDecoder(grouped), OnnxDecoder(older)
-    assert [decoder.grouped for decoder in decoders] == [True, False]
-    source, mask = SOURCE.numpy(), MASK.numpy()
-    np.testing.assert_array_equal(*(decoder.beam(source, mask, 3, 9) for decoder in decoders))
-    np.testing.assert_array_equal(*(decoder.greedy(source, mask, 9)[0] for decoder in decoders))
+    inputs = onnx.load(folder / "step.onnx", load_external_data=False).graph.input
+    rows = {value.name: value.type.tensor_type.shape.dim[0].dim_param for value in inputs}
+    once = {name for name, dim in rows.items() if dim == "sentences"}
+    assert {"attention_mask", "cross.0.keys", "cross.0.values", "cross.0.context_keys"} <= once
+    assert {name for name in rows if name.startswith("self.")} | {"tokens"} <= {
+        n for n, d in rows.items() if d == "batch"
+    }
+    assert json.loads((folder / "onnx_layout.json").read_text())["cross_rows"] == "sentence"
 
 
 def check_logits_come_from_the_output_product(folder):
@@ -248,6 +235,30 @@ def test_graphs_not_rewritten_to_share_weights_decode_with_their_own(small_onnx_
         decoder = OnnxDecoder(folder)
     assert decoder.weights == {} and "No space left on device" in caplog.text and "TMPDIR" in caplog.text
     np.testing.assert_array_equal(decoder.beam(source, mask, 2, 6), expected)
+
+
+def test_graphs_written_before_the_grouping_decode_the_same(small_onnx_export, tmp_path, monkeypatch):
+    """Graphs written before the step read the encoder states once per sentence (a row of them per beam, no
+    `cross_rows` in the layout) are bound as they were, and decode the tokens of the grouped graphs."""
+    import onnx
+
+    from hf_deep_nmt.serving import onnx_export
+    from hf_deep_nmt.serving.onnx import OnnxDecoder
+
+    monkeypatch.setattr(onnx_export, "GROUP_CROSS_ATTENTION", False)
+    older = onnx_export.export_onnx(small_onnx_export[1], tmp_path / "older")
+    inputs = onnx.load(older / "step.onnx", load_external_data=False).graph.input
+    assert {value.type.tensor_type.shape.dim[0].dim_param for value in inputs} == {"batch", "past"}  # steps: past
+    assert "cross_rows" not in json.loads((older / "onnx_layout.json").read_text())
+    decoders = OnnxDecoder(small_onnx_export[0] / "onnx"), OnnxDecoder(older)
+    assert [decoder.grouped for decoder in decoders] == [True, False]
+    tokenizer = small_onnx_export[2]
+    batch = tokenizer(
+        ["La casa es grande.", "Hoy es un buen día para leer un libro."], padding=True, return_tensors="np"
+    )
+    for source, mask in ((SOURCE.numpy(), MASK.numpy()), (batch["input_ids"], batch["attention_mask"])):
+        np.testing.assert_array_equal(*(decoder.beam(source, mask, 3, 12) for decoder in decoders))
+        np.testing.assert_array_equal(*(decoder.greedy(source, mask, 12)[0] for decoder in decoders))
 
 
 def test_a_step_graph_exported_with_unread_inputs_still_decodes(small_onnx_export, tmp_path):
