@@ -69,9 +69,8 @@ def check_states_are_read_once_per_sentence(folder):
     rows = {value.name: value.type.tensor_type.shape.dim[0].dim_param for value in inputs}
     once = {name for name, dim in rows.items() if dim == "sentences"}
     assert {"attention_mask", "cross.0.keys", "cross.0.values", "cross.0.context_keys"} <= once
-    assert {name for name in rows if name.startswith("self.")} | {"tokens"} <= {
-        n for n, d in rows.items() if d == "batch"
-    }
+    per_beam = {name for name, dim in rows.items() if dim == "batch"}
+    assert {name for name in rows if name.startswith("self.")} | {"tokens"} <= per_beam
     assert json.loads((folder / "onnx_layout.json").read_text())["cross_rows"] == "sentence"
 
 
