@@ -1,8 +1,8 @@
 """Batches across requests: every request's sentences join one queue, and one decoding thread takes batches from it.
 
 A batch waits for more sentences only while it is short of `max_batch_tokens` and has waited less than `max_wait_ms`,
-counted from its first sentence's arrival, or, while fewer than `ENOUGH_SENTENCES` are queued, from the end of the last
-batch if that is later (the requests that batch answered send their next sentences meanwhile); while the thread
+counted from its first sentence's arrival, or from the end of the last batch if that is later, until as many sentences
+have arrived since as that batch answered (the clients it answered send their next ones meanwhile); while the thread
 decodes, the next batch gathers by itself (`wait_left`). A batch always holds
 the sentence that has waited longest (so none waits for ever), with the queued sentences of the same decoding options
 closest to it in length, as long as the batch stays within `MAX_PADDING` padded tokens per real one (`pick_batch`),
@@ -33,22 +33,20 @@ MAX_PADDING = 1.3
 # Tokens of work every sentence costs beyond its source tokens (the first steps of its translation, its end), counted
 # with the real ones: a batch of very short sentences is not split for a padding that costs little.
 SENTENCE_TOKENS = 4
-# Queued sentences that make a batch worth decoding at once after the last one, without waiting for the requests that
-# batch answered to send their next sentences: on the trained sample model (ONNX Runtime, 4 beams, one thread) a batch
-# of 8 sentences of like length costs 8.8 ms a sentence, as one of 16 or 32 does (64: 8.1 ms; 4: 10.4 ms), while at
-# concurrency 32 only 0 to 6 of the sentences a batch answered came back within the 10 ms that the decoder stood idle
-# waiting for them after each batch (5 to 7 % of the wall time).
-ENOUGH_SENTENCES = 8
 
 
-def wait_left(queued: int, queued_tokens: int, oldest: float, freed: float, now: float, limits: ServerLimits) -> float:
+def wait_left(
+    queued: int, queued_tokens: int, oldest: float, now: float, limits: ServerLimits, *, freed=0.0, answered=0, back=0
+) -> float:
     """Seconds the next batch still waits for more sentences (<= 0: take it now), of `queued` sentences and
-    `queued_tokens` source tokens whose first arrived at `oldest`, the last batch having ended at `freed`. A full batch
-    goes at once; else the wait counts from the first sentence's arrival, or from the end of the last batch while
-    fewer than `ENOUGH_SENTENCES` are queued and the answered requests' next sentences are worth waiting for."""
+    `queued_tokens` source tokens whose first arrived at `oldest`. A full batch goes at once; else the wait counts from
+    the first sentence's arrival, or from the end of the last batch (`freed`) if that is later, while fewer sentences
+    came `back` since then than that batch `answered`: in a closed loop (clients that send their next request once
+    answered) they come back within milliseconds and make the next batch larger, and once they have, waiting longer
+    only leaves the decoder idle."""
     if queued >= limits.max_batch_sentences or queued_tokens >= limits.max_batch_tokens:
         return 0.0
-    started = oldest if queued >= ENOUGH_SENTENCES else max(oldest, freed)
+    started = oldest if back >= answered else max(oldest, freed)
     return started + limits.max_wait_ms / 1000 - now
 
 
@@ -103,6 +101,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self.seconds_per_sentence = 0.0  # a running average, for Retry-After
         self.freed = 0.0  # when the decoding thread last finished a batch (the event loop's clock)
+        self.answered = 0  # the sentences that batch answered
 
     async def warm_up(self, ids: list[int], options: DecodingOptions) -> str:
         """Decode one sentence (ids) in the decoding thread: the first batch pays for what is built lazily."""
@@ -167,8 +166,17 @@ class Batcher:
             self.pending = [sentence for sentence in self.pending if not sentence.future.done()]
             if self.pending:
                 queued_tokens = sum(len(sentence.ids) for sentence in self.pending)
+                back = sum(sentence.arrived >= self.freed for sentence in self.pending)
+                oldest, now, freed, answered = self.pending[0].arrived, loop.time(), self.freed, self.answered
                 left = wait_left(
-                    len(self.pending), queued_tokens, self.pending[0].arrived, self.freed, loop.time(), self.limits
+                    len(self.pending),
+                    queued_tokens,
+                    oldest,
+                    now,
+                    self.limits,
+                    freed=freed,
+                    answered=answered,
+                    back=back,
                 )
                 if left <= 0:
                     return
@@ -206,7 +214,7 @@ class Batcher:
             elif not batch[0].future.done():
                 batch[0].future.set_exception(error)
             return
-        self.freed = loop.time()
+        self.freed, self.answered = loop.time(), len(batch)
         for sentence, text in zip(batch, texts):
             if not sentence.future.done():  # a request past its deadline no longer waits
                 sentence.future.set_result(text)
