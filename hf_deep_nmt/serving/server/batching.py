@@ -3,12 +3,11 @@
 A batch waits for more sentences only while it is short of `max_batch_tokens` and has waited less than `max_wait_ms`,
 counted from its first sentence's arrival, or from the end of the last batch if that is later, until as many sentences
 have arrived since as that batch answered (the clients it answered send their next ones meanwhile); while the thread
-decodes, the next batch gathers by itself (`wait_left`). A batch always holds
-the sentence that has waited longest (so none waits for ever), with the queued sentences of the same decoding options
-closest to it in length, as long as the batch stays within `MAX_PADDING` padded tokens per real one (`pick_batch`),
-sorted by length as `translate` sorts. The decoder runs in its own thread, so the event loop keeps taking requests
-while it decodes; a batch that fails is decoded again one sentence at a time, so that only the requests whose
-sentences fail alone fail.
+decodes, the next batch gathers by itself (`wait_left`). A batch always holds the sentence that has waited longest
+(so none waits for ever), with the queued sentences of the same decoding options closest to it in length, as long as
+the batch stays within `MAX_PADDING` padded tokens per real one (`pick_batch`), sorted by length as `translate` sorts.
+The decoder runs in its own thread, so the event loop keeps taking requests while it decodes; a batch that fails is
+decoded again one sentence at a time, so that only the requests whose sentences fail alone fail.
 """
 
 from __future__ import annotations
