@@ -30,7 +30,7 @@ from hf_deep_nmt.serving.decoder import Decoder  # noqa: E402
 from hf_deep_nmt.serving.onnx import OnnxDecoder  # noqa: E402
 from hf_deep_nmt.serving.options import DecodingOptions  # noqa: E402
 from hf_deep_nmt.serving.server.app import Service, build_app  # noqa: E402
-from hf_deep_nmt.serving.server.batching import pick_batch  # noqa: E402
+from hf_deep_nmt.serving.server.batching import pick_batch, wait_left  # noqa: E402
 from hf_deep_nmt.serving.server.limits import ServerLimits  # noqa: E402
 from hf_deep_nmt.serving.server.sentences import join_sentences, split_sentences  # noqa: E402
 from hf_deep_nmt.serving.torch_decoder import TorchDecoder  # noqa: E402
@@ -139,6 +139,41 @@ def test_a_batch_leaves_out_a_sentence_that_would_make_most_of_it_padding():
     assert sorted(pick_batch(lengths, budget=1000, most=8)) == [0, 1, 2, 4, 5, 6]
     # 40, 41, then 12 (123 padded for 93 + 12: 1.3 x 105 = 136.5); 2 would make 164 for 95 + 16 (144.3)
     assert sorted(pick_batch([40, 2, 41, 12], budget=1000, most=8)) == [0, 2, 3]
+
+
+def test_after_a_batch_the_next_waits_only_until_as_many_sentences_came_back_as_it_answered():
+    limits = ServerLimits(max_wait_ms=100, max_batch_sentences=64, max_batch_tokens=4096)
+    # the first sentence arrived at 1.0 s, before the last batch (8 sentences) ended at 2.0 s; now is 2.01 s
+    after = dict(oldest=1.0, now=2.01, limits=limits, freed=2.0, answered=8)
+    assert wait_left(10, 50, **after, back=7) == pytest.approx(0.09)  # from the end of the batch
+    assert wait_left(10, 50, **after, back=8) <= 0  # all came back: at once
+    # from an idle decoder the wait counts from the first arrival
+    assert wait_left(3, 50, oldest=2.0, now=2.01, limits=limits) == pytest.approx(0.09)
+    assert wait_left(3, 50, oldest=2.0, now=2.01, limits=limits, freed=1.0, answered=8) == pytest.approx(0.09)
+    # a full batch goes at once, by sentences or by tokens
+    assert wait_left(64, 50, oldest=2.0, now=2.0, limits=limits) == 0
+    assert wait_left(2, 4096, oldest=2.0, now=2.0, limits=limits) == 0
+
+
+def test_a_batch_goes_as_soon_as_the_requests_the_last_one_answered_have_sent_their_next():
+    async def scenario():
+        decoder = Spelling()
+        async with serving(decoder, ServerLimits(max_wait_ms=250)) as (client, _):
+            decoder.gate.clear()  # the decoder is busy with the first request's batch
+            decoder.batches.clear()
+            first = asyncio.create_task(client.post("/translate", json={"q": "uno", **PAIR}))
+            await asyncio.sleep(0.35)  # its batch taken (past its wait) and held at the gate
+            second = asyncio.create_task(client.post("/translate", json={"q": "dos dos", **PAIR}))
+            await asyncio.sleep(0.3)  # queued while the decoder works, past the wait since its arrival
+            decoder.gate.set()
+            assert (await first).status_code == 200
+            sent = time.perf_counter()  # the answered client sends its next request
+            third = await client.post("/translate", json={"q": "tres tres", **PAIR})
+            assert third.status_code == 200 and (await second).status_code == 200
+            assert time.perf_counter() - sent < 0.15  # no 250 ms wait after the batch: its one sentence came back
+            assert decoder.batches == [[2], [3, 3]]
+
+    asyncio.run(scenario())
 
 
 # ---- the application in this process -----------------------------------------------------------------------------

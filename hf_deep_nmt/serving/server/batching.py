@@ -1,13 +1,13 @@
 """Batches across requests: every request's sentences join one queue, and one decoding thread takes batches from it.
 
 A batch waits for more sentences only while it is short of `max_batch_tokens` and has waited less than `max_wait_ms`,
-counted from the later of its first sentence's arrival and the end of the last batch (the requests that batch answered
-send their next sentences meanwhile); while the thread decodes, the next batch gathers by itself. A batch always holds
-the sentence that has waited longest (so none waits for ever), with the queued sentences of the same decoding options
-closest to it in length, as long as the batch stays within `MAX_PADDING` padded tokens per real one (`pick_batch`),
-sorted by length as `translate` sorts. The decoder runs in its own thread, so the event loop keeps taking requests
-while it decodes; a batch that fails is decoded again one sentence at a time, so that only the requests whose
-sentences fail alone fail.
+counted from its first sentence's arrival, or from the end of the last batch if that is later, until as many sentences
+have arrived since as that batch answered (the clients it answered send their next ones meanwhile); while the thread
+decodes, the next batch gathers by itself (`wait_left`). A batch always holds the sentence that has waited longest
+(so none waits for ever), with the queued sentences of the same decoding options closest to it in length, as long as
+the batch stays within `MAX_PADDING` padded tokens per real one (`pick_batch`), sorted by length as `translate` sorts.
+The decoder runs in its own thread, so the event loop keeps taking requests while it decodes; a batch that fails is
+decoded again one sentence at a time, so that only the requests whose sentences fail alone fail.
 """
 
 from __future__ import annotations
@@ -32,6 +32,21 @@ MAX_PADDING = 1.3
 # Tokens of work every sentence costs beyond its source tokens (the first steps of its translation, its end), counted
 # with the real ones: a batch of very short sentences is not split for a padding that costs little.
 SENTENCE_TOKENS = 4
+
+
+def wait_left(
+    queued: int, queued_tokens: int, oldest: float, now: float, limits: ServerLimits, *, freed=0.0, answered=0, back=0
+) -> float:
+    """Seconds the next batch still waits for more sentences (<= 0: take it now), of `queued` sentences and
+    `queued_tokens` source tokens whose first arrived at `oldest`. A full batch goes at once; else the wait counts from
+    the first sentence's arrival, or from the end of the last batch (`freed`) if that is later, while fewer sentences
+    came `back` since then than that batch `answered`: in a closed loop (clients that send their next request once
+    answered) they come back within milliseconds and make the next batch larger, and once they have, waiting longer
+    only leaves the decoder idle."""
+    if queued >= limits.max_batch_sentences or queued_tokens >= limits.max_batch_tokens:
+        return 0.0
+    started = oldest if back >= answered else max(oldest, freed)
+    return started + limits.max_wait_ms / 1000 - now
 
 
 def pick_batch(lengths: list[int], budget: int, most: int) -> list[int]:
@@ -85,6 +100,7 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self.seconds_per_sentence = 0.0  # a running average, for Retry-After
         self.freed = 0.0  # when the decoding thread last finished a batch (the event loop's clock)
+        self.answered = 0  # the sentences that batch answered
 
     async def warm_up(self, ids: list[int], options: DecodingOptions) -> str:
         """Decode one sentence (ids) in the decoding thread: the first batch pays for what is built lazily."""
@@ -142,18 +158,26 @@ class Batcher:
                 await self._decode(batch)
 
     async def _gather(self) -> None:
-        """Until a batch is worth taking: a sentence is queued, and either its batch is full or its wait is over."""
+        """Until a batch is worth taking: a sentence is queued, and either its batch is full or its wait is over
+        (`wait_left`)."""
         loop = asyncio.get_running_loop()
         while True:
             self.pending = [sentence for sentence in self.pending if not sentence.future.done()]
             if self.pending:
                 queued_tokens = sum(len(sentence.ids) for sentence in self.pending)
-                # the wait counts from the later of the first sentence's arrival and the end of the last batch: the
-                # requests answered by that batch send their next sentences meanwhile, and join this one
-                started = max(self.pending[0].arrived, self.freed)
-                left = started + self.limits.max_wait_ms / 1000 - loop.time()
-                full = len(self.pending) >= self.limits.max_batch_sentences
-                if left <= 0 or full or queued_tokens >= self.limits.max_batch_tokens:
+                back = sum(sentence.arrived >= self.freed for sentence in self.pending)
+                oldest, now, freed, answered = self.pending[0].arrived, loop.time(), self.freed, self.answered
+                left = wait_left(
+                    len(self.pending),
+                    queued_tokens,
+                    oldest,
+                    now,
+                    self.limits,
+                    freed=freed,
+                    answered=answered,
+                    back=back,
+                )
+                if left <= 0:
                     return
             self._wakeup.clear()
             with contextlib.suppress(TimeoutError):
@@ -189,7 +213,7 @@ class Batcher:
             elif not batch[0].future.done():
                 batch[0].future.set_exception(error)
             return
-        self.freed = loop.time()
+        self.freed, self.answered = loop.time(), len(batch)
         for sentence, text in zip(batch, texts):
             if not sentence.future.done():  # a request past its deadline no longer waits
                 sentence.future.set_result(text)
