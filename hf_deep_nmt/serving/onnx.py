@@ -354,7 +354,7 @@ class _Batch:
     def __init__(self, decoder: OnnxDecoder, started: tuple, capacity: int, max_lengths=None, group: int = 1):
         logits, encoder, slots, mask = started
         self.decoder, self.session, self.group = decoder, decoder.step, group
-        self.shared = group if decoder.grouped else 1  # the rows of a sentence that read one copy of its states
+        self.each = 1 if decoder.grouped else group  # the rows of a sentence's encoder and cross-attention states
         rows = len(mask) * group
         own = set(decoder.self_index)
         cross = {name: slot for index, (name, slot) in enumerate(zip(decoder.names, slots)) if index not in own}
@@ -367,15 +367,13 @@ class _Batch:
         own_slots = [slots[index] for index in decoder.self_index]
         sizes = _SelfCache.sizes(own_slots, grows, capacity, group)
         self.pool = getattr(decoder, "buffers", None)
-        fixed_sizes = [tensor.nbytes * group // self.shared for tensor in fixed.values()]
+        fixed_sizes = [tensor.nbytes * self.each for tensor in fixed.values()]
         self.flats = self.pool.take(sizes + fixed_sizes) if self.pool is not None else None
         flats = self.flats or [np.empty(size, np.uint8) for size in sizes + fixed_sizes]
         self.cache = _SelfCache(own_slots, grows, capacity, flats[: len(sizes)], group)
         # the states every step reads, repeated into the buffers after the slots (moved to the front as sentences go)
         places = flats[len(sizes) : len(sizes) + len(fixed)]
-        self.fixed = {
-            name: _repeated(flat, tensor, group // self.shared) for flat, (name, tensor) in zip(places, fixed.items())
-        }
+        self.fixed = {name: _repeated(flat, tensor, self.each) for flat, (name, tensor) in zip(places, fixed.items())}
         self.places = dict(zip(self.fixed, places))
         self.max_lengths = None if max_lengths is None else np.asarray(max_lengths)
         self.steps = np.zeros(capacity, dtype=np.float32)  # only its length is read: the tokens decoded so far
@@ -398,11 +396,9 @@ class _Batch:
         self.cache.keep(rows)
         if rows is not None and changed:
             kept = rows[:: self.group] // self.group  # the sentences that stay, by their place before
-            each = self.group // self.shared  # the rows of a sentence's states
             for name, tensor in self.fixed.items():
-                block = tensor[:each].nbytes
-                _compact(self.places[name], block, kept)
-                self.fixed[name] = _view(self.places[name], (len(kept) * each, *tensor.shape[1:]), tensor.dtype)
+                _compact(self.places[name], tensor[: self.each].nbytes, kept)
+                self.fixed[name] = _view(self.places[name], (len(kept) * self.each, *tensor.shape[1:]), tensor.dtype)
             self._bind_fixed()
             if self.max_lengths is not None:
                 self.max_lengths = self.max_lengths[rows]

@@ -166,17 +166,9 @@ class Batcher:
             if self.pending:
                 queued_tokens = sum(len(sentence.ids) for sentence in self.pending)
                 back = sum(sentence.arrived >= self.freed for sentence in self.pending)
-                oldest, now, freed, answered = self.pending[0].arrived, loop.time(), self.freed, self.answered
-                left = wait_left(
-                    len(self.pending),
-                    queued_tokens,
-                    oldest,
-                    now,
-                    self.limits,
-                    freed=freed,
-                    answered=answered,
-                    back=back,
-                )
+                count, oldest, now = len(self.pending), self.pending[0].arrived, loop.time()
+                last = dict(freed=self.freed, answered=self.answered, back=back)
+                left = wait_left(count, queued_tokens, oldest, now, self.limits, **last)
                 if left <= 0:
                     return
             self._wakeup.clear()
